@@ -1,0 +1,375 @@
+//! Element types and reduction operators, and the kernels that combine two
+//! slices element by element.
+//!
+//! The kernels are plain loops over slices that the compiler vectorises; they
+//! are the inner loop of every reducing collective, so they stay branch-free
+//! per element (the operator is matched once per slice, not per element).
+//!
+//! Half-precision types (`f16`, `bf16`) are combined in `f32`: each element is
+//! widened, combined and rounded once. A ring all-reduce therefore rounds once
+//! per hop (p-1 times for p ranks) instead of accumulating rounding error inside
+//! each addition, which keeps the result within about (p-1)/2 ulp of the exact
+//! sum for well-scaled data. `Avg` sums in the same way and divides once at the
+//! end (in `f32` for the half types, in `f64` for `f64`).
+
+use half::{bf16, f16};
+use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
+
+/// The element type of a buffer, as carried in every frame header.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum DType {
+    F32 = 1,
+    F64 = 2,
+    F16 = 3,
+    BF16 = 4,
+    I32 = 5,
+    I64 = 6,
+    U8 = 7,
+}
+
+impl DType {
+    /// Every dtype, for tests and benchmarks that sweep them.
+    pub const ALL: [DType; 7] = [
+        DType::F32,
+        DType::F64,
+        DType::F16,
+        DType::BF16,
+        DType::I32,
+        DType::I64,
+        DType::U8,
+    ];
+
+    /// Size of one element in bytes.
+    pub const fn size(self) -> usize {
+        match self {
+            DType::F32 | DType::I32 => 4,
+            DType::F64 | DType::I64 => 8,
+            DType::F16 | DType::BF16 => 2,
+            DType::U8 => 1,
+        }
+    }
+
+    /// The dtype for a wire byte, or `None` for an unknown one.
+    pub const fn from_u8(byte: u8) -> Option<DType> {
+        Some(match byte {
+            1 => DType::F32,
+            2 => DType::F64,
+            3 => DType::F16,
+            4 => DType::BF16,
+            5 => DType::I32,
+            6 => DType::I64,
+            7 => DType::U8,
+            _ => return None,
+        })
+    }
+
+    /// Short lower-case name (`f32`, `bf16`, ...), as used in errors and CLIs.
+    pub const fn name(self) -> &'static str {
+        match self {
+            DType::F32 => "f32",
+            DType::F64 => "f64",
+            DType::F16 => "f16",
+            DType::BF16 => "bf16",
+            DType::I32 => "i32",
+            DType::I64 => "i64",
+            DType::U8 => "u8",
+        }
+    }
+
+    /// Parses a name as printed by [`DType::name`] (also accepts `float`, `half`...).
+    pub fn parse(name: &str) -> Option<DType> {
+        Some(match name.to_ascii_lowercase().as_str() {
+            "f32" | "float" | "float32" => DType::F32,
+            "f64" | "double" | "float64" => DType::F64,
+            "f16" | "half" | "float16" => DType::F16,
+            "bf16" | "bfloat16" => DType::BF16,
+            "i32" | "int" | "int32" => DType::I32,
+            "i64" | "int64" => DType::I64,
+            "u8" | "uint8" | "byte" => DType::U8,
+            _ => return None,
+        })
+    }
+}
+
+impl std::fmt::Display for DType {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// How a reducing collective combines the ranks' elements.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum ReduceOp {
+    Sum = 1,
+    Prod = 2,
+    Min = 3,
+    Max = 4,
+    /// Sum divided by the number of ranks (integer division for integer types).
+    Avg = 5,
+}
+
+impl ReduceOp {
+    /// Every operator, for tests and benchmarks that sweep them.
+    pub const ALL: [ReduceOp; 5] = [
+        ReduceOp::Sum,
+        ReduceOp::Prod,
+        ReduceOp::Min,
+        ReduceOp::Max,
+        ReduceOp::Avg,
+    ];
+
+    /// The operator for a wire byte, or `None` for an unknown one.
+    pub const fn from_u8(byte: u8) -> Option<ReduceOp> {
+        Some(match byte {
+            1 => ReduceOp::Sum,
+            2 => ReduceOp::Prod,
+            3 => ReduceOp::Min,
+            4 => ReduceOp::Max,
+            5 => ReduceOp::Avg,
+            _ => return None,
+        })
+    }
+
+    /// Short lower-case name (`sum`, `prod`, ...).
+    pub const fn name(self) -> &'static str {
+        match self {
+            ReduceOp::Sum => "sum",
+            ReduceOp::Prod => "prod",
+            ReduceOp::Min => "min",
+            ReduceOp::Max => "max",
+            ReduceOp::Avg => "avg",
+        }
+    }
+
+    /// Parses a name as printed by [`ReduceOp::name`].
+    pub fn parse(name: &str) -> Option<ReduceOp> {
+        Some(match name.to_ascii_lowercase().as_str() {
+            "sum" => ReduceOp::Sum,
+            "prod" | "product" => ReduceOp::Prod,
+            "min" => ReduceOp::Min,
+            "max" => ReduceOp::Max,
+            "avg" | "mean" => ReduceOp::Avg,
+            _ => return None,
+        })
+    }
+}
+
+impl std::fmt::Display for ReduceOp {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+mod sealed {
+    pub trait Sealed {}
+}
+
+/// A type ringwire can move and reduce: `f32`, `f64`, `f16`, `bf16`, `i32`,
+/// `i64`, `u8`. Sealed: the wire format names each one.
+pub trait Element:
+    sealed::Sealed
+    + Copy
+    + Send
+    + Sync
+    + PartialEq
+    + std::fmt::Debug
+    + Default
+    + FromBytes
+    + IntoBytes
+    + Immutable
+    + KnownLayout
+    + 'static
+{
+    /// The wire tag of this type.
+    const DTYPE: DType;
+
+    /// `acc[i] = op(acc[i], incoming[i])` for every i. `Avg` combines as `Sum`;
+    /// [`Element::finish_avg`] divides at the end.
+    fn reduce_into(acc: &mut [Self], incoming: &[Self], op: ReduceOp);
+
+    /// Divides every element by `ranks` (the last step of `Avg`).
+    fn finish_avg(values: &mut [Self], ranks: usize);
+
+    /// Converts to f64, for references in tests and checks in the harness.
+    fn to_f64(self) -> f64;
+
+    /// Converts from f64 (saturating / rounding as `as` does).
+    fn from_f64(value: f64) -> Self;
+}
+
+/// Applies `f` pairwise; the closure is monomorphised per operator so the
+/// loop has no per-element branch.
+#[inline(always)]
+fn zip_apply<T: Copy>(acc: &mut [T], incoming: &[T], f: impl Fn(T, T) -> T) {
+    assert_eq!(acc.len(), incoming.len(), "reduce_into: length mismatch");
+    for (a, b) in acc.iter_mut().zip(incoming) {
+        *a = f(*a, *b);
+    }
+}
+
+macro_rules! native_element {
+    ($t:ty, $dtype:expr, $sum:expr, $prod:expr, $min:expr, $max:expr, $div:expr) => {
+        impl sealed::Sealed for $t {}
+        impl Element for $t {
+            const DTYPE: DType = $dtype;
+
+            fn reduce_into(acc: &mut [Self], incoming: &[Self], op: ReduceOp) {
+                match op {
+                    ReduceOp::Sum | ReduceOp::Avg => zip_apply(acc, incoming, $sum),
+                    ReduceOp::Prod => zip_apply(acc, incoming, $prod),
+                    ReduceOp::Min => zip_apply(acc, incoming, $min),
+                    ReduceOp::Max => zip_apply(acc, incoming, $max),
+                }
+            }
+
+            fn finish_avg(values: &mut [Self], ranks: usize) {
+                let div = $div;
+                for v in values {
+                    *v = div(*v, ranks);
+                }
+            }
+
+            fn to_f64(self) -> f64 {
+                self as f64
+            }
+
+            fn from_f64(value: f64) -> Self {
+                value as $t
+            }
+        }
+    };
+}
+
+native_element!(
+    f32,
+    DType::F32,
+    |a: f32, b: f32| a + b,
+    |a: f32, b: f32| a * b,
+    |a: f32, b: f32| a.min(b),
+    |a: f32, b: f32| a.max(b),
+    |v: f32, n: usize| (v as f64 / n as f64) as f32
+);
+native_element!(
+    f64,
+    DType::F64,
+    |a: f64, b: f64| a + b,
+    |a: f64, b: f64| a * b,
+    |a: f64, b: f64| a.min(b),
+    |a: f64, b: f64| a.max(b),
+    |v: f64, n: usize| v / n as f64
+);
+// Integers wrap on overflow, as NCCL and MPI do; they never panic.
+native_element!(
+    i32,
+    DType::I32,
+    |a: i32, b: i32| a.wrapping_add(b),
+    |a: i32, b: i32| a.wrapping_mul(b),
+    |a: i32, b: i32| a.min(b),
+    |a: i32, b: i32| a.max(b),
+    |v: i32, n: usize| v / n as i32
+);
+native_element!(
+    i64,
+    DType::I64,
+    |a: i64, b: i64| a.wrapping_add(b),
+    |a: i64, b: i64| a.wrapping_mul(b),
+    |a: i64, b: i64| a.min(b),
+    |a: i64, b: i64| a.max(b),
+    |v: i64, n: usize| v / n as i64
+);
+native_element!(
+    u8,
+    DType::U8,
+    |a: u8, b: u8| a.wrapping_add(b),
+    |a: u8, b: u8| a.wrapping_mul(b),
+    |a: u8, b: u8| a.min(b),
+    |a: u8, b: u8| a.max(b),
+    |v: u8, n: usize| (v as usize / n) as u8
+);
+
+macro_rules! half_element {
+    ($t:ty, $dtype:expr) => {
+        impl sealed::Sealed for $t {}
+        impl Element for $t {
+            const DTYPE: DType = $dtype;
+
+            fn reduce_into(acc: &mut [Self], incoming: &[Self], op: ReduceOp) {
+                // Widen to f32, combine, round once.
+                let w = |x: $t| x.to_f32();
+                let n = <$t>::from_f32;
+                match op {
+                    ReduceOp::Sum | ReduceOp::Avg => zip_apply(acc, incoming, |a, b| n(w(a) + w(b))),
+                    ReduceOp::Prod => zip_apply(acc, incoming, |a, b| n(w(a) * w(b))),
+                    ReduceOp::Min => zip_apply(acc, incoming, |a, b| n(w(a).min(w(b)))),
+                    ReduceOp::Max => zip_apply(acc, incoming, |a, b| n(w(a).max(w(b)))),
+                }
+            }
+
+            fn finish_avg(values: &mut [Self], ranks: usize) {
+                let ranks = ranks as f32;
+                for v in values {
+                    *v = <$t>::from_f32(v.to_f32() / ranks);
+                }
+            }
+
+            fn to_f64(self) -> f64 {
+                self.to_f64()
+            }
+
+            fn from_f64(value: f64) -> Self {
+                <$t>::from_f64(value)
+            }
+        }
+    };
+}
+
+half_element!(f16, DType::F16);
+half_element!(bf16, DType::BF16);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn wire_bytes_round_trip() {
+        for dtype in DType::ALL {
+            assert_eq!(DType::from_u8(dtype as u8), Some(dtype));
+            assert_eq!(DType::parse(dtype.name()), Some(dtype));
+        }
+        for op in ReduceOp::ALL {
+            assert_eq!(ReduceOp::from_u8(op as u8), Some(op));
+            assert_eq!(ReduceOp::parse(op.name()), Some(op));
+        }
+        assert_eq!(DType::from_u8(0), None);
+        assert_eq!(ReduceOp::from_u8(200), None);
+    }
+
+    #[test]
+    fn kernels_combine_elementwise() {
+        let mut acc = vec![1.0f32, 5.0, -2.0];
+        f32::reduce_into(&mut acc, &[2.0, 3.0, -4.0], ReduceOp::Sum);
+        assert_eq!(acc, [3.0, 8.0, -6.0]);
+        f32::reduce_into(&mut acc, &[2.0, 3.0, -4.0], ReduceOp::Min);
+        assert_eq!(acc, [2.0, 3.0, -6.0]);
+        let mut ints = vec![i32::MAX, 7];
+        i32::reduce_into(&mut ints, &[1, 3], ReduceOp::Sum);
+        assert_eq!(ints, [i32::MIN, 10]);
+        i32::finish_avg(&mut ints, 2);
+        assert_eq!(ints, [i32::MIN / 2, 5]);
+    }
+
+    #[test]
+    fn half_types_round_once_in_f32() {
+        // 2048 + 1 is not representable in f16 (spacing 2 there); combined in
+        // f32 and rounded once it rounds to even (2048), but 2048 + 3 -> 2052.
+        let mut acc = vec![f16::from_f32(2048.0), f16::from_f32(2048.0)];
+        f16::reduce_into(&mut acc, &[f16::from_f32(1.0), f16::from_f32(3.0)], ReduceOp::Sum);
+        assert_eq!(acc[0].to_f32(), 2048.0);
+        assert_eq!(acc[1].to_f32(), 2052.0);
+        let mut b = vec![bf16::from_f32(3.0)];
+        bf16::reduce_into(&mut b, &[bf16::from_f32(5.0)], ReduceOp::Max);
+        assert_eq!(b[0].to_f32(), 5.0);
+    }
+}
