@@ -2,7 +2,10 @@
 //!
 //! See the README for a tour and ARCHITECTURE.md for the map of modules.
 
+pub mod algo;
 pub mod dtype;
+#[doc(hidden)]
+pub mod testing;
 // helper-owned modules (each line added by whoever owns the module):
 // [wire]
 // [store]

@@ -1,0 +1,79 @@
+//! All-to-all by pairwise exchange, barrier by dissemination, and
+//! point-to-point send and receive.
+
+use super::{Action, Step};
+
+/// Pairwise all-to-all with per-peer counts. Work buffer: the input
+/// (`sum(send_counts)` elements) followed by the output (`sum(recv_counts)`);
+/// block j of the input goes to rank j, block j of the output comes from rank
+/// j. In step k rank r sends to r+k and receives from r-k, so every step is a
+/// perfect matching and no link carries two steps at once. This rank's own
+/// block is a copy the caller makes.
+pub fn all_to_all_v(rank: usize, send_counts: &[usize], recv_counts: &[usize], chunk: usize) -> Vec<Step> {
+    let world = send_counts.len();
+    debug_assert_eq!(world, recv_counts.len());
+    let offsets = |counts: &[usize], base: usize| {
+        let mut acc = base;
+        counts
+            .iter()
+            .map(|&c| {
+                let r = acc..acc + c;
+                acc += c;
+                r
+            })
+            .collect::<Vec<_>>()
+    };
+    let input_len: usize = send_counts.iter().sum();
+    let sends = offsets(send_counts, 0);
+    let recvs = offsets(recv_counts, input_len);
+    let mut out = Vec::new();
+    for k in 1..world {
+        let to = (rank + k) % world;
+        let from = (rank + world - k) % world;
+        super::push_sends(&mut out, to, sends[to].clone(), chunk, k as u32);
+        super::push_recvs(&mut out, from, recvs[from].clone(), chunk, k as u32, Action::Copy);
+    }
+    out
+}
+
+/// Equal-split all-to-all: `per_peer` elements to and from every rank.
+pub fn all_to_all(rank: usize, world: usize, per_peer: usize, chunk: usize) -> Vec<Step> {
+    let counts = vec![per_peer; world];
+    all_to_all_v(rank, &counts, &counts, chunk)
+}
+
+/// Dissemination barrier: in round k rank r signals r+2^k and waits for
+/// r-2^k; after ceil(log2 p) rounds every rank has transitively heard from
+/// every other. Frames are empty (work buffer of length zero).
+pub fn barrier(rank: usize, world: usize) -> Vec<Step> {
+    let mut out = Vec::new();
+    let mut dist = 1;
+    let mut round = 0;
+    while dist < world {
+        out.push(Step::Send { peer: (rank + dist) % world, range: 0..0, step: round, chunk: 0 });
+        out.push(Step::Recv {
+            peer: (rank + world - dist) % world,
+            range: 0..0,
+            step: round,
+            chunk: 0,
+            action: Action::Copy,
+        });
+        dist <<= 1;
+        round += 1;
+    }
+    out
+}
+
+/// Point-to-point send of `len` elements to `peer`.
+pub fn send(peer: usize, len: usize, chunk: usize) -> Vec<Step> {
+    let mut out = Vec::new();
+    super::push_sends(&mut out, peer, 0..len, chunk, 0);
+    out
+}
+
+/// Point-to-point receive of `len` elements from `peer`.
+pub fn recv(peer: usize, len: usize, chunk: usize) -> Vec<Step> {
+    let mut out = Vec::new();
+    super::push_recvs(&mut out, peer, 0..len, chunk, 0, Action::Copy);
+    out
+}

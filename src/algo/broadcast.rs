@@ -1,0 +1,65 @@
+//! Broadcast: a binomial tree for small messages (ceil(log2 p) rounds), a
+//! pipelined chain for large ones (each chunk flows root -> root+1 -> ... and
+//! every link carries the buffer once, so time approaches size / link
+//! bandwidth whatever p is).
+
+use super::{Action, Step, chunks};
+
+/// Binomial-tree broadcast of `len` elements from `root` (MPICH's shape).
+/// Work buffer: the user's buffer. Chunks pipeline down the tree: an inner
+/// rank forwards chunk c to its children as soon as it has it.
+pub fn broadcast_tree(rank: usize, world: usize, root: usize, len: usize, chunk: usize) -> Vec<Step> {
+    let mut out = Vec::new();
+    if world <= 1 {
+        return out;
+    }
+    let vr = (rank + world - root) % world;
+    let real = |v: usize| (v + root) % world;
+    let mut mask = 1;
+    let mut parent = None;
+    while mask < world {
+        if vr & mask != 0 {
+            parent = Some(real(vr - mask));
+            break;
+        }
+        mask <<= 1;
+    }
+    let mut children = Vec::new();
+    mask >>= 1;
+    while mask > 0 {
+        if vr + mask < world {
+            children.push(real(vr + mask));
+        }
+        mask >>= 1;
+    }
+    for (c, r) in chunks(0..len, chunk).enumerate() {
+        if let Some(p) = parent {
+            out.push(Step::Recv { peer: p, range: r.clone(), step: 0, chunk: c as u32, action: Action::Copy });
+        }
+        for &child in &children {
+            out.push(Step::Send { peer: child, range: r.clone(), step: 0, chunk: c as u32 });
+        }
+    }
+    out
+}
+
+/// Pipelined chain broadcast of `len` elements from `root`. Work buffer: the
+/// user's buffer.
+pub fn broadcast_chain(rank: usize, world: usize, root: usize, len: usize, chunk: usize) -> Vec<Step> {
+    let mut out = Vec::new();
+    if world <= 1 {
+        return out;
+    }
+    let vr = (rank + world - root) % world;
+    let prev = (rank + world - 1) % world;
+    let next = (rank + 1) % world;
+    for (c, r) in chunks(0..len, chunk).enumerate() {
+        if vr > 0 {
+            out.push(Step::Recv { peer: prev, range: r.clone(), step: 0, chunk: c as u32, action: Action::Copy });
+        }
+        if vr + 1 < world {
+            out.push(Step::Send { peer: next, range: r, step: 0, chunk: c as u32 });
+        }
+    }
+    out
+}

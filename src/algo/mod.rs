@@ -1,0 +1,155 @@
+//! Collective algorithms as schedules: pure functions from (rank, world size,
+//! element count, chunk size) to the ordered list of steps that rank takes.
+//!
+//! No sockets, no clocks, no threads: a schedule is data, so every algorithm is
+//! tested against a reference by the in-memory simulator in [`sim`] and the same
+//! schedule then runs unchanged on any transport.
+//!
+//! Every step addresses element ranges of one *work buffer* (what that buffer is
+//! per collective is documented on each schedule function). Sends never block
+//! on the receiver (transports buffer incoming frames), so a rank may run its
+//! steps strictly in order: this is what makes the schedules deadlock-free.
+//!
+//! Frames between one pair of ranks are FIFO, and the receiver checks every
+//! frame's `(step, chunk)` against what its own schedule expects next from that
+//! peer: the order of sends to a peer and of receives from it is the same by
+//! construction, so a mismatch means the ranks disagree about the collective.
+
+#![forbid(unsafe_code)]
+
+mod alltoall;
+mod broadcast;
+mod doubling;
+mod reduce;
+mod ring;
+pub mod sim;
+
+pub use alltoall::{all_to_all, all_to_all_v, barrier, send, recv};
+pub use broadcast::{broadcast_chain, broadcast_tree};
+pub use doubling::all_reduce_doubling;
+pub use reduce::reduce_tree;
+pub use ring::{all_gather_ring, all_reduce_ring, reduce_scatter_ring};
+
+use std::ops::Range;
+
+/// What a receive does with the incoming elements.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Action {
+    /// Overwrite the range.
+    Copy,
+    /// Combine into the range with the collective's reduce operator.
+    Reduce,
+}
+
+/// One step of a rank's schedule. `step` and `chunk` are carried in the frame
+/// header and checked by the receiver.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Step {
+    /// Send `range` of the work buffer to `peer`.
+    Send {
+        peer: usize,
+        range: Range<usize>,
+        step: u32,
+        chunk: u32,
+    },
+    /// Receive `range.len()` elements from `peer` into `range`.
+    Recv {
+        peer: usize,
+        range: Range<usize>,
+        step: u32,
+        chunk: u32,
+        action: Action,
+    },
+}
+
+impl Step {
+    /// The peer this step talks to.
+    pub fn peer(&self) -> usize {
+        match self {
+            Step::Send { peer, .. } | Step::Recv { peer, .. } => *peer,
+        }
+    }
+}
+
+/// Splits `len` elements into `parts` contiguous blocks whose sizes differ by
+/// at most one (the first `len % parts` blocks get the extra element), and
+/// returns block `index`. This is the block rank `index` owns in
+/// reduce-scatter.
+pub fn block(len: usize, parts: usize, index: usize) -> Range<usize> {
+    debug_assert!(parts > 0 && index < parts);
+    let base = len / parts;
+    let extra = len % parts;
+    let start = index * base + index.min(extra);
+    let size = base + usize::from(index < extra);
+    start..start + size
+}
+
+/// Splits `range` into consecutive chunks of at most `chunk` elements (no
+/// chunk at all for an empty range).
+pub fn chunks(range: Range<usize>, chunk: usize) -> impl Iterator<Item = Range<usize>> {
+    let chunk = chunk.max(1);
+    let Range { start, end } = range;
+    (start..end)
+        .step_by(chunk)
+        .map(move |s| s..(s + chunk).min(end))
+}
+
+/// Pushes sends of every chunk of `range` to `peer`.
+fn push_sends(out: &mut Vec<Step>, peer: usize, range: Range<usize>, chunk: usize, step: u32) {
+    for (i, r) in chunks(range, chunk).enumerate() {
+        out.push(Step::Send {
+            peer,
+            range: r,
+            step,
+            chunk: i as u32,
+        });
+    }
+}
+
+/// Pushes receives of every chunk of `range` from `peer`.
+fn push_recvs(
+    out: &mut Vec<Step>,
+    peer: usize,
+    range: Range<usize>,
+    chunk: usize,
+    step: u32,
+    action: Action,
+) {
+    for (i, r) in chunks(range, chunk).enumerate() {
+        out.push(Step::Recv {
+            peer,
+            range: r,
+            step,
+            chunk: i as u32,
+            action,
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn blocks_cover_the_range_in_order() {
+        for len in [0, 1, 2, 5, 7, 64, 1001] {
+            for parts in 1..=9 {
+                let mut next = 0;
+                for i in 0..parts {
+                    let b = block(len, parts, i);
+                    assert_eq!(b.start, next);
+                    assert!(b.len() == len / parts || b.len() == len / parts + 1);
+                    next = b.end;
+                }
+                assert_eq!(next, len);
+            }
+        }
+    }
+
+    #[test]
+    fn chunks_cover_the_range() {
+        let c: Vec<_> = chunks(3..10, 3).collect();
+        assert_eq!(c, vec![3..6, 6..9, 9..10]);
+        assert_eq!(chunks(4..4, 3).count(), 0);
+    }
+}

@@ -1,0 +1,111 @@
+//! The chunked, pipelined ring (Patarasuk and Yuan; what NCCL and Gloo use for
+//! large messages).
+//!
+//! Rank r sends to r+1 and receives from r-1. The buffer is cut into p blocks;
+//! reduce-scatter takes p-1 steps after which rank r holds the full reduction
+//! of block r, and all-gather takes p-1 more steps that circulate the reduced
+//! blocks. Every rank sends 2(p-1)/p of the buffer in all-reduce, the
+//! bandwidth optimum. Each block is cut into chunks, and a chunk is forwarded
+//! as soon as it has been received and reduced, so the p-1 hops overlap.
+
+use super::{Action, Step, block, chunks};
+use std::ops::Range;
+
+/// One ring step: which block goes right, which comes from the left.
+struct RingStep {
+    send: Range<usize>,
+    recv: Range<usize>,
+    action: Action,
+}
+
+/// Emits ring steps in pipelined order: the sends of step 0, then for each
+/// later step and chunk "receive chunk c of the previous step, then send chunk
+/// c of this one", then the receives of the last step. Step g's send block is
+/// always step g-1's receive block, so chunk c can go on as soon as it lands.
+fn pipelined(rank: usize, world: usize, chunk: usize, ring: &[RingStep]) -> Vec<Step> {
+    let right = (rank + 1) % world;
+    let left = (rank + world - 1) % world;
+    let mut out = Vec::new();
+    let Some(first) = ring.first() else {
+        return out;
+    };
+    super::push_sends(&mut out, right, first.send.clone(), chunk, 0);
+    for g in 1..ring.len() {
+        debug_assert_eq!(ring[g].send, ring[g - 1].recv);
+        let prev = &ring[g - 1];
+        for (c, r) in chunks(prev.recv.clone(), chunk).enumerate() {
+            out.push(Step::Recv {
+                peer: left,
+                range: r.clone(),
+                step: (g - 1) as u32,
+                chunk: c as u32,
+                action: prev.action,
+            });
+            out.push(Step::Send {
+                peer: right,
+                range: r,
+                step: g as u32,
+                chunk: c as u32,
+            });
+        }
+    }
+    let last = ring.len() - 1;
+    super::push_recvs(
+        &mut out,
+        left,
+        ring[last].recv.clone(),
+        chunk,
+        last as u32,
+        ring[last].action,
+    );
+    out
+}
+
+fn modp(x: isize, world: usize) -> usize {
+    x.rem_euclid(world as isize) as usize
+}
+
+fn reduce_scatter_steps(rank: usize, world: usize, blocks: &dyn Fn(usize) -> Range<usize>) -> Vec<RingStep> {
+    let r = rank as isize;
+    (0..world.saturating_sub(1) as isize)
+        .map(|s| RingStep {
+            send: blocks(modp(r - s - 1, world)),
+            recv: blocks(modp(r - s - 2, world)),
+            action: Action::Reduce,
+        })
+        .collect()
+}
+
+fn all_gather_steps(rank: usize, world: usize, blocks: &dyn Fn(usize) -> Range<usize>) -> Vec<RingStep> {
+    let r = rank as isize;
+    (0..world.saturating_sub(1) as isize)
+        .map(|s| RingStep {
+            send: blocks(modp(r - s, world)),
+            recv: blocks(modp(r - s - 1, world)),
+            action: Action::Copy,
+        })
+        .collect()
+}
+
+/// Ring all-reduce of `len` elements. Work buffer: the user's buffer.
+pub fn all_reduce_ring(rank: usize, world: usize, len: usize, chunk: usize) -> Vec<Step> {
+    let blocks = |i| block(len, world, i);
+    let mut ring = reduce_scatter_steps(rank, world, &blocks);
+    ring.extend(all_gather_steps(rank, world, &blocks));
+    pipelined(rank, world, chunk, &ring)
+}
+
+/// Ring reduce-scatter of `len` elements. Work buffer: a copy of the input;
+/// afterwards `block(len, world, rank)` of it holds this rank's result.
+pub fn reduce_scatter_ring(rank: usize, world: usize, len: usize, chunk: usize) -> Vec<Step> {
+    let blocks = |i| block(len, world, i);
+    pipelined(rank, world, chunk, &reduce_scatter_steps(rank, world, &blocks))
+}
+
+/// Ring all-gather of `per_rank` elements from each rank. Work buffer: the
+/// output (`per_rank * world` elements) with this rank's input already copied
+/// to `rank * per_rank..`.
+pub fn all_gather_ring(rank: usize, world: usize, per_rank: usize, chunk: usize) -> Vec<Step> {
+    let blocks = |i: usize| i * per_rank..(i + 1) * per_rank;
+    pipelined(rank, world, chunk, &all_gather_steps(rank, world, &blocks))
+}

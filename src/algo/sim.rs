@@ -1,0 +1,284 @@
+//! A deterministic, single-threaded network simulator that runs one schedule
+//! per rank against per-link FIFO mailboxes. It checks what a transport
+//! checks (each frame's step, chunk and length match what the receiver
+//! expects) and reports a deadlock when no rank can make progress.
+
+use super::{Action, Step};
+use crate::{Element, ReduceOp};
+use std::collections::{HashMap, VecDeque};
+
+/// Why a simulated run failed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SimError {
+    /// No rank could progress; lists (rank, waiting-for peer).
+    Deadlock(Vec<(usize, usize)>),
+    /// A frame did not match the receiver's expectation.
+    Mismatch { rank: usize, peer: usize, detail: String },
+    /// Frames were left unread in a mailbox at the end.
+    Leftover { from: usize, to: usize, frames: usize },
+}
+
+struct Frame<T> {
+    step: u32,
+    chunk: u32,
+    data: Vec<T>,
+}
+
+/// Runs `schedules[r]` on `works[r]` for every rank, reducing with `op`.
+pub fn run<T: Element>(schedules: &[Vec<Step>], works: &mut [Vec<T>], op: ReduceOp) -> Result<(), SimError> {
+    let world = schedules.len();
+    let mut mail: HashMap<(usize, usize), VecDeque<Frame<T>>> = HashMap::new();
+    let mut pc = vec![0usize; world];
+    loop {
+        let mut progressed = false;
+        for rank in 0..world {
+            while let Some(step) = schedules[rank].get(pc[rank]) {
+                match step {
+                    Step::Send { peer, range, step, chunk } => {
+                        mail.entry((rank, *peer)).or_default().push_back(Frame {
+                            step: *step,
+                            chunk: *chunk,
+                            data: works[rank][range.clone()].to_vec(),
+                        });
+                    }
+                    Step::Recv { peer, range, step, chunk, action } => {
+                        let Some(frame) = mail.get_mut(&(*peer, rank)).and_then(VecDeque::pop_front) else {
+                            break;
+                        };
+                        if (frame.step, frame.chunk, frame.data.len()) != (*step, *chunk, range.len()) {
+                            return Err(SimError::Mismatch {
+                                rank,
+                                peer: *peer,
+                                detail: format!(
+                                    "expected step {step} chunk {chunk} len {}, got step {} chunk {} len {}",
+                                    range.len(),
+                                    frame.step,
+                                    frame.chunk,
+                                    frame.data.len()
+                                ),
+                            });
+                        }
+                        let dst = &mut works[rank][range.clone()];
+                        match action {
+                            Action::Copy => dst.copy_from_slice(&frame.data),
+                            Action::Reduce => T::reduce_into(dst, &frame.data, op),
+                        }
+                    }
+                }
+                pc[rank] += 1;
+                progressed = true;
+            }
+        }
+        if (0..world).all(|r| pc[r] == schedules[r].len()) {
+            break;
+        }
+        if !progressed {
+            let waiting = (0..world)
+                .filter_map(|r| schedules[r].get(pc[r]).map(|s| (r, s.peer())))
+                .collect();
+            return Err(SimError::Deadlock(waiting));
+        }
+    }
+    if let Some(((from, to), q)) = mail.iter().find(|(_, q)| !q.is_empty()) {
+        return Err(SimError::Leftover { from: *from, to: *to, frames: q.len() });
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::*;
+    use super::run;
+    use crate::testing::{Rng, check_close, random_data, reference_reduce};
+    use crate::{DType, Element, ReduceOp};
+    use half::{bf16, f16};
+
+    fn lengths(world: usize) -> Vec<usize> {
+        vec![0, 1, world.saturating_sub(1), world + 1, 3 * world + 2, 257]
+    }
+
+    const CHUNKS: [usize; 3] = [1, 7, 1 << 20];
+
+    fn check_all_reduce<T: Element>(rng: &mut Rng, seed: u64) {
+        for world in 1..=9 {
+            for len in lengths(world) {
+                for op in ReduceOp::ALL {
+                    for chunk in CHUNKS {
+                        let inputs: Vec<Vec<T>> = (0..world).map(|_| random_data(rng, len, op)).collect();
+                        let reference = reference_reduce(&inputs, op);
+                        for (name, algo) in [
+                            ("ring", all_reduce_ring as fn(usize, usize, usize, usize) -> Vec<Step>),
+                            ("doubling", all_reduce_doubling),
+                        ] {
+                            let scheds: Vec<_> = (0..world).map(|r| algo(r, world, len, chunk)).collect();
+                            let mut works = inputs.clone();
+                            run(&scheds, &mut works, op).unwrap_or_else(|e| {
+                                panic!("seed {seed}: {name} p={world} n={len} {op}: {e:?}")
+                            });
+                            for (r, w) in works.iter_mut().enumerate() {
+                                if op == ReduceOp::Avg {
+                                    T::finish_avg(w, world);
+                                }
+                                check_close(w, &reference, world).unwrap_or_else(|e| {
+                                    panic!("seed {seed}: {name} {} p={world} n={len} {op} chunk={chunk} rank {r}: {e}", T::DTYPE)
+                                });
+                            }
+                            // Every rank must hold the same bits.
+                            assert!(works.windows(2).all(|w| w[0] == w[1]), "seed {seed}: {name} ranks differ");
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn all_reduce_matches_reference_for_every_dtype() {
+        let seed = Rng::fresh_seed();
+        let mut rng = Rng::new(seed);
+        check_all_reduce::<f32>(&mut rng, seed);
+        check_all_reduce::<f64>(&mut rng, seed);
+        check_all_reduce::<f16>(&mut rng, seed);
+        check_all_reduce::<bf16>(&mut rng, seed);
+        check_all_reduce::<i32>(&mut rng, seed);
+        check_all_reduce::<i64>(&mut rng, seed);
+        check_all_reduce::<u8>(&mut rng, seed);
+        assert_eq!(DType::ALL.len(), 7, "a new dtype needs a line above");
+    }
+
+    #[test]
+    fn reduce_scatter_gives_each_rank_its_block() {
+        let seed = Rng::fresh_seed();
+        let mut rng = Rng::new(seed);
+        for world in 1..=9 {
+            for len in lengths(world) {
+                for chunk in CHUNKS {
+                    let inputs: Vec<Vec<f64>> = (0..world).map(|_| random_data(&mut rng, len, ReduceOp::Sum)).collect();
+                    let reference = reference_reduce(&inputs, ReduceOp::Sum);
+                    let scheds: Vec<_> = (0..world).map(|r| reduce_scatter_ring(r, world, len, chunk)).collect();
+                    let mut works = inputs.clone();
+                    run(&scheds, &mut works, ReduceOp::Sum).unwrap();
+                    for (r, w) in works.iter().enumerate() {
+                        let b = block(len, world, r);
+                        check_close(&w[b.clone()], &reference[b], world)
+                            .unwrap_or_else(|e| panic!("seed {seed} p={world} n={len} rank {r}: {e}"));
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn all_gather_concatenates_in_rank_order() {
+        let seed = Rng::fresh_seed();
+        let mut rng = Rng::new(seed);
+        for world in 1..=9 {
+            for per in [0, 1, 2, 5, 33] {
+                for chunk in CHUNKS {
+                    let inputs: Vec<Vec<i64>> = (0..world).map(|_| random_data(&mut rng, per, ReduceOp::Sum)).collect();
+                    let expected: Vec<i64> = inputs.concat();
+                    let mut works: Vec<Vec<i64>> = (0..world)
+                        .map(|r| {
+                            let mut w = vec![0; per * world];
+                            w[r * per..(r + 1) * per].copy_from_slice(&inputs[r]);
+                            w
+                        })
+                        .collect();
+                    let scheds: Vec<_> = (0..world).map(|r| all_gather_ring(r, world, per, chunk)).collect();
+                    run(&scheds, &mut works, ReduceOp::Sum).unwrap();
+                    assert!(works.iter().all(|w| *w == expected), "seed {seed} p={world} per={per}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn broadcast_and_reduce_reach_every_root() {
+        let seed = Rng::fresh_seed();
+        let mut rng = Rng::new(seed);
+        for world in 1..=9 {
+            for len in lengths(world) {
+                for root in 0..world {
+                    for chunk in CHUNKS {
+                        let inputs: Vec<Vec<i32>> = (0..world).map(|_| random_data(&mut rng, len, ReduceOp::Sum)).collect();
+                        for algo in [broadcast_tree as fn(usize, usize, usize, usize, usize) -> Vec<Step>, broadcast_chain] {
+                            let scheds: Vec<_> = (0..world).map(|r| algo(r, world, root, len, chunk)).collect();
+                            let mut works = inputs.clone();
+                            run(&scheds, &mut works, ReduceOp::Sum).unwrap();
+                            assert!(works.iter().all(|w| *w == inputs[root]), "seed {seed} bcast p={world} root={root}");
+                        }
+                        let reference = reference_reduce(&inputs, ReduceOp::Max);
+                        let scheds: Vec<_> = (0..world).map(|r| reduce_tree(r, world, root, len, chunk)).collect();
+                        let mut works = inputs.clone();
+                        run(&scheds, &mut works, ReduceOp::Max).unwrap();
+                        check_close(&works[root], &reference, world)
+                            .unwrap_or_else(|e| panic!("seed {seed} reduce p={world} root={root}: {e}"));
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn all_to_all_v_routes_every_block() {
+        let seed = Rng::fresh_seed();
+        let mut rng = Rng::new(seed);
+        for world in 1..=9 {
+            for chunk in CHUNKS {
+                // counts[i][j]: what rank i sends to rank j (uneven, some zero).
+                let counts: Vec<Vec<usize>> =
+                    (0..world).map(|_| (0..world).map(|_| rng.below(5) as usize).collect()).collect();
+                let mut blocks: Vec<Vec<Vec<u8>>> = Vec::new();
+                let mut works = Vec::new();
+                let mut scheds = Vec::new();
+                for i in 0..world {
+                    let mine: Vec<Vec<u8>> = (0..world).map(|j| random_data(&mut rng, counts[i][j], ReduceOp::Sum)).collect();
+                    let recv_counts: Vec<usize> = (0..world).map(|j| counts[j][i]).collect();
+                    let out_len: usize = recv_counts.iter().sum();
+                    let mut w = mine.concat();
+                    w.resize(w.len() + out_len, 0);
+                    works.push(w);
+                    scheds.push(all_to_all_v(i, &counts[i], &recv_counts, chunk));
+                    blocks.push(mine);
+                }
+                run(&scheds, &mut works, ReduceOp::Sum).unwrap();
+                for i in 0..world {
+                    let input_len: usize = counts[i].iter().sum();
+                    let mut at = input_len;
+                    for j in 0..world {
+                        let got = &works[i][at..at + counts[j][i]];
+                        if j != i {
+                            assert_eq!(got, &blocks[j][i][..], "seed {seed} p={world}: {j}->{i}");
+                        }
+                        at += counts[j][i];
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn barrier_and_p2p_complete() {
+        for world in 1..=9 {
+            let scheds: Vec<_> = (0..world).map(|r| barrier(r, world)).collect();
+            let mut works = vec![Vec::<u8>::new(); world];
+            run(&scheds, &mut works, ReduceOp::Sum).unwrap();
+        }
+        let scheds = vec![send(1, 10, 3), recv(0, 10, 3)];
+        let mut works = vec![(0..10u8).collect::<Vec<_>>(), vec![0u8; 10]];
+        run(&scheds, &mut works, ReduceOp::Sum).unwrap();
+        assert_eq!(works[0], works[1]);
+    }
+
+    #[test]
+    fn simulator_reports_deadlock_and_mismatch() {
+        // Both ranks wait first: a deadlock the simulator must name.
+        let scheds = vec![recv(1, 4, 4), recv(0, 4, 4)];
+        let mut works = vec![vec![0u8; 4]; 2];
+        assert!(matches!(run(&scheds, &mut works, ReduceOp::Sum), Err(super::SimError::Deadlock(_))));
+        // Lengths disagree: the receiver must notice.
+        let scheds = vec![send(1, 4, 4), recv(0, 3, 4)];
+        let mut works = vec![vec![0u8; 4]; 2];
+        assert!(matches!(run(&scheds, &mut works, ReduceOp::Sum), Err(super::SimError::Mismatch { .. })));
+    }
+}
