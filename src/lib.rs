@@ -7,9 +7,27 @@ pub mod dtype;
 #[doc(hidden)]
 pub mod testing;
 // helper-owned modules (each line added by whoever owns the module):
-// [wire]
-// [store]
-// [env]
-// [net]
+pub mod wire;
+pub mod store;
+pub mod env;
+pub mod net;
 
+mod buffer;
+mod comm;
+mod config;
+mod error;
+mod exec;
+mod pending;
+mod rendezvous;
+mod stats;
+mod transport;
+
+pub use buffer::{Buffer, CollectiveBuffer};
+pub use comm::Communicator;
+pub use config::{DEFAULT_CHUNK_BYTES, DEFAULT_SMALL_MESSAGE_BYTES, DEFAULT_TIMEOUT, TransportKind};
 pub use dtype::{DType, Element, ReduceOp};
+pub use error::{Error, OpContext, Result};
+pub use pending::PendingCollective;
+pub use rendezvous::Builder;
+pub use stats::Stats;
+pub use wire::OpKind;

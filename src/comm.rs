@@ -1,0 +1,730 @@
+//! The public API: [`Communicator`] and its collectives.
+//!
+//! A communicator owns one executor thread. Each call checks its arguments,
+//! takes the next sequence number, queues a job and returns a
+//! [`PendingCollective`] at once; the executor runs jobs strictly in
+//! submission order (the order every rank must call them in), so any number
+//! of ops may be in flight and awaited in any order.
+
+use crate::algo::{self, Step};
+use crate::buffer::{Buffer, CollectiveBuffer};
+use crate::config::Tunables;
+use crate::error::{Error, OpContext};
+use crate::exec::{self, OpSignature, Traffic};
+use crate::pending::{PendingCollective, pending};
+use crate::rendezvous::World;
+use crate::stats::{Stats, StatsRecorder};
+use crate::wire::OpKind;
+use crate::{Element, ReduceOp};
+use std::collections::HashMap;
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+type Job = Box<dyn FnOnce(&Executor) + Send>;
+
+/// What the executor thread owns.
+struct Executor {
+    world: Arc<World>,
+    rank: usize,
+    comm_id: u64,
+    members: Arc<Vec<usize>>,
+    tunables: Tunables,
+    state: Arc<Mutex<Option<String>>>,
+    stats: Arc<StatsRecorder>,
+}
+
+struct Queue {
+    sender: Option<mpsc::Sender<Job>>,
+    next_seq: u64,
+    /// Point-to-point sequence numbers per (peer, is_send).
+    p2p_seq: HashMap<(usize, bool), u64>,
+}
+
+struct Inner {
+    world: Arc<World>,
+    rank: usize,
+    size: usize,
+    comm_id: u64,
+    members: Arc<Vec<usize>>,
+    tunables: Tunables,
+    queue: Mutex<Queue>,
+    failed: Arc<Mutex<Option<String>>>,
+    stats: Arc<StatsRecorder>,
+    splits: Mutex<u64>,
+    executor: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        // Closing the queue lets the executor finish what was submitted (each
+        // op bounded by its timeout) and exit; joining it means no thread
+        // outlives the communicator.
+        lock(&self.queue).sender = None;
+        if let Some(handle) = lock(&self.executor).take() {
+            let _ = handle.join();
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A group of ranks that run collectives together.
+///
+/// Cheap to clone (clones share the group and its op order); `Send + Sync`.
+/// Every rank must call the same collectives in the same order with matching
+/// arguments; a rank that does not gets an error naming both sides.
+#[derive(Clone)]
+pub struct Communicator {
+    inner: Arc<Inner>,
+    timeout: Duration,
+}
+
+impl std::fmt::Debug for Communicator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Communicator")
+            .field("rank", &self.inner.rank)
+            .field("world_size", &self.inner.size)
+            .field("comm_id", &format_args!("{:016x}", self.inner.comm_id))
+            .finish()
+    }
+}
+
+/// The description of one op, before it runs.
+struct OpPlan {
+    kind: OpKind,
+    dtype: crate::DType,
+    count: u64,
+    reduce_op: Option<ReduceOp>,
+    root: u32,
+    /// Whether every rank passes the same count (then frames check it).
+    uniform_count: bool,
+}
+
+/// What a job gets to run its schedule.
+struct Ctx<'a> {
+    ex: &'a Executor,
+    sig: OpSignature,
+    op: OpContext,
+    started: Instant,
+    timeout: Duration,
+    traffic: Traffic,
+}
+
+impl Ctx<'_> {
+    fn run<T: Element>(&mut self, steps: &[Step], work: &mut [T]) -> Result<(), Error> {
+        exec::run(
+            &*self.ex.world.transport,
+            &self.ex.members,
+            &self.sig,
+            &self.op,
+            steps,
+            work,
+            self.started,
+            self.timeout,
+            &mut self.traffic,
+        )
+    }
+
+    /// Elements per frame for dtype `T`.
+    fn chunk<T: Element>(&self) -> usize {
+        (self.ex.tunables.chunk_bytes / size_of::<T>()).max(1)
+    }
+}
+
+impl Communicator {
+    pub(crate) fn start(world: Arc<World>, tunables: Tunables) -> Result<Communicator, Error> {
+        let members: Vec<usize> = (0..world.size).collect();
+        let rank = world.rank;
+        let comm_id = world.job_id;
+        Communicator::start_group(world, tunables, rank, comm_id, Arc::new(members))
+    }
+
+    fn start_group(
+        world: Arc<World>,
+        tunables: Tunables,
+        rank: usize,
+        comm_id: u64,
+        members: Arc<Vec<usize>>,
+    ) -> Result<Communicator, Error> {
+        let failed = Arc::new(Mutex::new(None));
+        let stats = Arc::new(StatsRecorder::default());
+        let (sender, receiver) = mpsc::channel::<Job>();
+        let executor = Executor {
+            world: world.clone(),
+            rank,
+            comm_id,
+            members: members.clone(),
+            tunables: tunables.clone(),
+            state: failed.clone(),
+            stats: stats.clone(),
+        };
+        let handle = std::thread::Builder::new()
+            .name(format!("ringwire-exec-{}", world.rank))
+            .spawn(move || {
+                for job in receiver {
+                    job(&executor);
+                }
+            })
+            .map_err(|e| Error::io("starting the executor thread", e))?;
+        let timeout = tunables.timeout;
+        Ok(Communicator {
+            inner: Arc::new(Inner {
+                world,
+                rank,
+                size: members.len(),
+                comm_id,
+                members,
+                tunables,
+                queue: Mutex::new(Queue {
+                    sender: Some(sender),
+                    next_seq: 0,
+                    p2p_seq: HashMap::new(),
+                }),
+                failed,
+                stats,
+                splits: Mutex::new(0),
+                executor: Mutex::new(Some(handle)),
+            }),
+            timeout,
+        })
+    }
+
+    /// This process's rank in the communicator, `0..world_size()`.
+    pub fn rank(&self) -> usize {
+        self.inner.rank
+    }
+
+    /// The number of ranks in the communicator.
+    pub fn world_size(&self) -> usize {
+        self.inner.size
+    }
+
+    /// The name of the transport carrying this communicator's data.
+    pub fn transport_name(&self) -> &'static str {
+        self.inner.world.transport.name()
+    }
+
+    /// A handle to the same communicator whose ops use `timeout` instead of
+    /// the configured default. Ops queue in one order whichever handle
+    /// submits them.
+    pub fn with_timeout(&self, timeout: Duration) -> Communicator {
+        Communicator {
+            inner: self.inner.clone(),
+            timeout,
+        }
+    }
+
+    /// The per-op timeout of this handle.
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    /// A zeroed buffer for collectives. With transports that register memory
+    /// with the kernel, this is registered memory.
+    pub fn alloc<T: Element>(&self, len: usize) -> Buffer<T> {
+        Buffer::zeroed(len)
+    }
+
+    /// Op count, bytes moved and latency percentiles so far.
+    pub fn stats(&self) -> Stats {
+        self.inner.stats.snapshot()
+    }
+
+    /// The error that failed this communicator, if one did.
+    pub fn failure(&self) -> Option<String> {
+        lock(&self.inner.failed).clone()
+    }
+
+    fn invalid<R>(&self, op: OpKind, detail: String) -> PendingCollective<R> {
+        PendingCollective::ready(Err(Error::InvalidArgument { op, detail }))
+    }
+
+    /// Queues `job`; `p2p` gives (peer, is_send) for point-to-point ops,
+    /// which count their sequence numbers per peer pair.
+    fn submit<R: Send + 'static>(
+        &self,
+        plan: OpPlan,
+        p2p: Option<(usize, bool)>,
+        job: impl FnOnce(&mut Ctx<'_>) -> Result<R, Error> + Send + 'static,
+    ) -> PendingCollective<R> {
+        let (handle, completer) = pending(plan.kind);
+        let mut queue = lock(&self.inner.queue);
+        let seq = match p2p {
+            None => {
+                queue.next_seq += 1;
+                queue.next_seq
+            }
+            Some(key) => {
+                let s = queue.p2p_seq.entry(key).or_insert(0);
+                *s += 1;
+                *s
+            }
+        };
+        let op = OpContext {
+            op: plan.kind,
+            seq,
+            dtype: plan.dtype.name(),
+            count: plan.count,
+            rank: self.inner.rank,
+        };
+        let timeout = self.timeout;
+        let task: Job = Box::new(move |ex: &Executor| {
+            if let Some(first) = lock(&ex.state).clone() {
+                completer.complete(Err(Error::Failed { first }));
+                return;
+            }
+            let span = tracing::debug_span!(
+                "collective",
+                op = %plan.kind,
+                seq,
+                rank = ex.rank,
+                bytes = plan.count * plan.dtype.size() as u64
+            );
+            let _entered = span.enter();
+            let mut ctx = Ctx {
+                ex,
+                sig: OpSignature {
+                    comm_id: ex.comm_id,
+                    seq,
+                    op: plan.kind,
+                    dtype: plan.dtype,
+                    reduce_op: plan.reduce_op,
+                    root: plan.root,
+                    count: plan.uniform_count.then_some(plan.count),
+                },
+                op: op.clone(),
+                started: Instant::now(),
+                timeout,
+                traffic: Traffic::default(),
+            };
+            let result = job(&mut ctx);
+            match &result {
+                Ok(_) => {
+                    ex.stats.record(ctx.started.elapsed(), ctx.traffic);
+                    tracing::debug!(elapsed_us = ctx.started.elapsed().as_micros() as u64, "done");
+                }
+                Err(e) => {
+                    tracing::error!(error = %e, "collective failed");
+                    if e.is_fatal() {
+                        lock(&ex.state).get_or_insert_with(|| e.to_string());
+                    }
+                }
+            }
+            completer.complete(result);
+        });
+        match &queue.sender {
+            Some(sender) => {
+                if let Err(mpsc::SendError(task)) = sender.send(task) {
+                    drop(task);
+                }
+            }
+            None => drop(task),
+        }
+        handle
+    }
+
+    fn plan<T: Element>(&self, kind: OpKind, count: usize) -> OpPlan {
+        OpPlan {
+            kind,
+            dtype: T::DTYPE,
+            count: count as u64,
+            reduce_op: None,
+            root: 0,
+            uniform_count: true,
+        }
+    }
+
+    fn check_root(&self, op: OpKind, root: usize) -> Result<(), Error> {
+        if root >= self.inner.size {
+            return Err(Error::InvalidArgument {
+                op,
+                detail: format!("root {root} is not a rank of this communicator (size {})", self.inner.size),
+            });
+        }
+        Ok(())
+    }
+
+    /// Element-wise reduction of `buf` across all ranks; every rank gets the
+    /// result in its buffer.
+    ///
+    /// Small buffers use recursive doubling, large ones the pipelined ring
+    /// (see `RINGWIRE_SMALL_MESSAGE_BYTES`). Every rank ends with the same bits.
+    pub fn all_reduce<T: Element, B: CollectiveBuffer<T>>(&self, mut buf: B, op: ReduceOp) -> PendingCollective<B> {
+        let n = buf.as_slice().len();
+        let mut plan = self.plan::<T>(OpKind::AllReduce, n);
+        plan.reduce_op = Some(op);
+        let (rank, size) = (self.inner.rank, self.inner.size);
+        self.submit(plan, None, move |cx| {
+            let chunk = cx.chunk::<T>();
+            let steps = if n * size_of::<T>() < cx.ex.tunables.small_message_bytes {
+                algo::all_reduce_doubling(rank, size, n, chunk)
+            } else {
+                algo::all_reduce_ring(rank, size, n, chunk)
+            };
+            cx.run(&steps, buf.as_mut_slice())?;
+            if op == ReduceOp::Avg {
+                T::finish_avg(buf.as_mut_slice(), size);
+            }
+            Ok(buf)
+        })
+    }
+
+    /// Copies `root`'s buffer into every rank's buffer (all ranks pass a
+    /// buffer of the same length).
+    pub fn broadcast<T: Element, B: CollectiveBuffer<T>>(&self, mut buf: B, root: usize) -> PendingCollective<B> {
+        if let Err(e) = self.check_root(OpKind::Broadcast, root) {
+            return PendingCollective::ready(Err(e));
+        }
+        let n = buf.as_slice().len();
+        let mut plan = self.plan::<T>(OpKind::Broadcast, n);
+        plan.root = root as u32;
+        let (rank, size) = (self.inner.rank, self.inner.size);
+        self.submit(plan, None, move |cx| {
+            let chunk = cx.chunk::<T>();
+            let steps = if n * size_of::<T>() < cx.ex.tunables.small_message_bytes {
+                algo::broadcast_tree(rank, size, root, n, chunk)
+            } else {
+                algo::broadcast_chain(rank, size, root, n, chunk)
+            };
+            cx.run(&steps, buf.as_mut_slice())?;
+            Ok(buf)
+        })
+    }
+
+    /// Reduces every rank's buffer into `root`'s. Other ranks' buffers come
+    /// back unchanged.
+    pub fn reduce<T: Element, B: CollectiveBuffer<T>>(&self, mut buf: B, root: usize, op: ReduceOp) -> PendingCollective<B> {
+        if let Err(e) = self.check_root(OpKind::Reduce, root) {
+            return PendingCollective::ready(Err(e));
+        }
+        let n = buf.as_slice().len();
+        let mut plan = self.plan::<T>(OpKind::Reduce, n);
+        plan.root = root as u32;
+        plan.reduce_op = Some(op);
+        let (rank, size) = (self.inner.rank, self.inner.size);
+        self.submit(plan, None, move |cx| {
+            let steps = algo::reduce_tree(rank, size, root, n, cx.chunk::<T>());
+            if rank == root {
+                cx.run(&steps, buf.as_mut_slice())?;
+                if op == ReduceOp::Avg {
+                    T::finish_avg(buf.as_mut_slice(), size);
+                }
+            } else {
+                let mut scratch = buf.as_slice().to_vec();
+                cx.run(&steps, &mut scratch)?;
+            }
+            Ok(buf)
+        })
+    }
+
+    /// Gathers every rank's `input` into `output`, in rank order:
+    /// `output.len()` must be `input.len() * world_size()`.
+    pub fn all_gather<T: Element, B: CollectiveBuffer<T>, O: CollectiveBuffer<T>>(
+        &self,
+        input: B,
+        mut output: O,
+    ) -> PendingCollective<(B, O)> {
+        let (n, size, rank) = (input.as_slice().len(), self.inner.size, self.inner.rank);
+        if output.as_slice().len() != n * size {
+            return self.invalid(
+                OpKind::AllGather,
+                format!(
+                    "output has {} elements but must have input length {n} x world size {size} = {}",
+                    output.as_slice().len(),
+                    n * size
+                ),
+            );
+        }
+        self.submit(self.plan::<T>(OpKind::AllGather, n), None, move |cx| {
+            let out = output.as_mut_slice();
+            out[rank * n..(rank + 1) * n].copy_from_slice(input.as_slice());
+            let steps = algo::all_gather_ring(rank, size, n, cx.chunk::<T>());
+            cx.run(&steps, out)?;
+            Ok((input, output))
+        })
+    }
+
+    /// Reduces `input` across ranks and leaves block `rank()` of the result
+    /// in `output`. Blocks split `input.len()` as evenly as possible, the
+    /// first `len % world_size` ranks getting one extra element; see
+    /// [`Communicator::block_len`]. `input` comes back unchanged.
+    pub fn reduce_scatter<T: Element, B: CollectiveBuffer<T>, O: CollectiveBuffer<T>>(
+        &self,
+        input: B,
+        mut output: O,
+        op: ReduceOp,
+    ) -> PendingCollective<(B, O)> {
+        let (n, size, rank) = (input.as_slice().len(), self.inner.size, self.inner.rank);
+        let mine = algo::block(n, size, rank);
+        if output.as_slice().len() != mine.len() {
+            return self.invalid(
+                OpKind::ReduceScatter,
+                format!(
+                    "output has {} elements but rank {rank}'s block of {n} over {size} ranks has {}",
+                    output.as_slice().len(),
+                    mine.len()
+                ),
+            );
+        }
+        let mut plan = self.plan::<T>(OpKind::ReduceScatter, n);
+        plan.reduce_op = Some(op);
+        self.submit(plan, None, move |cx| {
+            let mut work = input.as_slice().to_vec();
+            let steps = algo::reduce_scatter_ring(rank, size, n, cx.chunk::<T>());
+            cx.run(&steps, &mut work)?;
+            let out = output.as_mut_slice();
+            out.copy_from_slice(&work[mine]);
+            if op == ReduceOp::Avg {
+                T::finish_avg(out, size);
+            }
+            Ok((input, output))
+        })
+    }
+
+    /// The length of rank `rank`'s block when `len` elements are
+    /// reduce-scattered over this communicator.
+    pub fn block_len(&self, len: usize, rank: usize) -> usize {
+        algo::block(len, self.inner.size, rank.min(self.inner.size - 1)).len()
+    }
+
+    /// Sends block j of `input` to rank j and receives rank j's block for
+    /// this rank into block j of `output`; blocks are `input.len() /
+    /// world_size()` elements (which must divide evenly, and `output` must be
+    /// as long as `input`).
+    pub fn all_to_all<T: Element, B: CollectiveBuffer<T>, O: CollectiveBuffer<T>>(
+        &self,
+        input: B,
+        output: O,
+    ) -> PendingCollective<(B, O)> {
+        let (n, size) = (input.as_slice().len(), self.inner.size);
+        if n % size != 0 || output.as_slice().len() != n {
+            return self.invalid(
+                OpKind::AllToAll,
+                format!(
+                    "input has {n} elements and output {}: both must be equal and divisible by the world size {size} \
+                     (use all_to_all_v for uneven splits)",
+                    output.as_slice().len()
+                ),
+            );
+        }
+        let counts = vec![n / size; size];
+        self.all_to_all_v(input, &counts, output, &counts)
+    }
+
+    /// All-to-all with uneven splits: `send_counts[j]` elements of `input`
+    /// (consecutively, in rank order) go to rank j, and `recv_counts[j]`
+    /// elements from rank j land in `output` in rank order. Rank j's
+    /// `send_counts[i]` must equal rank i's `recv_counts[j]`.
+    pub fn all_to_all_v<T: Element, B: CollectiveBuffer<T>, O: CollectiveBuffer<T>>(
+        &self,
+        input: B,
+        send_counts: &[usize],
+        mut output: O,
+        recv_counts: &[usize],
+    ) -> PendingCollective<(B, O)> {
+        let (size, rank) = (self.inner.size, self.inner.rank);
+        let (ins, outs) = (input.as_slice().len(), output.as_slice().len());
+        if send_counts.len() != size || recv_counts.len() != size {
+            return self.invalid(
+                OpKind::AllToAll,
+                format!("send_counts and recv_counts need one entry per rank ({size})"),
+            );
+        }
+        let (sum_send, sum_recv) = (send_counts.iter().sum::<usize>(), recv_counts.iter().sum::<usize>());
+        if sum_send != ins || sum_recv != outs {
+            return self.invalid(
+                OpKind::AllToAll,
+                format!("send_counts sum to {sum_send} (input has {ins}); recv_counts sum to {sum_recv} (output has {outs})"),
+            );
+        }
+        if send_counts[rank] != recv_counts[rank] {
+            return self.invalid(
+                OpKind::AllToAll,
+                format!(
+                    "this rank sends itself {} elements but expects {}",
+                    send_counts[rank], recv_counts[rank]
+                ),
+            );
+        }
+        let mut plan = self.plan::<T>(OpKind::AllToAll, ins);
+        plan.uniform_count = false;
+        let (send_counts, recv_counts) = (send_counts.to_vec(), recv_counts.to_vec());
+        self.submit(plan, None, move |cx| {
+            let mut work = Vec::with_capacity(ins + outs);
+            work.extend_from_slice(input.as_slice());
+            work.resize(ins + outs, T::default());
+            let own_in: usize = send_counts[..rank].iter().sum();
+            let own_out: usize = ins + recv_counts[..rank].iter().sum::<usize>();
+            work.copy_within(own_in..own_in + send_counts[rank], own_out);
+            let steps = algo::all_to_all_v(rank, &send_counts, &recv_counts, cx.chunk::<T>());
+            cx.run(&steps, &mut work)?;
+            output.as_mut_slice().copy_from_slice(&work[ins..]);
+            Ok((input, output))
+        })
+    }
+
+    /// Completes on each rank once every rank has entered the barrier.
+    pub fn barrier(&self) -> PendingCollective<()> {
+        let (rank, size) = (self.inner.rank, self.inner.size);
+        self.submit(self.plan::<u8>(OpKind::Barrier, 0), None, move |cx| {
+            cx.run::<u8>(&algo::barrier(rank, size), &mut [])
+        })
+    }
+
+    /// Sends `buf` to rank `peer`, which must call [`Communicator::recv`]
+    /// with a buffer of the same length and type. Sends and receives between
+    /// one pair of ranks match in the order they are called.
+    pub fn send<T: Element, B: CollectiveBuffer<T>>(&self, mut buf: B, peer: usize) -> PendingCollective<B> {
+        if let Some(e) = self.check_peer(OpKind::SendRecv, peer) {
+            return PendingCollective::ready(Err(e));
+        }
+        let n = buf.as_slice().len();
+        self.submit(self.plan::<T>(OpKind::SendRecv, n), Some((peer, true)), move |cx| {
+            cx.run(&algo::send(peer, n, cx.chunk::<T>()), buf.as_mut_slice())?;
+            Ok(buf)
+        })
+    }
+
+    /// Receives into `buf` what rank `peer` sends with [`Communicator::send`].
+    pub fn recv<T: Element, B: CollectiveBuffer<T>>(&self, mut buf: B, peer: usize) -> PendingCollective<B> {
+        if let Some(e) = self.check_peer(OpKind::SendRecv, peer) {
+            return PendingCollective::ready(Err(e));
+        }
+        let n = buf.as_slice().len();
+        // The sender's frames carry its send counter for this pair, which
+        // matches this side's receive counter.
+        self.submit(self.plan::<T>(OpKind::SendRecv, n), Some((peer, false)), move |cx| {
+            cx.run(&algo::recv(peer, n, cx.chunk::<T>()), buf.as_mut_slice())?;
+            Ok(buf)
+        })
+    }
+
+    fn check_peer(&self, op: OpKind, peer: usize) -> Option<Error> {
+        if peer >= self.inner.size || peer == self.inner.rank {
+            return Some(Error::InvalidArgument {
+                op,
+                detail: format!(
+                    "peer {peer} must be another rank of this communicator (this is rank {} of {})",
+                    self.inner.rank, self.inner.size
+                ),
+            });
+        }
+        None
+    }
+
+    // ---- blocking forms over borrowed slices ----
+
+    /// Blocking [`Communicator::all_reduce`] on a borrowed slice (copies in and out).
+    pub fn all_reduce_slice<T: Element>(&self, data: &mut [T], op: ReduceOp) -> Result<(), Error> {
+        let out = self.all_reduce(data.to_vec(), op).wait()?;
+        data.copy_from_slice(&out);
+        Ok(())
+    }
+
+    /// Blocking [`Communicator::broadcast`] on a borrowed slice.
+    pub fn broadcast_slice<T: Element>(&self, data: &mut [T], root: usize) -> Result<(), Error> {
+        let out = self.broadcast(data.to_vec(), root).wait()?;
+        data.copy_from_slice(&out);
+        Ok(())
+    }
+
+    /// Blocking [`Communicator::reduce`] on a borrowed slice.
+    pub fn reduce_slice<T: Element>(&self, data: &mut [T], root: usize, op: ReduceOp) -> Result<(), Error> {
+        let out = self.reduce(data.to_vec(), root, op).wait()?;
+        data.copy_from_slice(&out);
+        Ok(())
+    }
+
+    /// Blocking [`Communicator::all_gather`] on borrowed slices.
+    pub fn all_gather_slice<T: Element>(&self, input: &[T], output: &mut [T]) -> Result<(), Error> {
+        let (_, out) = self.all_gather(input.to_vec(), vec![T::default(); output.len()]).wait()?;
+        output.copy_from_slice(&out);
+        Ok(())
+    }
+
+    /// Blocking [`Communicator::reduce_scatter`] on borrowed slices.
+    pub fn reduce_scatter_slice<T: Element>(&self, input: &[T], output: &mut [T], op: ReduceOp) -> Result<(), Error> {
+        let (_, out) = self
+            .reduce_scatter(input.to_vec(), vec![T::default(); output.len()], op)
+            .wait()?;
+        output.copy_from_slice(&out);
+        Ok(())
+    }
+
+    /// Blocking [`Communicator::all_to_all`] on borrowed slices.
+    pub fn all_to_all_slice<T: Element>(&self, input: &[T], output: &mut [T]) -> Result<(), Error> {
+        let (_, out) = self.all_to_all(input.to_vec(), vec![T::default(); output.len()]).wait()?;
+        output.copy_from_slice(&out);
+        Ok(())
+    }
+
+    // ---- sub-groups ----
+
+    /// Splits the communicator like `MPI_Comm_split`: ranks passing the same
+    /// `color` form a new communicator, ordered by `key` (ties by current
+    /// rank). `None` opts out and gets `None`. Collective: every rank must call it.
+    pub fn split(&self, color: Option<u32>, key: i64) -> Result<Option<Communicator>, Error> {
+        let size = self.inner.size;
+        let mine = [color.map_or(-1, i64::from), key];
+        let (_, all) = self.all_gather(mine.to_vec(), vec![0i64; 2 * size]).wait()?;
+        let split_index = {
+            let mut s = lock(&self.inner.splits);
+            *s += 1;
+            *s
+        };
+        let Some(color) = color else {
+            return Ok(None);
+        };
+        let mut group: Vec<(i64, usize)> = (0..size)
+            .filter(|&r| all[2 * r] == i64::from(color))
+            .map(|r| (all[2 * r + 1], r))
+            .collect();
+        group.sort();
+        let members: Vec<usize> = group.iter().map(|&(_, r)| self.inner.members[r]).collect();
+        let rank = group
+            .iter()
+            .position(|&(_, r)| r == self.inner.rank)
+            .expect("this rank passed `color`, so it is in its own group");
+        let comm_id = mix(mix(self.inner.comm_id, split_index), u64::from(color));
+        Communicator::start_group(
+            self.inner.world.clone(),
+            self.inner.tunables.clone(),
+            rank,
+            comm_id,
+            Arc::new(members),
+        )
+        .map(|mut c| {
+            c.timeout = self.timeout;
+            Some(c)
+        })
+    }
+}
+
+/// A 64-bit mixer (splitmix64's finaliser) to derive sub-group ids that all
+/// members compute alike.
+fn mix(a: u64, b: u64) -> u64 {
+    let mut z = a ^ b.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+impl Communicator {
+    /// A [`crate::Builder`] with nothing set.
+    pub fn builder() -> crate::Builder {
+        crate::Builder::new()
+    }
+
+    /// Joins the job described by the launch environment (RINGWIRE_*,
+    /// torchrun, Open MPI, Slurm or PMI variables). Await it or `wait()`.
+    pub fn from_env() -> PendingCollective<Communicator> {
+        match crate::Builder::from_env() {
+            Ok(b) => b.build(),
+            Err(e) => PendingCollective::ready(Err(e)),
+        }
+    }
+}

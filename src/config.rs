@@ -1,0 +1,172 @@
+//! Tunables of a communicator, with their environment variables and
+//! defaults. Precedence: a builder call, then the `RINGWIRE_*` variable, then
+//! the default.
+
+use crate::error::Error;
+use std::time::Duration;
+
+/// Which transport carries the data.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TransportKind {
+    /// The best transport that works here (today: the portable one).
+    Auto,
+    /// Plain threads and blocking TCP sockets; runs everywhere.
+    Portable,
+}
+
+impl TransportKind {
+    fn parse(var: &str, value: &str) -> Result<TransportKind, Error> {
+        match value.to_ascii_lowercase().as_str() {
+            "auto" | "" => Ok(TransportKind::Auto),
+            "portable" | "tcp" => Ok(TransportKind::Portable),
+            "uring" => Err(Error::Rendezvous(format!(
+                "{var}=uring: the io_uring engine is not part of this build yet; use {var}=portable or unset it"
+            ))),
+            other => Err(Error::Rendezvous(format!(
+                "{var}={other}: unknown transport; use auto or portable"
+            ))),
+        }
+    }
+}
+
+/// Resolved settings (see [`crate::Builder`] for each one's meaning).
+#[derive(Clone, Debug)]
+pub(crate) struct Tunables {
+    pub(crate) timeout: Duration,
+    pub(crate) connect_timeout: Duration,
+    pub(crate) chunk_bytes: usize,
+    pub(crate) small_message_bytes: usize,
+    pub(crate) max_frame_bytes: u32,
+    pub(crate) socket_buffer: Option<usize>,
+    pub(crate) transport: TransportKind,
+}
+
+/// Default per-op timeout, as in torch.distributed's gloo backend it is
+/// finite; unlike it, one minute rather than thirty.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(60);
+/// Frames are at most this large; bigger buffers go as several chunks.
+pub const DEFAULT_CHUNK_BYTES: usize = 1 << 20;
+/// All-reduce below this many bytes uses recursive doubling (latency-bound),
+/// at or above it the ring (bandwidth-bound); broadcast switches from the
+/// tree to the pipelined chain at the same size.
+pub const DEFAULT_SMALL_MESSAGE_BYTES: usize = 64 << 10;
+
+/// Optional overrides, as set on the builder.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Overrides {
+    pub(crate) timeout: Option<Duration>,
+    pub(crate) connect_timeout: Option<Duration>,
+    pub(crate) chunk_bytes: Option<usize>,
+    pub(crate) small_message_bytes: Option<usize>,
+    pub(crate) socket_buffer: Option<usize>,
+    pub(crate) transport: Option<TransportKind>,
+}
+
+fn env_number(lookup: &dyn Fn(&str) -> Option<String>, var: &str) -> Result<Option<u64>, Error> {
+    match lookup(var) {
+        None => Ok(None),
+        Some(v) if v.trim().is_empty() => Ok(None),
+        Some(v) => v.trim().parse::<u64>().map(Some).map_err(|_| {
+            Error::Rendezvous(format!("{var}={v}: expected a whole number"))
+        }),
+    }
+}
+
+fn env_seconds(lookup: &dyn Fn(&str) -> Option<String>, var: &str) -> Result<Option<Duration>, Error> {
+    match lookup(var) {
+        None => Ok(None),
+        Some(v) if v.trim().is_empty() => Ok(None),
+        Some(v) => match v.trim().parse::<f64>() {
+            Ok(s) if s.is_finite() && s > 0.0 => Ok(Some(Duration::from_secs_f64(s))),
+            _ => Err(Error::Rendezvous(format!(
+                "{var}={v}: expected a positive number of seconds"
+            ))),
+        },
+    }
+}
+
+impl Overrides {
+    /// Fills the unset fields from `RINGWIRE_*` variables, then defaults.
+    pub(crate) fn resolve(&self, lookup: &dyn Fn(&str) -> Option<String>) -> Result<Tunables, Error> {
+        let timeout = match self.timeout {
+            Some(t) => t,
+            None => env_seconds(lookup, "RINGWIRE_TIMEOUT")?.unwrap_or(DEFAULT_TIMEOUT),
+        };
+        let connect_timeout = match self.connect_timeout {
+            Some(t) => t,
+            None => env_seconds(lookup, "RINGWIRE_CONNECT_TIMEOUT")?.unwrap_or(timeout),
+        };
+        let chunk_bytes = match self.chunk_bytes {
+            Some(c) => c,
+            None => env_number(lookup, "RINGWIRE_CHUNK_BYTES")?
+                .map_or(DEFAULT_CHUNK_BYTES, |c| c as usize),
+        };
+        if !(8..=(64 << 20)).contains(&chunk_bytes) {
+            return Err(Error::Rendezvous(format!(
+                "chunk size {chunk_bytes} bytes (RINGWIRE_CHUNK_BYTES or Builder::chunk_bytes) must be between 8 B and 64 MiB"
+            )));
+        }
+        let small_message_bytes = match self.small_message_bytes {
+            Some(c) => c,
+            None => env_number(lookup, "RINGWIRE_SMALL_MESSAGE_BYTES")?
+                .map_or(DEFAULT_SMALL_MESSAGE_BYTES, |c| c as usize),
+        };
+        let socket_buffer = match self.socket_buffer {
+            Some(c) => Some(c),
+            None => env_number(lookup, "RINGWIRE_SOCKET_BUFFER_BYTES")?.map(|c| c as usize),
+        };
+        let transport = match self.transport {
+            Some(t) => t,
+            None => match lookup("RINGWIRE_TRANSPORT") {
+                Some(v) => TransportKind::parse("RINGWIRE_TRANSPORT", &v)?,
+                None => TransportKind::Auto,
+            },
+        };
+        Ok(Tunables {
+            timeout,
+            connect_timeout,
+            chunk_bytes,
+            small_message_bytes,
+            // A frame holds one chunk; leave room so every dtype fits.
+            max_frame_bytes: (chunk_bytes as u32).max(64 << 20),
+            socket_buffer,
+            transport,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn vars(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
+        let map: std::collections::HashMap<String, String> =
+            pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        move |k| map.get(k).cloned()
+    }
+
+    #[test]
+    fn builder_beats_env_beats_default() {
+        let env = vars(&[("RINGWIRE_TIMEOUT", "2.5"), ("RINGWIRE_SMALL_MESSAGE_BYTES", "4096")]);
+        let t = Overrides::default().resolve(&env).unwrap();
+        assert_eq!(t.timeout, Duration::from_millis(2500));
+        assert_eq!(t.connect_timeout, Duration::from_millis(2500));
+        assert_eq!(t.small_message_bytes, 4096);
+        assert_eq!(t.chunk_bytes, DEFAULT_CHUNK_BYTES);
+        let o = Overrides {
+            small_message_bytes: Some(10),
+            ..Overrides::default()
+        };
+        assert_eq!(o.resolve(&env).unwrap().small_message_bytes, 10);
+    }
+
+    #[test]
+    fn bad_values_name_the_variable() {
+        let err = Overrides::default().resolve(&vars(&[("RINGWIRE_TIMEOUT", "soon")])).unwrap_err();
+        assert!(err.to_string().contains("RINGWIRE_TIMEOUT=soon"), "{err}");
+        let err = Overrides::default().resolve(&vars(&[("RINGWIRE_TRANSPORT", "uring")])).unwrap_err();
+        assert!(err.to_string().contains("not part of this build"), "{err}");
+        let err = Overrides::default().resolve(&vars(&[("RINGWIRE_CHUNK_BYTES", "1")])).unwrap_err();
+        assert!(err.to_string().contains("RINGWIRE_CHUNK_BYTES"), "{err}");
+    }
+}

@@ -1,0 +1,138 @@
+//! The one error type of the public API.
+//!
+//! Every error raised while a collective runs names the op, its sequence
+//! number on the communicator and the peer involved, because "which rank and
+//! which op" is what a user debugging a stuck job needs first.
+
+use crate::wire::OpKind;
+use std::fmt;
+use std::time::Duration;
+
+/// Which collective an error belongs to.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OpContext {
+    /// The collective.
+    pub op: OpKind,
+    /// Its sequence number on the communicator (the same on every rank);
+    /// point-to-point ops count per peer pair.
+    pub seq: u64,
+    /// Element type name.
+    pub dtype: &'static str,
+    /// Element count of this rank's input.
+    pub count: u64,
+    /// This rank within the communicator.
+    pub rank: usize,
+}
+
+impl fmt::Display for OpContext {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} #{} ({}, {} elements) on rank {}",
+            self.op, self.seq, self.dtype, self.count, self.rank
+        )
+    }
+}
+
+/// Everything that can go wrong in ringwire.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// A collective did not finish within its timeout.
+    #[error("{ctx} timed out after {waited:?} waiting for rank {peer}{detail}")]
+    Timeout {
+        ctx: OpContext,
+        peer: usize,
+        waited: Duration,
+        detail: String,
+    },
+
+    /// The connection to a peer broke while an op needed it.
+    #[error("{ctx}: lost rank {peer}: {reason}")]
+    PeerLost {
+        ctx: OpContext,
+        peer: usize,
+        reason: String,
+    },
+
+    /// Ranks disagree about the collective (kind, size, dtype, root or order).
+    #[error("{ctx}: rank {peer} disagrees: {detail}")]
+    Mismatch {
+        ctx: OpContext,
+        peer: usize,
+        detail: String,
+    },
+
+    /// The caller passed arguments the op cannot take.
+    #[error("{op}: invalid argument: {detail}")]
+    InvalidArgument { op: OpKind, detail: String },
+
+    /// An earlier op failed; the communicator refuses new ops until rebuilt.
+    #[error("communicator failed earlier and must be rebuilt: {first}")]
+    Failed { first: String },
+
+    /// Connecting to or accepting a peer failed during setup or on demand.
+    #[error("connection to rank {peer} at {addr}: {detail}")]
+    Connect {
+        peer: usize,
+        addr: String,
+        detail: String,
+    },
+
+    /// Launch environment incomplete or inconsistent.
+    #[error(transparent)]
+    Env(#[from] crate::env::EnvError),
+
+    /// Address selection failed.
+    #[error(transparent)]
+    Net(#[from] crate::net::NetError),
+
+    /// Rendezvous store failure.
+    #[error("rendezvous: {0}")]
+    Store(#[from] crate::store::StoreError),
+
+    /// Two processes claim one rank, or similar setup conflicts.
+    #[error("rendezvous: {0}")]
+    Rendezvous(String),
+
+    /// An I/O error outside any op (listener, thread spawn).
+    #[error("{context}: {source}")]
+    Io {
+        context: String,
+        #[source]
+        source: std::io::Error,
+    },
+
+    /// The result of this `PendingCollective` was already taken.
+    #[error("the result of this PendingCollective was already taken")]
+    ResultTaken,
+
+    /// The communicator was shut down while the op was queued.
+    #[error("communicator shut down before {0} ran")]
+    ShutDown(OpKind),
+}
+
+impl Error {
+    pub(crate) fn io(context: impl Into<String>, source: std::io::Error) -> Error {
+        Error::Io {
+            context: context.into(),
+            source,
+        }
+    }
+
+    /// True for errors that leave the communicator failed (peers may be out
+    /// of step with this rank).
+    pub fn is_fatal(&self) -> bool {
+        matches!(
+            self,
+            Error::Timeout { .. }
+                | Error::PeerLost { .. }
+                | Error::Mismatch { .. }
+                | Error::Connect { .. }
+                | Error::Failed { .. }
+        )
+    }
+}
+
+/// `Result` with ringwire's error.
+pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -1,0 +1,389 @@
+//! Building a communicator: find the store, claim a rank, publish this
+//! rank's listen address, learn everyone else's, and start the transport.
+//!
+//! Each rank binds port 0 on the chosen interface and keeps that socket, then
+//! publishes the port it got, so there is no reserve-then-bind race. Rank 0
+//! hosts the store at MASTER_ADDR:MASTER_PORT (only on that address) unless
+//! an external `ringwire-store` is used. Setup ends with a store barrier, so
+//! no rank leaves (and rank 0 cannot take the store away) before every rank
+//! has everything it needs.
+
+use crate::comm::Communicator;
+use crate::config::{Overrides, TransportKind, Tunables};
+use crate::error::Error;
+use crate::pending::{PendingCollective, pending};
+use crate::store::{StoreClient, StoreError, StoreServer};
+use crate::transport::Transport;
+use crate::transport::tcp::{TcpConfig, TcpTransport};
+use crate::wire::OpKind;
+use crate::{env, net};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// What every communicator of one process shares: its place in the world,
+/// the links, and (on rank 0) the store it hosts.
+pub(crate) struct World {
+    pub(crate) rank: usize,
+    pub(crate) size: usize,
+    pub(crate) job_id: u64,
+    pub(crate) transport: Box<dyn Transport>,
+    _store: Option<StoreServer>,
+}
+
+/// Where the store is.
+#[derive(Clone, Debug)]
+enum StoreAddr {
+    HostPort(String, u16),
+    Resolved(SocketAddr),
+}
+
+/// Configures and builds a [`Communicator`].
+///
+/// ```no_run
+/// # fn main() -> Result<(), ringwire::Error> {
+/// let comm = ringwire::Communicator::builder()
+///     .rank(0)
+///     .world_size(2)
+///     .store("10.0.0.1", 29500)
+///     .timeout(std::time::Duration::from_secs(30))
+///     .build()
+///     .wait()?;
+/// # Ok(()) }
+/// ```
+#[derive(Clone, Debug, Default)]
+#[must_use]
+pub struct Builder {
+    rank: Option<usize>,
+    world_size: Option<usize>,
+    store: Option<StoreAddr>,
+    host_store: Option<bool>,
+    socket_ifname: Option<String>,
+    job: Option<String>,
+    overrides: Overrides,
+}
+
+impl Builder {
+    /// A builder with nothing set.
+    pub fn new() -> Builder {
+        Builder::default()
+    }
+
+    /// A builder filled from the launch environment (RINGWIRE_*, torchrun,
+    /// Open MPI, Slurm or PMI variables; see the README).
+    pub fn from_env() -> Result<Builder, Error> {
+        let cfg = env::discover_from_process()?;
+        let mut b = Builder::new()
+            .rank(cfg.rank)
+            .world_size(cfg.world_size)
+            .store(&cfg.master_addr, cfg.master_port);
+        if let Some(ifname) = cfg.socket_ifname {
+            b = b.socket_ifname(ifname);
+        }
+        if let Ok(job) = std::env::var("RINGWIRE_JOB_ID") {
+            b = b.job(job);
+        }
+        match std::env::var("RINGWIRE_HOST_STORE").as_deref() {
+            Err(_) | Ok("") => {}
+            Ok("0" | "false" | "no") => b = b.host_store(false),
+            Ok("1" | "true" | "yes") => b = b.host_store(true),
+            Ok(other) => {
+                return Err(Error::Rendezvous(format!(
+                    "RINGWIRE_HOST_STORE={other}: expected 0 or 1"
+                )));
+            }
+        }
+        Ok(b)
+    }
+
+    /// This process's rank.
+    pub fn rank(mut self, rank: usize) -> Builder {
+        self.rank = Some(rank);
+        self
+    }
+
+    /// The number of ranks.
+    pub fn world_size(mut self, size: usize) -> Builder {
+        self.world_size = Some(size);
+        self
+    }
+
+    /// The rendezvous store's host (name, IPv4 or IPv6 address) and port.
+    pub fn store(mut self, host: &str, port: u16) -> Builder {
+        self.store = Some(StoreAddr::HostPort(host.to_string(), port));
+        self
+    }
+
+    /// The rendezvous store's socket address.
+    pub fn store_addr(mut self, addr: SocketAddr) -> Builder {
+        self.store = Some(StoreAddr::Resolved(addr));
+        self
+    }
+
+    /// Whether rank 0 starts the store (default true). Set false when a
+    /// standalone `ringwire-store` (or another rank-0 process) serves it.
+    pub fn host_store(mut self, host: bool) -> Builder {
+        self.host_store = Some(host);
+        self
+    }
+
+    /// The network interface whose address ranks listen on and publish (as
+    /// GLOO_SOCKET_IFNAME does). Default: the interface the kernel routes
+    /// to the store through. Env: RINGWIRE_SOCKET_IFNAME.
+    pub fn socket_ifname(mut self, ifname: impl Into<String>) -> Builder {
+        self.socket_ifname = Some(ifname.into());
+        self
+    }
+
+    /// A name that keeps jobs sharing one standalone store apart. Env:
+    /// RINGWIRE_JOB_ID.
+    pub fn job(mut self, job: impl Into<String>) -> Builder {
+        self.job = Some(job.into());
+        self
+    }
+
+    /// Default per-op timeout (60 s). Env: RINGWIRE_TIMEOUT (seconds).
+    pub fn timeout(mut self, timeout: Duration) -> Builder {
+        self.overrides.timeout = Some(timeout);
+        self
+    }
+
+    /// How long setup waits for the store and for every rank to join
+    /// (default: the op timeout). Env: RINGWIRE_CONNECT_TIMEOUT (seconds).
+    pub fn connect_timeout(mut self, timeout: Duration) -> Builder {
+        self.overrides.connect_timeout = Some(timeout);
+        self
+    }
+
+    /// Bytes per frame (1 MiB); larger buffers travel as pipelined chunks.
+    /// Every rank must use the same value. Env: RINGWIRE_CHUNK_BYTES.
+    pub fn chunk_bytes(mut self, bytes: usize) -> Builder {
+        self.overrides.chunk_bytes = Some(bytes);
+        self
+    }
+
+    /// Size below which all-reduce uses recursive doubling and broadcast the
+    /// binomial tree (64 KiB). Every rank must use the same value. Env:
+    /// RINGWIRE_SMALL_MESSAGE_BYTES.
+    pub fn small_message_bytes(mut self, bytes: usize) -> Builder {
+        self.overrides.small_message_bytes = Some(bytes);
+        self
+    }
+
+    /// Explicit socket buffer size; by default the kernel autotunes. Env:
+    /// RINGWIRE_SOCKET_BUFFER_BYTES.
+    pub fn socket_buffer_bytes(mut self, bytes: usize) -> Builder {
+        self.overrides.socket_buffer = Some(bytes);
+        self
+    }
+
+    /// Which transport to use. Env: RINGWIRE_TRANSPORT=auto|portable.
+    pub fn transport(mut self, kind: TransportKind) -> Builder {
+        self.overrides.transport = Some(kind);
+        self
+    }
+
+    /// Starts the rendezvous on a background thread; await the result or
+    /// `wait()` for it.
+    pub fn build(self) -> PendingCollective<Communicator> {
+        let (handle, completer) = pending(OpKind::None);
+        let spawned = std::thread::Builder::new()
+            .name("ringwire-rendezvous".into())
+            .spawn(move || completer.complete(self.build_blocking()));
+        match spawned {
+            Ok(_) => handle,
+            Err(e) => PendingCollective::ready(Err(Error::io("starting the rendezvous thread", e))),
+        }
+    }
+
+    fn build_blocking(self) -> Result<Communicator, Error> {
+        let tunables = self
+            .overrides
+            .resolve(&|var| std::env::var(var).ok())?;
+        let size = self.world_size.ok_or_else(|| {
+            Error::Rendezvous("world size not set: call Builder::world_size or set WORLD_SIZE".into())
+        })?;
+        let rank = self
+            .rank
+            .ok_or_else(|| Error::Rendezvous("rank not set: call Builder::rank or set RANK".into()))?;
+        if size == 0 {
+            return Err(Error::Rendezvous("world size 0: a communicator needs at least one rank".into()));
+        }
+        if rank >= size {
+            return Err(Error::Rendezvous(format!(
+                "rank {rank} is out of range for world size {size}: ranks are 0..{}",
+                size - 1
+            )));
+        }
+        let transport_kind = match tunables.transport {
+            TransportKind::Auto | TransportKind::Portable => "portable",
+        };
+        let world = rendezvous(&self, rank, size, &tunables)?;
+        tracing::info!(
+            rank,
+            world_size = size,
+            transport = transport_kind,
+            "ringwire communicator ready (portable transport: the io_uring engine is not built yet)"
+        );
+        Communicator::start(Arc::new(world), tunables)
+    }
+}
+
+fn store_err(e: StoreError, what: &str) -> Error {
+    match e {
+        StoreError::Timeout { .. } => Error::Rendezvous(format!("{what}: {e}")),
+        other => Error::Store(other),
+    }
+}
+
+fn rendezvous(b: &Builder, rank: usize, size: usize, t: &Tunables) -> Result<World, Error> {
+    let addrs = match &b.store {
+        Some(StoreAddr::Resolved(a)) => vec![*a],
+        Some(StoreAddr::HostPort(host, port)) => net::resolve(host, *port)?,
+        None if size == 1 => {
+            // One rank and no store: nothing to meet.
+            let listener = net::bind_listener("127.0.0.1".parse().expect("literal"))?;
+            let transport = start_transport(listener, 0, 0, Vec::new(), t)?;
+            return Ok(World {
+                rank,
+                size,
+                job_id: 0,
+                transport,
+                _store: None,
+            });
+        }
+        None => {
+            return Err(Error::Rendezvous(
+                "no store address: call Builder::store or set MASTER_ADDR and MASTER_PORT".into(),
+            ));
+        }
+    };
+    let store = if rank == 0 && b.host_store.unwrap_or(true) {
+        let mut last = None;
+        let mut server = None;
+        for a in &addrs {
+            match StoreServer::bind(*a) {
+                Ok(s) => {
+                    server = Some(s);
+                    break;
+                }
+                Err(e) => last = Some(e),
+            }
+        }
+        match (server, last) {
+            (Some(s), _) => Some(s),
+            (None, Some(e)) => {
+                return Err(Error::Rendezvous(format!(
+                    "rank 0 could not start the store on {addrs:?}: {e}. Is MASTER_PORT in use by another job? \
+                     Pick a free MASTER_PORT, or point MASTER_ADDR at this host's own address"
+                )));
+            }
+            (None, None) => None,
+        }
+    } else {
+        None
+    };
+    let client = StoreClient::connect(&addrs, t.connect_timeout)?;
+    let prefix = format!("ringwire/{}/", b.job.as_deref().unwrap_or("default"));
+    let key = |k: &str| format!("{prefix}{k}");
+
+    // Claim the rank: a second process with the same rank finds it taken.
+    let nonce = crate::testing::Rng::fresh_seed() ^ (rank as u64).rotate_left(17);
+    let claim = nonce.to_le_bytes();
+    let owner = client.compare_set(&key(&format!("rank/{rank}")), b"", &claim)?;
+    if owner != claim {
+        return Err(Error::Rendezvous(format!(
+            "two processes claim rank {rank}: give each process a distinct RANK (or RINGWIRE_RANK / \
+             OMPI_COMM_WORLD_RANK / SLURM_PROCID), or use a fresh RINGWIRE_JOB_ID when reusing a store"
+        )));
+    }
+    if rank == 0 {
+        client.set(&key("job"), &nonce.to_le_bytes())?;
+        client.set(&key("world_size"), size.to_string().as_bytes())?;
+    }
+    let root_size = client
+        .get(&key("world_size"), t.connect_timeout)
+        .map_err(|e| store_err(e, "waiting for rank 0 to join"))?;
+    if root_size != size.to_string().as_bytes() {
+        return Err(Error::Rendezvous(format!(
+            "this rank has WORLD_SIZE={size} but rank 0 has WORLD_SIZE={}: every rank needs the same world size",
+            String::from_utf8_lossy(&root_size)
+        )));
+    }
+
+    let ip = net::choose_local_ip(b.socket_ifname.as_deref(), &addrs)?;
+    let listener = net::bind_listener(ip)?;
+    let listen = listener
+        .local_addr()
+        .map_err(|e| Error::io("reading the listener address", e))?;
+    client.set(&key(&format!("addr/{rank}")), listen.to_string().as_bytes())?;
+
+    let mut peers = Vec::with_capacity(size);
+    for q in 0..size {
+        let raw = client.get(&key(&format!("addr/{q}")), t.connect_timeout).map_err(|e| match e {
+            StoreError::Timeout { .. } => Error::Rendezvous(format!(
+                "rank {q} did not join within {:?}: it never published its address to the store at {}. \
+                 Check that it started, and that it uses the same MASTER_ADDR, MASTER_PORT and WORLD_SIZE",
+                t.connect_timeout,
+                client.server_addr()
+            )),
+            other => Error::Store(other),
+        })?;
+        let text = String::from_utf8_lossy(&raw);
+        let addr: SocketAddr = text
+            .parse()
+            .map_err(|_| Error::Rendezvous(format!("rank {q} published a bad address {text:?}")))?;
+        peers.push(addr);
+    }
+    let job = client.get(&key("job"), t.connect_timeout)?;
+    let job_id = u64::from_le_bytes(job.try_into().map_err(|_| Error::Rendezvous("bad job id in the store".into()))?);
+    let transport = start_transport(listener, rank, job_id, peers, t)?;
+
+    // Store barrier: nobody leaves setup until everyone has every address.
+    client.set(&key(&format!("ready/{rank}")), b"1")?;
+    let ready: Vec<String> = (0..size).map(|q| key(&format!("ready/{q}"))).collect();
+    let ready_refs: Vec<&str> = ready.iter().map(String::as_str).collect();
+    if let Err(e) = client.wait(&ready_refs, t.connect_timeout) {
+        let missing: Vec<usize> = (0..size)
+            .filter(|&q| !matches!(client.try_get(&ready[q]), Ok(Some(_))))
+            .collect();
+        return Err(match e {
+            StoreError::Timeout { .. } => Error::Rendezvous(format!(
+                "ranks {missing:?} did not finish setup within {:?}",
+                t.connect_timeout
+            )),
+            other => Error::Store(other),
+        });
+    }
+    tracing::debug!(rank, %listen, "rendezvous complete");
+    Ok(World {
+        rank,
+        size,
+        job_id,
+        transport,
+        _store: store,
+    })
+}
+
+fn start_transport(
+    listener: std::net::TcpListener,
+    rank: usize,
+    job_id: u64,
+    peers: Vec<SocketAddr>,
+    t: &Tunables,
+) -> Result<Box<dyn Transport>, Error> {
+    let config = TcpConfig {
+        max_payload: t.max_frame_bytes,
+        handshake_timeout: t.connect_timeout.min(Duration::from_secs(10)),
+        write_timeout: t.timeout,
+        socket_buffer: t.socket_buffer,
+    };
+    let peers = if peers.is_empty() {
+        vec![listener.local_addr().map_err(|e| Error::io("listener address", e))?]
+    } else {
+        peers
+    };
+    TcpTransport::start(listener, rank, job_id, peers, config)
+        .map(|t| Box::new(t) as Box<dyn Transport>)
+        .map_err(|e| Error::io("starting the portable transport", e))
+}

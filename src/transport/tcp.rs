@@ -1,0 +1,501 @@
+//! The portable transport: one TCP connection per pair of ranks that talk,
+//! plain blocking sockets, one reader thread per connection.
+//!
+//! Connections are made on demand, always by the lower rank dialing the
+//! higher: every schedule is symmetric (when rank a needs b in an op, b needs
+//! a in the same op), so the higher rank simply waits for the dial. One
+//! connection carries every communicator of the process (frames name their
+//! communicator), and the reader thread files each frame into the inbox of
+//! (communicator, peer). Readers always drain their socket into inboxes, so
+//! a send never waits for the peer's executor: this is what lets each rank
+//! run its schedule strictly in order without deadlock.
+
+use super::{AlignedBuf, Incoming, LinkError, Transport};
+use crate::wire::{self, FrameKind, HEADER_LEN, Header, Hello, HelloAck};
+use std::collections::{HashMap, VecDeque};
+use std::io::{self, Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+/// Settings of the portable transport.
+#[derive(Clone, Debug)]
+pub(crate) struct TcpConfig {
+    /// Largest data payload a peer may announce (bytes).
+    pub(crate) max_payload: u32,
+    /// How long a new connection may take to say hello.
+    pub(crate) handshake_timeout: Duration,
+    /// A send blocked longer than this fails (the peer stopped reading).
+    pub(crate) write_timeout: Duration,
+    /// SO_SNDBUF / SO_RCVBUF; `None` keeps the kernel's autotuning, which
+    /// on Linux grows further than an explicit size capped by wmem_max.
+    pub(crate) socket_buffer: Option<usize>,
+}
+
+enum PeerState {
+    Absent,
+    Dialing,
+    Ready(Arc<Link>),
+    Failed(String),
+}
+
+struct Link {
+    writer: Mutex<TcpStream>,
+    /// For shutdown; the reader thread owns its own clone.
+    control: TcpStream,
+}
+
+struct Inbox {
+    queue: Mutex<VecDeque<Incoming>>,
+    arrived: Condvar,
+}
+
+struct Shared {
+    me: usize,
+    world: usize,
+    job_id: u64,
+    addrs: Vec<SocketAddr>,
+    config: TcpConfig,
+    peers: Mutex<Vec<PeerState>>,
+    peers_changed: Condvar,
+    inboxes: Mutex<HashMap<(u64, usize), Arc<Inbox>>>,
+    pool: Mutex<Vec<AlignedBuf>>,
+    closing: AtomicBool,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The handle communicators hold. Dropping the last one closes every link
+/// and stops the threads.
+pub(crate) struct TcpTransport {
+    shared: Arc<Shared>,
+    local_addr: SocketAddr,
+}
+
+impl TcpTransport {
+    /// Starts accepting on `listener` (already bound and published).
+    pub(crate) fn start(
+        listener: TcpListener,
+        me: usize,
+        job_id: u64,
+        addrs: Vec<SocketAddr>,
+        config: TcpConfig,
+    ) -> io::Result<TcpTransport> {
+        let local_addr = listener.local_addr()?;
+        let world = addrs.len();
+        let shared = Arc::new(Shared {
+            me,
+            world,
+            job_id,
+            addrs,
+            config,
+            peers: Mutex::new((0..world).map(|_| PeerState::Absent).collect()),
+            peers_changed: Condvar::new(),
+            inboxes: Mutex::new(HashMap::new()),
+            pool: Mutex::new(Vec::new()),
+            closing: AtomicBool::new(false),
+        });
+        let s = shared.clone();
+        std::thread::Builder::new()
+            .name(format!("ringwire-accept-{me}"))
+            .spawn(move || accept_loop(&s, &listener))?;
+        Ok(TcpTransport { shared, local_addr })
+    }
+}
+
+impl Drop for TcpTransport {
+    fn drop(&mut self) {
+        let s = &self.shared;
+        s.closing.store(true, Ordering::SeqCst);
+        // Wake the accept loop so it sees `closing`.
+        let _ = TcpStream::connect_timeout(&self.local_addr, Duration::from_millis(200));
+        let peers = std::mem::take(&mut *lock(&s.peers));
+        for p in peers {
+            if let PeerState::Ready(link) = p {
+                let _ = link.control.shutdown(Shutdown::Both);
+            }
+        }
+        s.peers_changed.notify_all();
+    }
+}
+
+impl Shared {
+    fn inbox(&self, comm_id: u64, peer: usize) -> Arc<Inbox> {
+        lock(&self.inboxes)
+            .entry((comm_id, peer))
+            .or_insert_with(|| {
+                Arc::new(Inbox {
+                    queue: Mutex::new(VecDeque::new()),
+                    arrived: Condvar::new(),
+                })
+            })
+            .clone()
+    }
+
+    fn failure(&self, peer: usize) -> Option<String> {
+        match lock(&self.peers).get(peer) {
+            Some(PeerState::Failed(r)) => Some(r.clone()),
+            None => Some("transport closed".into()),
+            _ => None,
+        }
+    }
+
+    /// Marks the link to `peer` dead and wakes everyone waiting on it.
+    fn fail(&self, peer: usize, reason: String) {
+        {
+            let mut peers = lock(&self.peers);
+            if let Some(state) = peers.get_mut(peer) {
+                if let PeerState::Ready(link) = state {
+                    let _ = link.control.shutdown(Shutdown::Both);
+                }
+                if !matches!(state, PeerState::Failed(_)) {
+                    if !self.closing.load(Ordering::SeqCst) {
+                        tracing::warn!(rank = self.me, peer, %reason, "link failed");
+                    }
+                    *state = PeerState::Failed(reason);
+                }
+            }
+        }
+        self.peers_changed.notify_all();
+        let inboxes: Vec<_> = lock(&self.inboxes)
+            .iter()
+            .filter(|((_, p), _)| *p == peer)
+            .map(|(_, i)| i.clone())
+            .collect();
+        for inbox in inboxes {
+            let _guard = lock(&inbox.queue);
+            inbox.arrived.notify_all();
+        }
+    }
+
+    fn configure(&self, stream: &TcpStream) -> io::Result<()> {
+        stream.set_nodelay(true)?;
+        if let Some(size) = self.config.socket_buffer {
+            let sock = socket2::SockRef::from(stream);
+            sock.set_send_buffer_size(size)?;
+            sock.set_recv_buffer_size(size)?;
+        }
+        Ok(())
+    }
+
+    /// Installs an established connection and starts its reader.
+    fn install(self: &Arc<Self>, peer: usize, stream: TcpStream) -> io::Result<Arc<Link>> {
+        stream.set_read_timeout(None)?;
+        stream.set_write_timeout(Some(self.config.write_timeout))?;
+        let reader = stream.try_clone()?;
+        let link = Arc::new(Link {
+            control: stream.try_clone()?,
+            writer: Mutex::new(stream),
+        });
+        let s = self.clone();
+        std::thread::Builder::new()
+            .name(format!("ringwire-rx-{}-{peer}", self.me))
+            .spawn(move || read_loop(&s, peer, reader))?;
+        Ok(link)
+    }
+
+    /// The link to `peer`, dialing it (lower rank) or waiting for its dial
+    /// (higher rank) until `deadline`.
+    fn link(self: &Arc<Self>, peer: usize, deadline: Instant) -> Result<Arc<Link>, LinkError> {
+        let mut peers = lock(&self.peers);
+        loop {
+            match peers.get(peer) {
+                None => return Err(LinkError::Lost("transport closed".into())),
+                Some(PeerState::Ready(link)) => return Ok(link.clone()),
+                Some(PeerState::Failed(reason)) => return Err(LinkError::Lost(reason.clone())),
+                Some(PeerState::Absent) if self.me < peer => {
+                    peers[peer] = PeerState::Dialing;
+                    drop(peers);
+                    let result = self.dial(peer, deadline);
+                    let mut peers = lock(&self.peers);
+                    let out = match result {
+                        Ok(link) => {
+                            if let Some(slot) = peers.get_mut(peer) {
+                                *slot = PeerState::Ready(link.clone());
+                            }
+                            Ok(link)
+                        }
+                        Err(e) => {
+                            if let Some(slot) = peers.get_mut(peer) {
+                                *slot = PeerState::Absent;
+                            }
+                            Err(e)
+                        }
+                    };
+                    drop(peers);
+                    self.peers_changed.notify_all();
+                    return out;
+                }
+                Some(_) => {
+                    let now = Instant::now();
+                    if now >= deadline {
+                        let addr = self.addrs[peer].to_string();
+                        return Err(LinkError::Connect {
+                            addr,
+                            detail: format!(
+                                "rank {peer} did not connect to this rank (rank {}) in time; is it running and calling the same collectives?",
+                                self.me
+                            ),
+                        });
+                    }
+                    peers = self
+                        .peers_changed
+                        .wait_timeout(peers, deadline - now)
+                        .unwrap_or_else(|e| e.into_inner())
+                        .0;
+                }
+            }
+        }
+    }
+
+    fn dial(self: &Arc<Self>, peer: usize, deadline: Instant) -> Result<Arc<Link>, LinkError> {
+        let addr = self.addrs[peer];
+        let connect_err = |detail: String| LinkError::Connect {
+            addr: addr.to_string(),
+            detail,
+        };
+        let mut backoff = Duration::from_millis(10);
+        let mut stream = loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match TcpStream::connect_timeout(&addr, left.clamp(Duration::from_millis(1), Duration::from_secs(5))) {
+                Ok(s) => break s,
+                Err(e) if Instant::now() + backoff < deadline => {
+                    tracing::debug!(peer, %addr, error = %e, "connect failed, retrying");
+                    std::thread::sleep(backoff);
+                    backoff = (backoff * 2).min(Duration::from_millis(500));
+                }
+                Err(e) => return Err(connect_err(e.to_string())),
+            }
+        };
+        let setup = (|| -> io::Result<Result<(), String>> {
+            self.configure(&stream)?;
+            stream.set_read_timeout(Some(self.config.handshake_timeout))?;
+            let hello = Hello::new(self.job_id, self.me as u32, self.world as u32);
+            let payload = hello.encode().map_err(io::Error::other)?;
+            write_frame(&mut stream, &control_header(FrameKind::Handshake, payload.len()), &payload)?;
+            let (header, payload) = read_control(&mut stream)?;
+            if header.kind != FrameKind::HandshakeAck {
+                return Ok(Err(format!("expected a handshake answer, got a {} frame", header.kind.name())));
+            }
+            let ack = HelloAck::decode(&payload).map_err(io::Error::other)?;
+            Ok(if ack.accepted { Ok(()) } else { Err(format!("rank {peer} refused the connection: {}", ack.reason)) })
+        })();
+        match setup {
+            Ok(Ok(())) => self.install(peer, stream).map_err(|e| connect_err(e.to_string())),
+            Ok(Err(detail)) => Err(connect_err(detail)),
+            Err(e) => Err(connect_err(format!("handshake failed: {e}"))),
+        }
+    }
+
+    /// Runs the accepting side of a handshake; returns the peer's rank.
+    fn accept_hello(&self, stream: &mut TcpStream) -> io::Result<Result<usize, String>> {
+        self.configure(stream)?;
+        stream.set_read_timeout(Some(self.config.handshake_timeout))?;
+        let (header, payload) = read_control(stream)?;
+        let verdict = if header.kind != FrameKind::Handshake {
+            Err(format!("expected a handshake, got a {} frame", header.kind.name()))
+        } else {
+            match Hello::decode(&payload) {
+                Err(e) => Err(e.to_string()),
+                Ok(hello) => match wire::validate_hello(&hello, self.job_id, self.world as u32, self.me as u32) {
+                    Err(e) => Err(e.to_string()),
+                    Ok(()) => {
+                        let peer = hello.rank as usize;
+                        if peer > self.me {
+                            Err(format!("rank {peer} dialed rank {}, but only lower ranks dial", self.me))
+                        } else if !matches!(lock(&self.peers).get(peer), Some(PeerState::Absent)) {
+                            Err(format!("rank {peer} is already connected to rank {}", self.me))
+                        } else {
+                            Ok(peer)
+                        }
+                    }
+                },
+            }
+        };
+        let ack = match &verdict {
+            Ok(_) => HelloAck::accept(),
+            Err(reason) => HelloAck::reject(reason.clone()),
+        };
+        let payload = ack.encode();
+        write_frame(stream, &control_header(FrameKind::HandshakeAck, payload.len()), &payload)?;
+        Ok(verdict)
+    }
+}
+
+fn control_header(kind: FrameKind, len: usize) -> Header {
+    Header::control(kind, 0, 0, len as u32)
+}
+
+fn write_frame(stream: &mut TcpStream, header: &Header, payload: &[u8]) -> io::Result<()> {
+    let head = header.encode();
+    if payload.len() <= 16 * 1024 {
+        // One segment for small frames: latency matters more than a copy.
+        let mut frame = [0u8; HEADER_LEN + 16 * 1024];
+        frame[..HEADER_LEN].copy_from_slice(&head);
+        frame[HEADER_LEN..HEADER_LEN + payload.len()].copy_from_slice(payload);
+        stream.write_all(&frame[..HEADER_LEN + payload.len()])
+    } else {
+        stream.write_all(&head)?;
+        stream.write_all(payload)
+    }
+}
+
+/// Reads one control frame (bounded by the control payload cap).
+fn read_control(stream: &mut TcpStream) -> io::Result<(Header, Vec<u8>)> {
+    let mut head = [0u8; HEADER_LEN];
+    stream.read_exact(&mut head)?;
+    let header = Header::decode(&head, wire::MAX_CONTROL_PAYLOAD).map_err(io::Error::other)?;
+    let mut payload = vec![0u8; header.payload_len_usize()];
+    stream.read_exact(&mut payload)?;
+    Ok((header, payload))
+}
+
+fn accept_loop(s: &Arc<Shared>, listener: &TcpListener) {
+    loop {
+        let accepted = listener.accept();
+        if s.closing.load(Ordering::SeqCst) {
+            return;
+        }
+        let (mut stream, from) = match accepted {
+            Ok(x) => x,
+            Err(e) => {
+                tracing::warn!(rank = s.me, error = %e, "accept failed");
+                std::thread::sleep(Duration::from_millis(10));
+                continue;
+            }
+        };
+        // Each newcomer gets its own short-lived thread, so a stranger that
+        // connects and never speaks cannot hold up real peers.
+        let s2 = s.clone();
+        let spawned = std::thread::Builder::new()
+            .name(format!("ringwire-hello-{}", s.me))
+            .spawn(move || match s2.accept_hello(&mut stream) {
+                Ok(Ok(peer)) => match s2.install(peer, stream) {
+                    Ok(link) => {
+                        let mut peers = lock(&s2.peers);
+                        if let Some(slot) = peers.get_mut(peer) {
+                            *slot = PeerState::Ready(link);
+                        }
+                        drop(peers);
+                        s2.peers_changed.notify_all();
+                    }
+                    Err(e) => tracing::warn!(rank = s2.me, peer, error = %e, "could not start link"),
+                },
+                Ok(Err(reason)) => {
+                    tracing::warn!(rank = s2.me, %from, %reason, "refused a connection");
+                }
+                Err(e) => tracing::warn!(rank = s2.me, %from, error = %e, "handshake failed"),
+            });
+        if let Err(e) = spawned {
+            tracing::warn!(rank = s.me, error = %e, "could not spawn handshake thread");
+        }
+    }
+}
+
+fn read_loop(s: &Arc<Shared>, peer: usize, mut stream: TcpStream) {
+    let reason = loop {
+        let mut head = [0u8; HEADER_LEN];
+        if let Err(e) = stream.read_exact(&mut head) {
+            break describe_read_error(peer, &e);
+        }
+        let header = match Header::decode(&head, s.config.max_payload) {
+            Ok(h) => h,
+            Err(e) => break format!("rank {peer} sent a bad frame header: {e}"),
+        };
+        match header.kind {
+            FrameKind::Data => {
+                let mut buf = lock(&s.pool).pop().unwrap_or_else(AlignedBuf::new);
+                if let Err(e) = stream.read_exact(buf.prepare(header.payload_len_usize())) {
+                    break describe_read_error(peer, &e);
+                }
+                let inbox = s.inbox(header.comm_id, peer);
+                lock(&inbox.queue).push_back(Incoming { header, payload: buf });
+                inbox.arrived.notify_one();
+            }
+            FrameKind::Heartbeat | FrameKind::Abort => {
+                if header.payload_len > wire::MAX_CONTROL_PAYLOAD {
+                    break format!("rank {peer} sent an oversized control frame");
+                }
+                let mut payload = vec![0u8; header.payload_len_usize()];
+                if let Err(e) = stream.read_exact(&mut payload) {
+                    break describe_read_error(peer, &e);
+                }
+                if header.kind == FrameKind::Abort {
+                    break match wire::Abort::decode(&payload) {
+                        Ok(a) => format!("rank {} aborted op #{}: {}", a.origin_rank, a.seq, a.reason),
+                        Err(e) => format!("rank {peer} sent a bad abort frame: {e}"),
+                    };
+                }
+            }
+            other => break format!("rank {peer} sent an unexpected {} frame", other.name()),
+        }
+    };
+    s.fail(peer, reason);
+}
+
+fn describe_read_error(peer: usize, e: &io::Error) -> String {
+    match e.kind() {
+        io::ErrorKind::UnexpectedEof => {
+            format!("rank {peer} closed the connection (did its process exit or crash?)")
+        }
+        _ => format!("connection to rank {peer} failed: {e}"),
+    }
+}
+
+impl Transport for TcpTransport {
+    fn send(&self, peer: usize, header: &Header, payload: &[u8], deadline: Instant) -> Result<(), LinkError> {
+        let link = self.shared.link(peer, deadline)?;
+        let result = write_frame(&mut lock(&link.writer), header, payload);
+        result.map_err(|e| {
+            let reason = match e.kind() {
+                io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => {
+                    format!("rank {peer} stopped reading (send blocked past the write timeout)")
+                }
+                _ => format!("send to rank {peer} failed: {e}"),
+            };
+            self.shared.fail(peer, reason.clone());
+            LinkError::Lost(reason)
+        })
+    }
+
+    fn recv(&self, comm_id: u64, peer: usize, deadline: Instant) -> Result<Incoming, LinkError> {
+        // Make sure the link exists (the lower rank dials on first use).
+        self.shared.link(peer, deadline)?;
+        let inbox = self.shared.inbox(comm_id, peer);
+        let mut queue = lock(&inbox.queue);
+        loop {
+            if let Some(frame) = queue.pop_front() {
+                return Ok(frame);
+            }
+            if let Some(reason) = self.shared.failure(peer) {
+                return Err(LinkError::Lost(reason));
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(LinkError::Timeout);
+            }
+            queue = inbox
+                .arrived
+                .wait_timeout(queue, deadline - now)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+    }
+
+    fn recycle(&self, buf: AlignedBuf) {
+        if buf.capacity() <= 64 << 20 {
+            let mut pool = lock(&self.shared.pool);
+            if pool.len() < 64 {
+                pool.push(buf);
+            }
+        }
+    }
+
+    fn name(&self) -> &'static str {
+        "portable"
+    }
+}
+
