@@ -54,12 +54,16 @@ pub struct Buffer<T: Element> {
 
 impl<T: Element> Buffer<T> {
     pub(crate) fn zeroed(len: usize) -> Buffer<T> {
-        Buffer { data: vec![T::default(); len] }
+        Buffer {
+            data: vec![T::default(); len],
+        }
     }
 
     /// Copies `values` into a new buffer.
     pub fn from_slice(values: &[T]) -> Buffer<T> {
-        Buffer { data: values.to_vec() }
+        Buffer {
+            data: values.to_vec(),
+        }
     }
 
     /// The elements as a vector.

@@ -305,7 +305,10 @@ impl Communicator {
             match &result {
                 Ok(_) => {
                     ex.stats.record(ctx.started.elapsed(), ctx.traffic);
-                    tracing::debug!(elapsed_us = ctx.started.elapsed().as_micros() as u64, "done");
+                    tracing::debug!(
+                        elapsed_us = ctx.started.elapsed().as_micros() as u64,
+                        "done"
+                    );
                 }
                 Err(e) => {
                     tracing::error!(error = %e, "collective failed");
@@ -342,7 +345,10 @@ impl Communicator {
         if root >= self.inner.size {
             return Err(Error::InvalidArgument {
                 op,
-                detail: format!("root {root} is not a rank of this communicator (size {})", self.inner.size),
+                detail: format!(
+                    "root {root} is not a rank of this communicator (size {})",
+                    self.inner.size
+                ),
             });
         }
         Ok(())
@@ -353,14 +359,18 @@ impl Communicator {
     ///
     /// Small buffers use recursive doubling, large ones the pipelined ring
     /// (see `RINGWIRE_SMALL_MESSAGE_BYTES`). Every rank ends with the same bits.
-    pub fn all_reduce<T: Element, B: CollectiveBuffer<T>>(&self, mut buf: B, op: ReduceOp) -> PendingCollective<B> {
+    pub fn all_reduce<T: Element, B: CollectiveBuffer<T>>(
+        &self,
+        mut buf: B,
+        op: ReduceOp,
+    ) -> PendingCollective<B> {
         let n = buf.as_slice().len();
         let mut plan = self.plan::<T>(OpKind::AllReduce, n);
         plan.reduce_op = Some(op);
         let (rank, size) = (self.inner.rank, self.inner.size);
         self.submit(plan, None, move |cx| {
             let chunk = cx.chunk::<T>();
-            let steps = if n * size_of::<T>() < cx.ex.tunables.small_message_bytes {
+            let steps = if size_of_val(buf.as_slice()) < cx.ex.tunables.small_message_bytes {
                 algo::all_reduce_doubling(rank, size, n, chunk)
             } else {
                 algo::all_reduce_ring(rank, size, n, chunk)
@@ -375,7 +385,11 @@ impl Communicator {
 
     /// Copies `root`'s buffer into every rank's buffer (all ranks pass a
     /// buffer of the same length).
-    pub fn broadcast<T: Element, B: CollectiveBuffer<T>>(&self, mut buf: B, root: usize) -> PendingCollective<B> {
+    pub fn broadcast<T: Element, B: CollectiveBuffer<T>>(
+        &self,
+        mut buf: B,
+        root: usize,
+    ) -> PendingCollective<B> {
         if let Err(e) = self.check_root(OpKind::Broadcast, root) {
             return PendingCollective::ready(Err(e));
         }
@@ -385,7 +399,7 @@ impl Communicator {
         let (rank, size) = (self.inner.rank, self.inner.size);
         self.submit(plan, None, move |cx| {
             let chunk = cx.chunk::<T>();
-            let steps = if n * size_of::<T>() < cx.ex.tunables.small_message_bytes {
+            let steps = if size_of_val(buf.as_slice()) < cx.ex.tunables.small_message_bytes {
                 algo::broadcast_tree(rank, size, root, n, chunk)
             } else {
                 algo::broadcast_chain(rank, size, root, n, chunk)
@@ -397,7 +411,12 @@ impl Communicator {
 
     /// Reduces every rank's buffer into `root`'s. Other ranks' buffers come
     /// back unchanged.
-    pub fn reduce<T: Element, B: CollectiveBuffer<T>>(&self, mut buf: B, root: usize, op: ReduceOp) -> PendingCollective<B> {
+    pub fn reduce<T: Element, B: CollectiveBuffer<T>>(
+        &self,
+        mut buf: B,
+        root: usize,
+        op: ReduceOp,
+    ) -> PendingCollective<B> {
         if let Err(e) = self.check_root(OpKind::Reduce, root) {
             return PendingCollective::ready(Err(e));
         }
@@ -534,7 +553,10 @@ impl Communicator {
                 format!("send_counts and recv_counts need one entry per rank ({size})"),
             );
         }
-        let (sum_send, sum_recv) = (send_counts.iter().sum::<usize>(), recv_counts.iter().sum::<usize>());
+        let (sum_send, sum_recv) = (
+            send_counts.iter().sum::<usize>(),
+            recv_counts.iter().sum::<usize>(),
+        );
         if sum_send != ins || sum_recv != outs {
             return self.invalid(
                 OpKind::AllToAll,
@@ -578,29 +600,45 @@ impl Communicator {
     /// Sends `buf` to rank `peer`, which must call [`Communicator::recv`]
     /// with a buffer of the same length and type. Sends and receives between
     /// one pair of ranks match in the order they are called.
-    pub fn send<T: Element, B: CollectiveBuffer<T>>(&self, mut buf: B, peer: usize) -> PendingCollective<B> {
+    pub fn send<T: Element, B: CollectiveBuffer<T>>(
+        &self,
+        mut buf: B,
+        peer: usize,
+    ) -> PendingCollective<B> {
         if let Some(e) = self.check_peer(OpKind::SendRecv, peer) {
             return PendingCollective::ready(Err(e));
         }
         let n = buf.as_slice().len();
-        self.submit(self.plan::<T>(OpKind::SendRecv, n), Some((peer, true)), move |cx| {
-            cx.run(&algo::send(peer, n, cx.chunk::<T>()), buf.as_mut_slice())?;
-            Ok(buf)
-        })
+        self.submit(
+            self.plan::<T>(OpKind::SendRecv, n),
+            Some((peer, true)),
+            move |cx| {
+                cx.run(&algo::send(peer, n, cx.chunk::<T>()), buf.as_mut_slice())?;
+                Ok(buf)
+            },
+        )
     }
 
     /// Receives into `buf` what rank `peer` sends with [`Communicator::send`].
-    pub fn recv<T: Element, B: CollectiveBuffer<T>>(&self, mut buf: B, peer: usize) -> PendingCollective<B> {
+    pub fn recv<T: Element, B: CollectiveBuffer<T>>(
+        &self,
+        mut buf: B,
+        peer: usize,
+    ) -> PendingCollective<B> {
         if let Some(e) = self.check_peer(OpKind::SendRecv, peer) {
             return PendingCollective::ready(Err(e));
         }
         let n = buf.as_slice().len();
         // The sender's frames carry its send counter for this pair, which
         // matches this side's receive counter.
-        self.submit(self.plan::<T>(OpKind::SendRecv, n), Some((peer, false)), move |cx| {
-            cx.run(&algo::recv(peer, n, cx.chunk::<T>()), buf.as_mut_slice())?;
-            Ok(buf)
-        })
+        self.submit(
+            self.plan::<T>(OpKind::SendRecv, n),
+            Some((peer, false)),
+            move |cx| {
+                cx.run(&algo::recv(peer, n, cx.chunk::<T>()), buf.as_mut_slice())?;
+                Ok(buf)
+            },
+        )
     }
 
     fn check_peer(&self, op: OpKind, peer: usize) -> Option<Error> {
@@ -633,7 +671,12 @@ impl Communicator {
     }
 
     /// Blocking [`Communicator::reduce`] on a borrowed slice.
-    pub fn reduce_slice<T: Element>(&self, data: &mut [T], root: usize, op: ReduceOp) -> Result<(), Error> {
+    pub fn reduce_slice<T: Element>(
+        &self,
+        data: &mut [T],
+        root: usize,
+        op: ReduceOp,
+    ) -> Result<(), Error> {
         let out = self.reduce(data.to_vec(), root, op).wait()?;
         data.copy_from_slice(&out);
         Ok(())
@@ -641,13 +684,20 @@ impl Communicator {
 
     /// Blocking [`Communicator::all_gather`] on borrowed slices.
     pub fn all_gather_slice<T: Element>(&self, input: &[T], output: &mut [T]) -> Result<(), Error> {
-        let (_, out) = self.all_gather(input.to_vec(), vec![T::default(); output.len()]).wait()?;
+        let (_, out) = self
+            .all_gather(input.to_vec(), vec![T::default(); output.len()])
+            .wait()?;
         output.copy_from_slice(&out);
         Ok(())
     }
 
     /// Blocking [`Communicator::reduce_scatter`] on borrowed slices.
-    pub fn reduce_scatter_slice<T: Element>(&self, input: &[T], output: &mut [T], op: ReduceOp) -> Result<(), Error> {
+    pub fn reduce_scatter_slice<T: Element>(
+        &self,
+        input: &[T],
+        output: &mut [T],
+        op: ReduceOp,
+    ) -> Result<(), Error> {
         let (_, out) = self
             .reduce_scatter(input.to_vec(), vec![T::default(); output.len()], op)
             .wait()?;
@@ -657,7 +707,9 @@ impl Communicator {
 
     /// Blocking [`Communicator::all_to_all`] on borrowed slices.
     pub fn all_to_all_slice<T: Element>(&self, input: &[T], output: &mut [T]) -> Result<(), Error> {
-        let (_, out) = self.all_to_all(input.to_vec(), vec![T::default(); output.len()]).wait()?;
+        let (_, out) = self
+            .all_to_all(input.to_vec(), vec![T::default(); output.len()])
+            .wait()?;
         output.copy_from_slice(&out);
         Ok(())
     }
@@ -670,7 +722,9 @@ impl Communicator {
     pub fn split(&self, color: Option<u32>, key: i64) -> Result<Option<Communicator>, Error> {
         let size = self.inner.size;
         let mine = [color.map_or(-1, i64::from), key];
-        let (_, all) = self.all_gather(mine.to_vec(), vec![0i64; 2 * size]).wait()?;
+        let (_, all) = self
+            .all_gather(mine.to_vec(), vec![0i64; 2 * size])
+            .wait()?;
         let split_index = {
             let mut s = lock(&self.inner.splits);
             *s += 1;

@@ -66,13 +66,18 @@ fn env_number(lookup: &dyn Fn(&str) -> Option<String>, var: &str) -> Result<Opti
     match lookup(var) {
         None => Ok(None),
         Some(v) if v.trim().is_empty() => Ok(None),
-        Some(v) => v.trim().parse::<u64>().map(Some).map_err(|_| {
-            Error::Rendezvous(format!("{var}={v}: expected a whole number"))
-        }),
+        Some(v) => v
+            .trim()
+            .parse::<u64>()
+            .map(Some)
+            .map_err(|_| Error::Rendezvous(format!("{var}={v}: expected a whole number"))),
     }
 }
 
-fn env_seconds(lookup: &dyn Fn(&str) -> Option<String>, var: &str) -> Result<Option<Duration>, Error> {
+fn env_seconds(
+    lookup: &dyn Fn(&str) -> Option<String>,
+    var: &str,
+) -> Result<Option<Duration>, Error> {
     match lookup(var) {
         None => Ok(None),
         Some(v) if v.trim().is_empty() => Ok(None),
@@ -87,7 +92,10 @@ fn env_seconds(lookup: &dyn Fn(&str) -> Option<String>, var: &str) -> Result<Opt
 
 impl Overrides {
     /// Fills the unset fields from `RINGWIRE_*` variables, then defaults.
-    pub(crate) fn resolve(&self, lookup: &dyn Fn(&str) -> Option<String>) -> Result<Tunables, Error> {
+    pub(crate) fn resolve(
+        &self,
+        lookup: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<Tunables, Error> {
         let timeout = match self.timeout {
             Some(t) => t,
             None => env_seconds(lookup, "RINGWIRE_TIMEOUT")?.unwrap_or(DEFAULT_TIMEOUT),
@@ -140,14 +148,19 @@ mod tests {
     use super::*;
 
     fn vars(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
-        let map: std::collections::HashMap<String, String> =
-            pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        let map: std::collections::HashMap<String, String> = pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
         move |k| map.get(k).cloned()
     }
 
     #[test]
     fn builder_beats_env_beats_default() {
-        let env = vars(&[("RINGWIRE_TIMEOUT", "2.5"), ("RINGWIRE_SMALL_MESSAGE_BYTES", "4096")]);
+        let env = vars(&[
+            ("RINGWIRE_TIMEOUT", "2.5"),
+            ("RINGWIRE_SMALL_MESSAGE_BYTES", "4096"),
+        ]);
         let t = Overrides::default().resolve(&env).unwrap();
         assert_eq!(t.timeout, Duration::from_millis(2500));
         assert_eq!(t.connect_timeout, Duration::from_millis(2500));
@@ -162,11 +175,17 @@ mod tests {
 
     #[test]
     fn bad_values_name_the_variable() {
-        let err = Overrides::default().resolve(&vars(&[("RINGWIRE_TIMEOUT", "soon")])).unwrap_err();
+        let err = Overrides::default()
+            .resolve(&vars(&[("RINGWIRE_TIMEOUT", "soon")]))
+            .unwrap_err();
         assert!(err.to_string().contains("RINGWIRE_TIMEOUT=soon"), "{err}");
-        let err = Overrides::default().resolve(&vars(&[("RINGWIRE_TRANSPORT", "uring")])).unwrap_err();
+        let err = Overrides::default()
+            .resolve(&vars(&[("RINGWIRE_TRANSPORT", "uring")]))
+            .unwrap_err();
         assert!(err.to_string().contains("not part of this build"), "{err}");
-        let err = Overrides::default().resolve(&vars(&[("RINGWIRE_CHUNK_BYTES", "1")])).unwrap_err();
+        let err = Overrides::default()
+            .resolve(&vars(&[("RINGWIRE_CHUNK_BYTES", "1")]))
+            .unwrap_err();
         assert!(err.to_string().contains("RINGWIRE_CHUNK_BYTES"), "{err}");
     }
 }

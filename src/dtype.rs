@@ -300,7 +300,9 @@ macro_rules! half_element {
                 let w = |x: $t| x.to_f32();
                 let n = <$t>::from_f32;
                 match op {
-                    ReduceOp::Sum | ReduceOp::Avg => zip_apply(acc, incoming, |a, b| n(w(a) + w(b))),
+                    ReduceOp::Sum | ReduceOp::Avg => {
+                        zip_apply(acc, incoming, |a, b| n(w(a) + w(b)))
+                    }
                     ReduceOp::Prod => zip_apply(acc, incoming, |a, b| n(w(a) * w(b))),
                     ReduceOp::Min => zip_apply(acc, incoming, |a, b| n(w(a).min(w(b)))),
                     ReduceOp::Max => zip_apply(acc, incoming, |a, b| n(w(a).max(w(b)))),
@@ -365,7 +367,11 @@ mod tests {
         // 2048 + 1 is not representable in f16 (spacing 2 there); combined in
         // f32 and rounded once it rounds to even (2048), but 2048 + 3 -> 2052.
         let mut acc = vec![f16::from_f32(2048.0), f16::from_f32(2048.0)];
-        f16::reduce_into(&mut acc, &[f16::from_f32(1.0), f16::from_f32(3.0)], ReduceOp::Sum);
+        f16::reduce_into(
+            &mut acc,
+            &[f16::from_f32(1.0), f16::from_f32(3.0)],
+            ReduceOp::Sum,
+        );
         assert_eq!(acc[0].to_f32(), 2048.0);
         assert_eq!(acc[1].to_f32(), 2052.0);
         let mut b = vec![bf16::from_f32(3.0)];

@@ -56,7 +56,7 @@ pub enum Error {
     },
 
     /// Ranks disagree about the collective (kind, size, dtype, root or order).
-    #[error("{ctx}: rank {peer} disagrees: {detail}")]
+    #[error("{ctx}: ranks disagree about the collective: {detail}")]
     Mismatch {
         ctx: OpContext,
         peer: usize,

@@ -37,7 +37,14 @@ impl OpSignature {
         h
     }
 
-    fn describe(op: OpKind, seq: u64, dtype: Option<DType>, count: u64, root: u32, reduce: Option<ReduceOp>) -> String {
+    fn describe(
+        op: OpKind,
+        seq: u64,
+        dtype: Option<DType>,
+        count: u64,
+        root: u32,
+        reduce: Option<ReduceOp>,
+    ) -> String {
         let dtype = dtype.map_or("?", DType::name);
         let mut s = format!("{op} #{seq} ({dtype}, {count} elements");
         if let Some(r) = reduce {
@@ -51,7 +58,7 @@ impl OpSignature {
 
     /// Compares an incoming header with this op; a description of the
     /// difference if they disagree.
-    fn mismatch(&self, h: &Header) -> Option<String> {
+    fn mismatch(&self, h: &Header, my_rank: usize, peer: usize) -> Option<String> {
         let same = h.comm_id == self.comm_id
             && h.seq == self.seq
             && h.op == self.op
@@ -61,8 +68,15 @@ impl OpSignature {
             && self.count.is_none_or(|c| c == h.count);
         (!same).then(|| {
             format!(
-                "this rank called {} but the peer sent {}",
-                Self::describe(self.op, self.seq, Some(self.dtype), self.count.unwrap_or(0), self.root, self.reduce_op),
+                "rank {my_rank} called {} but rank {peer} called {}",
+                Self::describe(
+                    self.op,
+                    self.seq,
+                    Some(self.dtype),
+                    self.count.unwrap_or(0),
+                    self.root,
+                    self.reduce_op
+                ),
                 Self::describe(h.op, h.seq, h.dtype, h.count, h.root, h.reduce_op),
             )
         })
@@ -95,24 +109,43 @@ pub(crate) fn run<T: Element>(
     let elem = size_of::<T>();
     for step in steps {
         match step {
-            Step::Send { peer, range, step, chunk } => {
+            Step::Send {
+                peer,
+                range,
+                step,
+                chunk,
+            } => {
                 let payload = work[range.clone()].as_bytes();
-                let header = template.with_step(*step, *chunk).with_payload_len(payload.len() as u32);
+                let header = template
+                    .with_step(*step, *chunk)
+                    .with_payload_len(payload.len() as u32);
                 transport
                     .send(members[*peer], &header, payload, deadline)
                     .map_err(|e| link_error(e, ctx, *peer, started))?;
                 traffic.sent += payload.len() as u64;
             }
-            Step::Recv { peer, range, step, chunk, action } => {
+            Step::Recv {
+                peer,
+                range,
+                step,
+                chunk,
+                action,
+            } => {
                 let incoming = transport
                     .recv(sig.comm_id, members[*peer], deadline)
                     .map_err(|e| link_error(e, ctx, *peer, started))?;
                 let h = &incoming.header;
-                let mismatch = |detail: String| Error::Mismatch { ctx: ctx.clone(), peer: *peer, detail };
-                if let Some(detail) = sig.mismatch(h) {
+                let mismatch = |detail: String| Error::Mismatch {
+                    ctx: ctx.clone(),
+                    peer: *peer,
+                    detail,
+                };
+                if let Some(detail) = sig.mismatch(h, ctx.rank, *peer) {
                     return Err(mismatch(detail));
                 }
-                if (h.step, h.chunk) != (*step, *chunk) || incoming.payload.len() != range.len() * elem {
+                if (h.step, h.chunk) != (*step, *chunk)
+                    || incoming.payload.len() != range.len() * elem
+                {
                     return Err(mismatch(format!(
                         "expected step {step} chunk {chunk} with {} elements, got step {} chunk {} with {} bytes \
                          (the ranks disagree on the element count or chunk size)",
@@ -128,7 +161,9 @@ pub(crate) fn run<T: Element>(
                 let dst = &mut work[range.clone()];
                 match action {
                     Action::Copy => dst.copy_from_slice(data),
-                    Action::Reduce => T::reduce_into(dst, data, sig.reduce_op.unwrap_or(ReduceOp::Sum)),
+                    Action::Reduce => {
+                        T::reduce_into(dst, data, sig.reduce_op.unwrap_or(ReduceOp::Sum))
+                    }
                 }
                 traffic.received += incoming.payload.len() as u64;
                 transport.recycle(incoming.payload);
@@ -146,7 +181,11 @@ fn link_error(e: LinkError, ctx: &OpContext, peer: usize, started: Instant) -> E
             waited: started.elapsed(),
             detail: String::new(),
         },
-        LinkError::Lost(reason) => Error::PeerLost { ctx: ctx.clone(), peer, reason },
+        LinkError::Lost(reason) => Error::PeerLost {
+            ctx: ctx.clone(),
+            peer,
+            reason,
+        },
         LinkError::Connect { addr, detail } => Error::Connect {
             peer,
             addr,

@@ -7,10 +7,10 @@ pub mod dtype;
 #[doc(hidden)]
 pub mod testing;
 // helper-owned modules (each line added by whoever owns the module):
-pub mod wire;
-pub mod store;
 pub mod env;
 pub mod net;
+pub mod store;
+pub mod wire;
 
 mod buffer;
 mod comm;
@@ -24,7 +24,9 @@ mod transport;
 
 pub use buffer::{Buffer, CollectiveBuffer};
 pub use comm::Communicator;
-pub use config::{DEFAULT_CHUNK_BYTES, DEFAULT_SMALL_MESSAGE_BYTES, DEFAULT_TIMEOUT, TransportKind};
+pub use config::{
+    DEFAULT_CHUNK_BYTES, DEFAULT_SMALL_MESSAGE_BYTES, DEFAULT_TIMEOUT, TransportKind,
+};
 pub use dtype::{DType, Element, ReduceOp};
 pub use error::{Error, OpContext, Result};
 pub use pending::PendingCollective;

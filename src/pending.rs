@@ -133,7 +133,11 @@ impl<R> PendingCollective<R> {
                 Slot::Taken => return Err(Error::ResultTaken),
                 running @ Slot::Running(_) => {
                     *slot = running;
-                    slot = self.shared.done.wait(slot).unwrap_or_else(|e| e.into_inner());
+                    slot = self
+                        .shared
+                        .done
+                        .wait(slot)
+                        .unwrap_or_else(|e| e.into_inner());
                 }
             }
         }
@@ -210,7 +214,10 @@ mod tests {
         c.complete(Ok(3));
         assert!(p.is_completed());
         assert_eq!(p.wait_timeout(Duration::ZERO).unwrap().unwrap(), 3);
-        assert!(matches!(p.wait_timeout(Duration::ZERO), Some(Err(Error::ResultTaken))));
+        assert!(matches!(
+            p.wait_timeout(Duration::ZERO),
+            Some(Err(Error::ResultTaken))
+        ));
     }
 
     #[test]

@@ -197,17 +197,19 @@ impl Builder {
     }
 
     fn build_blocking(self) -> Result<Communicator, Error> {
-        let tunables = self
-            .overrides
-            .resolve(&|var| std::env::var(var).ok())?;
+        let tunables = self.overrides.resolve(&|var| std::env::var(var).ok())?;
         let size = self.world_size.ok_or_else(|| {
-            Error::Rendezvous("world size not set: call Builder::world_size or set WORLD_SIZE".into())
+            Error::Rendezvous(
+                "world size not set: call Builder::world_size or set WORLD_SIZE".into(),
+            )
         })?;
-        let rank = self
-            .rank
-            .ok_or_else(|| Error::Rendezvous("rank not set: call Builder::rank or set RANK".into()))?;
+        let rank = self.rank.ok_or_else(|| {
+            Error::Rendezvous("rank not set: call Builder::rank or set RANK".into())
+        })?;
         if size == 0 {
-            return Err(Error::Rendezvous("world size 0: a communicator needs at least one rank".into()));
+            return Err(Error::Rendezvous(
+                "world size 0: a communicator needs at least one rank".into(),
+            ));
         }
         if rank >= size {
             return Err(Error::Rendezvous(format!(
@@ -336,7 +338,10 @@ fn rendezvous(b: &Builder, rank: usize, size: usize, t: &Tunables) -> Result<Wor
         peers.push(addr);
     }
     let job = client.get(&key("job"), t.connect_timeout)?;
-    let job_id = u64::from_le_bytes(job.try_into().map_err(|_| Error::Rendezvous("bad job id in the store".into()))?);
+    let job_id = u64::from_le_bytes(
+        job.try_into()
+            .map_err(|_| Error::Rendezvous("bad job id in the store".into()))?,
+    );
     let transport = start_transport(listener, rank, job_id, peers, t)?;
 
     // Store barrier: nobody leaves setup until everyone has every address.
@@ -379,7 +384,11 @@ fn start_transport(
         socket_buffer: t.socket_buffer,
     };
     let peers = if peers.is_empty() {
-        vec![listener.local_addr().map_err(|e| Error::io("listener address", e))?]
+        vec![
+            listener
+                .local_addr()
+                .map_err(|e| Error::io("listener address", e))?,
+        ]
     } else {
         peers
     };

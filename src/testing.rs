@@ -71,7 +71,11 @@ pub fn reference_reduce<T: Element>(inputs: &[Vec<T>], op: ReduceOp) -> Vec<f64>
                 ReduceOp::Sum => vals.sum(),
                 ReduceOp::Avg => {
                     let s: f64 = vals.sum();
-                    if is_float(T::DTYPE) { s / ranks } else { (s / ranks).trunc() }
+                    if is_float(T::DTYPE) {
+                        s / ranks
+                    } else {
+                        (s / ranks).trunc()
+                    }
                 }
                 ReduceOp::Prod => vals.product(),
                 ReduceOp::Min => vals.fold(f64::INFINITY, f64::min),
@@ -90,7 +94,11 @@ fn is_float(d: DType) -> bool {
 /// roundings for floats. Returns the first mismatch as a message.
 pub fn check_close<T: Element>(got: &[T], reference: &[f64], ranks: usize) -> Result<(), String> {
     if got.len() != reference.len() {
-        return Err(format!("length {} but expected {}", got.len(), reference.len()));
+        return Err(format!(
+            "length {} but expected {}",
+            got.len(),
+            reference.len()
+        ));
     }
     let eps = match T::DTYPE {
         DType::F32 => f32::EPSILON as f64,
@@ -107,7 +115,10 @@ pub fn check_close<T: Element>(got: &[T], reference: &[f64], ranks: usize) -> Re
             _ => (g - r).abs() <= 2.0 * eps * (ranks as f64 + 1.0) * r.abs().max(1.0),
         };
         if !ok {
-            return Err(format!("element {i}: got {g}, expected {r} ({} over {ranks} ranks)", T::DTYPE));
+            return Err(format!(
+                "element {i}: got {g}, expected {r} ({} over {ranks} ranks)",
+                T::DTYPE
+            ));
         }
     }
     Ok(())
@@ -117,6 +128,8 @@ pub fn check_close<T: Element>(got: &[T], reference: &[f64], ranks: usize) -> Re
 pub fn count_wrong<T: Element>(got: &[T], reference: &[f64], ranks: usize) -> usize {
     got.iter()
         .zip(reference)
-        .filter(|(g, r)| check_close(std::slice::from_ref(*g), std::slice::from_ref(*r), ranks).is_err())
+        .filter(|(g, r)| {
+            check_close(std::slice::from_ref(*g), std::slice::from_ref(*r), ranks).is_err()
+        })
         .count()
 }

@@ -9,7 +9,12 @@ use super::{Action, Step};
 /// j. In step k rank r sends to r+k and receives from r-k, so every step is a
 /// perfect matching and no link carries two steps at once. This rank's own
 /// block is a copy the caller makes.
-pub fn all_to_all_v(rank: usize, send_counts: &[usize], recv_counts: &[usize], chunk: usize) -> Vec<Step> {
+pub fn all_to_all_v(
+    rank: usize,
+    send_counts: &[usize],
+    recv_counts: &[usize],
+    chunk: usize,
+) -> Vec<Step> {
     let world = send_counts.len();
     debug_assert_eq!(world, recv_counts.len());
     let offsets = |counts: &[usize], base: usize| {
@@ -31,7 +36,14 @@ pub fn all_to_all_v(rank: usize, send_counts: &[usize], recv_counts: &[usize], c
         let to = (rank + k) % world;
         let from = (rank + world - k) % world;
         super::push_sends(&mut out, to, sends[to].clone(), chunk, k as u32);
-        super::push_recvs(&mut out, from, recvs[from].clone(), chunk, k as u32, Action::Copy);
+        super::push_recvs(
+            &mut out,
+            from,
+            recvs[from].clone(),
+            chunk,
+            k as u32,
+            Action::Copy,
+        );
     }
     out
 }
@@ -50,7 +62,12 @@ pub fn barrier(rank: usize, world: usize) -> Vec<Step> {
     let mut dist = 1;
     let mut round = 0;
     while dist < world {
-        out.push(Step::Send { peer: (rank + dist) % world, range: 0..0, step: round, chunk: 0 });
+        out.push(Step::Send {
+            peer: (rank + dist) % world,
+            range: 0..0,
+            step: round,
+            chunk: 0,
+        });
         out.push(Step::Recv {
             peer: (rank + world - dist) % world,
             range: 0..0,

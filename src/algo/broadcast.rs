@@ -8,7 +8,13 @@ use super::{Action, Step, chunks};
 /// Binomial-tree broadcast of `len` elements from `root` (MPICH's shape).
 /// Work buffer: the user's buffer. Chunks pipeline down the tree: an inner
 /// rank forwards chunk c to its children as soon as it has it.
-pub fn broadcast_tree(rank: usize, world: usize, root: usize, len: usize, chunk: usize) -> Vec<Step> {
+pub fn broadcast_tree(
+    rank: usize,
+    world: usize,
+    root: usize,
+    len: usize,
+    chunk: usize,
+) -> Vec<Step> {
     let mut out = Vec::new();
     if world <= 1 {
         return out;
@@ -34,10 +40,21 @@ pub fn broadcast_tree(rank: usize, world: usize, root: usize, len: usize, chunk:
     }
     for (c, r) in chunks(0..len, chunk).enumerate() {
         if let Some(p) = parent {
-            out.push(Step::Recv { peer: p, range: r.clone(), step: 0, chunk: c as u32, action: Action::Copy });
+            out.push(Step::Recv {
+                peer: p,
+                range: r.clone(),
+                step: 0,
+                chunk: c as u32,
+                action: Action::Copy,
+            });
         }
         for &child in &children {
-            out.push(Step::Send { peer: child, range: r.clone(), step: 0, chunk: c as u32 });
+            out.push(Step::Send {
+                peer: child,
+                range: r.clone(),
+                step: 0,
+                chunk: c as u32,
+            });
         }
     }
     out
@@ -45,7 +62,13 @@ pub fn broadcast_tree(rank: usize, world: usize, root: usize, len: usize, chunk:
 
 /// Pipelined chain broadcast of `len` elements from `root`. Work buffer: the
 /// user's buffer.
-pub fn broadcast_chain(rank: usize, world: usize, root: usize, len: usize, chunk: usize) -> Vec<Step> {
+pub fn broadcast_chain(
+    rank: usize,
+    world: usize,
+    root: usize,
+    len: usize,
+    chunk: usize,
+) -> Vec<Step> {
     let mut out = Vec::new();
     if world <= 1 {
         return out;
@@ -55,10 +78,21 @@ pub fn broadcast_chain(rank: usize, world: usize, root: usize, len: usize, chunk
     let next = (rank + 1) % world;
     for (c, r) in chunks(0..len, chunk).enumerate() {
         if vr > 0 {
-            out.push(Step::Recv { peer: prev, range: r.clone(), step: 0, chunk: c as u32, action: Action::Copy });
+            out.push(Step::Recv {
+                peer: prev,
+                range: r.clone(),
+                step: 0,
+                chunk: c as u32,
+                action: Action::Copy,
+            });
         }
         if vr + 1 < world {
-            out.push(Step::Send { peer: next, range: r, step: 0, chunk: c as u32 });
+            out.push(Step::Send {
+                peer: next,
+                range: r,
+                step: 0,
+                chunk: c as u32,
+            });
         }
     }
     out

@@ -24,7 +24,7 @@ mod reduce;
 mod ring;
 pub mod sim;
 
-pub use alltoall::{all_to_all, all_to_all_v, barrier, send, recv};
+pub use alltoall::{all_to_all, all_to_all_v, barrier, recv, send};
 pub use broadcast::{broadcast_chain, broadcast_tree};
 pub use doubling::all_reduce_doubling;
 pub use reduce::reduce_tree;

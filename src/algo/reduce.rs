@@ -29,10 +29,21 @@ pub fn reduce_tree(rank: usize, world: usize, root: usize, len: usize, chunk: us
     }
     for (c, r) in chunks(0..len, chunk).enumerate() {
         for &child in &children {
-            out.push(Step::Recv { peer: child, range: r.clone(), step: 0, chunk: c as u32, action: Action::Reduce });
+            out.push(Step::Recv {
+                peer: child,
+                range: r.clone(),
+                step: 0,
+                chunk: c as u32,
+                action: Action::Reduce,
+            });
         }
         if let Some(p) = parent {
-            out.push(Step::Send { peer: p, range: r, step: 0, chunk: c as u32 });
+            out.push(Step::Send {
+                peer: p,
+                range: r,
+                step: 0,
+                chunk: c as u32,
+            });
         }
     }
     out

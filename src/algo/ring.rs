@@ -65,7 +65,11 @@ fn modp(x: isize, world: usize) -> usize {
     x.rem_euclid(world as isize) as usize
 }
 
-fn reduce_scatter_steps(rank: usize, world: usize, blocks: &dyn Fn(usize) -> Range<usize>) -> Vec<RingStep> {
+fn reduce_scatter_steps(
+    rank: usize,
+    world: usize,
+    blocks: &dyn Fn(usize) -> Range<usize>,
+) -> Vec<RingStep> {
     let r = rank as isize;
     (0..world.saturating_sub(1) as isize)
         .map(|s| RingStep {
@@ -76,7 +80,11 @@ fn reduce_scatter_steps(rank: usize, world: usize, blocks: &dyn Fn(usize) -> Ran
         .collect()
 }
 
-fn all_gather_steps(rank: usize, world: usize, blocks: &dyn Fn(usize) -> Range<usize>) -> Vec<RingStep> {
+fn all_gather_steps(
+    rank: usize,
+    world: usize,
+    blocks: &dyn Fn(usize) -> Range<usize>,
+) -> Vec<RingStep> {
     let r = rank as isize;
     (0..world.saturating_sub(1) as isize)
         .map(|s| RingStep {
@@ -99,7 +107,12 @@ pub fn all_reduce_ring(rank: usize, world: usize, len: usize, chunk: usize) -> V
 /// afterwards `block(len, world, rank)` of it holds this rank's result.
 pub fn reduce_scatter_ring(rank: usize, world: usize, len: usize, chunk: usize) -> Vec<Step> {
     let blocks = |i| block(len, world, i);
-    pipelined(rank, world, chunk, &reduce_scatter_steps(rank, world, &blocks))
+    pipelined(
+        rank,
+        world,
+        chunk,
+        &reduce_scatter_steps(rank, world, &blocks),
+    )
 }
 
 /// Ring all-gather of `per_rank` elements from each rank. Work buffer: the

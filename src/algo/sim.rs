@@ -13,9 +13,17 @@ pub enum SimError {
     /// No rank could progress; lists (rank, waiting-for peer).
     Deadlock(Vec<(usize, usize)>),
     /// A frame did not match the receiver's expectation.
-    Mismatch { rank: usize, peer: usize, detail: String },
+    Mismatch {
+        rank: usize,
+        peer: usize,
+        detail: String,
+    },
     /// Frames were left unread in a mailbox at the end.
-    Leftover { from: usize, to: usize, frames: usize },
+    Leftover {
+        from: usize,
+        to: usize,
+        frames: usize,
+    },
 }
 
 struct Frame<T> {
@@ -25,7 +33,11 @@ struct Frame<T> {
 }
 
 /// Runs `schedules[r]` on `works[r]` for every rank, reducing with `op`.
-pub fn run<T: Element>(schedules: &[Vec<Step>], works: &mut [Vec<T>], op: ReduceOp) -> Result<(), SimError> {
+pub fn run<T: Element>(
+    schedules: &[Vec<Step>],
+    works: &mut [Vec<T>],
+    op: ReduceOp,
+) -> Result<(), SimError> {
     let world = schedules.len();
     let mut mail: HashMap<(usize, usize), VecDeque<Frame<T>>> = HashMap::new();
     let mut pc = vec![0usize; world];
@@ -34,18 +46,33 @@ pub fn run<T: Element>(schedules: &[Vec<Step>], works: &mut [Vec<T>], op: Reduce
         for rank in 0..world {
             while let Some(step) = schedules[rank].get(pc[rank]) {
                 match step {
-                    Step::Send { peer, range, step, chunk } => {
+                    Step::Send {
+                        peer,
+                        range,
+                        step,
+                        chunk,
+                    } => {
                         mail.entry((rank, *peer)).or_default().push_back(Frame {
                             step: *step,
                             chunk: *chunk,
                             data: works[rank][range.clone()].to_vec(),
                         });
                     }
-                    Step::Recv { peer, range, step, chunk, action } => {
-                        let Some(frame) = mail.get_mut(&(*peer, rank)).and_then(VecDeque::pop_front) else {
+                    Step::Recv {
+                        peer,
+                        range,
+                        step,
+                        chunk,
+                        action,
+                    } => {
+                        let Some(frame) =
+                            mail.get_mut(&(*peer, rank)).and_then(VecDeque::pop_front)
+                        else {
                             break;
                         };
-                        if (frame.step, frame.chunk, frame.data.len()) != (*step, *chunk, range.len()) {
+                        if (frame.step, frame.chunk, frame.data.len())
+                            != (*step, *chunk, range.len())
+                        {
                             return Err(SimError::Mismatch {
                                 rank,
                                 peer: *peer,
@@ -80,7 +107,11 @@ pub fn run<T: Element>(schedules: &[Vec<Step>], works: &mut [Vec<T>], op: Reduce
         }
     }
     if let Some(((from, to), q)) = mail.iter().find(|(_, q)| !q.is_empty()) {
-        return Err(SimError::Leftover { from: *from, to: *to, frames: q.len() });
+        return Err(SimError::Leftover {
+            from: *from,
+            to: *to,
+            frames: q.len(),
+        });
     }
     Ok(())
 }
@@ -104,13 +135,18 @@ mod tests {
             for len in lengths(world) {
                 for op in ReduceOp::ALL {
                     for chunk in CHUNKS {
-                        let inputs: Vec<Vec<T>> = (0..world).map(|_| random_data(rng, len, op)).collect();
+                        let inputs: Vec<Vec<T>> =
+                            (0..world).map(|_| random_data(rng, len, op)).collect();
                         let reference = reference_reduce(&inputs, op);
                         for (name, algo) in [
-                            ("ring", all_reduce_ring as fn(usize, usize, usize, usize) -> Vec<Step>),
+                            (
+                                "ring",
+                                all_reduce_ring as fn(usize, usize, usize, usize) -> Vec<Step>,
+                            ),
                             ("doubling", all_reduce_doubling),
                         ] {
-                            let scheds: Vec<_> = (0..world).map(|r| algo(r, world, len, chunk)).collect();
+                            let scheds: Vec<_> =
+                                (0..world).map(|r| algo(r, world, len, chunk)).collect();
                             let mut works = inputs.clone();
                             run(&scheds, &mut works, op).unwrap_or_else(|e| {
                                 panic!("seed {seed}: {name} p={world} n={len} {op}: {e:?}")
@@ -124,7 +160,10 @@ mod tests {
                                 });
                             }
                             // Every rank must hold the same bits.
-                            assert!(works.windows(2).all(|w| w[0] == w[1]), "seed {seed}: {name} ranks differ");
+                            assert!(
+                                works.windows(2).all(|w| w[0] == w[1]),
+                                "seed {seed}: {name} ranks differ"
+                            );
                         }
                     }
                 }
@@ -153,15 +192,20 @@ mod tests {
         for world in 1..=9 {
             for len in lengths(world) {
                 for chunk in CHUNKS {
-                    let inputs: Vec<Vec<f64>> = (0..world).map(|_| random_data(&mut rng, len, ReduceOp::Sum)).collect();
+                    let inputs: Vec<Vec<f64>> = (0..world)
+                        .map(|_| random_data(&mut rng, len, ReduceOp::Sum))
+                        .collect();
                     let reference = reference_reduce(&inputs, ReduceOp::Sum);
-                    let scheds: Vec<_> = (0..world).map(|r| reduce_scatter_ring(r, world, len, chunk)).collect();
+                    let scheds: Vec<_> = (0..world)
+                        .map(|r| reduce_scatter_ring(r, world, len, chunk))
+                        .collect();
                     let mut works = inputs.clone();
                     run(&scheds, &mut works, ReduceOp::Sum).unwrap();
                     for (r, w) in works.iter().enumerate() {
                         let b = block(len, world, r);
-                        check_close(&w[b.clone()], &reference[b], world)
-                            .unwrap_or_else(|e| panic!("seed {seed} p={world} n={len} rank {r}: {e}"));
+                        check_close(&w[b.clone()], &reference[b], world).unwrap_or_else(|e| {
+                            panic!("seed {seed} p={world} n={len} rank {r}: {e}")
+                        });
                     }
                 }
             }
@@ -175,7 +219,9 @@ mod tests {
         for world in 1..=9 {
             for per in [0, 1, 2, 5, 33] {
                 for chunk in CHUNKS {
-                    let inputs: Vec<Vec<i64>> = (0..world).map(|_| random_data(&mut rng, per, ReduceOp::Sum)).collect();
+                    let inputs: Vec<Vec<i64>> = (0..world)
+                        .map(|_| random_data(&mut rng, per, ReduceOp::Sum))
+                        .collect();
                     let expected: Vec<i64> = inputs.concat();
                     let mut works: Vec<Vec<i64>> = (0..world)
                         .map(|r| {
@@ -184,9 +230,14 @@ mod tests {
                             w
                         })
                         .collect();
-                    let scheds: Vec<_> = (0..world).map(|r| all_gather_ring(r, world, per, chunk)).collect();
+                    let scheds: Vec<_> = (0..world)
+                        .map(|r| all_gather_ring(r, world, per, chunk))
+                        .collect();
                     run(&scheds, &mut works, ReduceOp::Sum).unwrap();
-                    assert!(works.iter().all(|w| *w == expected), "seed {seed} p={world} per={per}");
+                    assert!(
+                        works.iter().all(|w| *w == expected),
+                        "seed {seed} p={world} per={per}"
+                    );
                 }
             }
         }
@@ -200,19 +251,32 @@ mod tests {
             for len in lengths(world) {
                 for root in 0..world {
                     for chunk in CHUNKS {
-                        let inputs: Vec<Vec<i32>> = (0..world).map(|_| random_data(&mut rng, len, ReduceOp::Sum)).collect();
-                        for algo in [broadcast_tree as fn(usize, usize, usize, usize, usize) -> Vec<Step>, broadcast_chain] {
-                            let scheds: Vec<_> = (0..world).map(|r| algo(r, world, root, len, chunk)).collect();
+                        let inputs: Vec<Vec<i32>> = (0..world)
+                            .map(|_| random_data(&mut rng, len, ReduceOp::Sum))
+                            .collect();
+                        for algo in [
+                            broadcast_tree as fn(usize, usize, usize, usize, usize) -> Vec<Step>,
+                            broadcast_chain,
+                        ] {
+                            let scheds: Vec<_> = (0..world)
+                                .map(|r| algo(r, world, root, len, chunk))
+                                .collect();
                             let mut works = inputs.clone();
                             run(&scheds, &mut works, ReduceOp::Sum).unwrap();
-                            assert!(works.iter().all(|w| *w == inputs[root]), "seed {seed} bcast p={world} root={root}");
+                            assert!(
+                                works.iter().all(|w| *w == inputs[root]),
+                                "seed {seed} bcast p={world} root={root}"
+                            );
                         }
                         let reference = reference_reduce(&inputs, ReduceOp::Max);
-                        let scheds: Vec<_> = (0..world).map(|r| reduce_tree(r, world, root, len, chunk)).collect();
+                        let scheds: Vec<_> = (0..world)
+                            .map(|r| reduce_tree(r, world, root, len, chunk))
+                            .collect();
                         let mut works = inputs.clone();
                         run(&scheds, &mut works, ReduceOp::Max).unwrap();
-                        check_close(&works[root], &reference, world)
-                            .unwrap_or_else(|e| panic!("seed {seed} reduce p={world} root={root}: {e}"));
+                        check_close(&works[root], &reference, world).unwrap_or_else(|e| {
+                            panic!("seed {seed} reduce p={world} root={root}: {e}")
+                        });
                     }
                 }
             }
@@ -226,13 +290,17 @@ mod tests {
         for world in 1..=9 {
             for chunk in CHUNKS {
                 // counts[i][j]: what rank i sends to rank j (uneven, some zero).
-                let counts: Vec<Vec<usize>> =
-                    (0..world).map(|_| (0..world).map(|_| rng.below(5) as usize).collect()).collect();
+                let counts: Vec<Vec<usize>> = (0..world)
+                    .map(|_| (0..world).map(|_| rng.below(5) as usize).collect())
+                    .collect();
                 let mut blocks: Vec<Vec<Vec<u8>>> = Vec::new();
                 let mut works = Vec::new();
                 let mut scheds = Vec::new();
+                #[allow(clippy::needless_range_loop)] // i is a rank, indexing several tables
                 for i in 0..world {
-                    let mine: Vec<Vec<u8>> = (0..world).map(|j| random_data(&mut rng, counts[i][j], ReduceOp::Sum)).collect();
+                    let mine: Vec<Vec<u8>> = (0..world)
+                        .map(|j| random_data(&mut rng, counts[i][j], ReduceOp::Sum))
+                        .collect();
                     let recv_counts: Vec<usize> = (0..world).map(|j| counts[j][i]).collect();
                     let out_len: usize = recv_counts.iter().sum();
                     let mut w = mine.concat();
@@ -275,10 +343,16 @@ mod tests {
         // Both ranks wait first: a deadlock the simulator must name.
         let scheds = vec![recv(1, 4, 4), recv(0, 4, 4)];
         let mut works = vec![vec![0u8; 4]; 2];
-        assert!(matches!(run(&scheds, &mut works, ReduceOp::Sum), Err(super::SimError::Deadlock(_))));
+        assert!(matches!(
+            run(&scheds, &mut works, ReduceOp::Sum),
+            Err(super::SimError::Deadlock(_))
+        ));
         // Lengths disagree: the receiver must notice.
         let scheds = vec![send(1, 4, 4), recv(0, 3, 4)];
         let mut works = vec![vec![0u8; 4]; 2];
-        assert!(matches!(run(&scheds, &mut works, ReduceOp::Sum), Err(super::SimError::Mismatch { .. })));
+        assert!(matches!(
+            run(&scheds, &mut works, ReduceOp::Sum),
+            Err(super::SimError::Mismatch { .. })
+        ));
     }
 }

@@ -22,7 +22,10 @@ pub(crate) struct AlignedBuf {
 
 impl AlignedBuf {
     pub(crate) fn new() -> AlignedBuf {
-        AlignedBuf { words: Vec::new(), len: 0 }
+        AlignedBuf {
+            words: Vec::new(),
+            len: 0,
+        }
     }
 
     /// Makes room for `len` bytes and returns them for filling.
@@ -70,7 +73,13 @@ pub(crate) enum LinkError {
 /// What the executor needs from a transport. Peers are world ranks.
 pub(crate) trait Transport: Send + Sync {
     /// Sends one frame; `header.payload_len` must equal `payload.len()`.
-    fn send(&self, peer: usize, header: &Header, payload: &[u8], deadline: Instant) -> Result<(), LinkError>;
+    fn send(
+        &self,
+        peer: usize,
+        header: &Header,
+        payload: &[u8],
+        deadline: Instant,
+    ) -> Result<(), LinkError>;
     /// The next data frame from `peer` on communicator `comm_id`.
     fn recv(&self, comm_id: u64, peer: usize, deadline: Instant) -> Result<Incoming, LinkError>;
     /// Returns a payload buffer for reuse.

@@ -152,9 +152,9 @@ impl Shared {
                     let _ = link.control.shutdown(Shutdown::Both);
                 }
                 if !matches!(state, PeerState::Failed(_)) {
-                    if !self.closing.load(Ordering::SeqCst) {
-                        tracing::warn!(rank = self.me, peer, %reason, "link failed");
-                    }
+                    // Debug, not warn: a peer that finished and exited closes
+                    // its links too; an op that needed the link reports it.
+                    tracing::debug!(rank = self.me, peer, %reason, "link closed");
                     *state = PeerState::Failed(reason);
                 }
             }
@@ -260,7 +260,10 @@ impl Shared {
         let mut backoff = Duration::from_millis(10);
         let mut stream = loop {
             let left = deadline.saturating_duration_since(Instant::now());
-            match TcpStream::connect_timeout(&addr, left.clamp(Duration::from_millis(1), Duration::from_secs(5))) {
+            match TcpStream::connect_timeout(
+                &addr,
+                left.clamp(Duration::from_millis(1), Duration::from_secs(5)),
+            ) {
                 Ok(s) => break s,
                 Err(e) if Instant::now() + backoff < deadline => {
                     tracing::debug!(peer, %addr, error = %e, "connect failed, retrying");
@@ -275,16 +278,32 @@ impl Shared {
             stream.set_read_timeout(Some(self.config.handshake_timeout))?;
             let hello = Hello::new(self.job_id, self.me as u32, self.world as u32);
             let payload = hello.encode().map_err(io::Error::other)?;
-            write_frame(&mut stream, &control_header(FrameKind::Handshake, payload.len()), &payload)?;
+            write_frame(
+                &mut stream,
+                &control_header(FrameKind::Handshake, payload.len()),
+                &payload,
+            )?;
             let (header, payload) = read_control(&mut stream)?;
             if header.kind != FrameKind::HandshakeAck {
-                return Ok(Err(format!("expected a handshake answer, got a {} frame", header.kind.name())));
+                return Ok(Err(format!(
+                    "expected a handshake answer, got a {} frame",
+                    header.kind.name()
+                )));
             }
             let ack = HelloAck::decode(&payload).map_err(io::Error::other)?;
-            Ok(if ack.accepted { Ok(()) } else { Err(format!("rank {peer} refused the connection: {}", ack.reason)) })
+            Ok(if ack.accepted {
+                Ok(())
+            } else {
+                Err(format!(
+                    "rank {peer} refused the connection: {}",
+                    ack.reason
+                ))
+            })
         })();
         match setup {
-            Ok(Ok(())) => self.install(peer, stream).map_err(|e| connect_err(e.to_string())),
+            Ok(Ok(())) => self
+                .install(peer, stream)
+                .map_err(|e| connect_err(e.to_string())),
             Ok(Err(detail)) => Err(connect_err(detail)),
             Err(e) => Err(connect_err(format!("handshake failed: {e}"))),
         }
@@ -296,18 +315,32 @@ impl Shared {
         stream.set_read_timeout(Some(self.config.handshake_timeout))?;
         let (header, payload) = read_control(stream)?;
         let verdict = if header.kind != FrameKind::Handshake {
-            Err(format!("expected a handshake, got a {} frame", header.kind.name()))
+            Err(format!(
+                "expected a handshake, got a {} frame",
+                header.kind.name()
+            ))
         } else {
             match Hello::decode(&payload) {
                 Err(e) => Err(e.to_string()),
-                Ok(hello) => match wire::validate_hello(&hello, self.job_id, self.world as u32, self.me as u32) {
+                Ok(hello) => match wire::validate_hello(
+                    &hello,
+                    self.job_id,
+                    self.world as u32,
+                    self.me as u32,
+                ) {
                     Err(e) => Err(e.to_string()),
                     Ok(()) => {
                         let peer = hello.rank as usize;
                         if peer > self.me {
-                            Err(format!("rank {peer} dialed rank {}, but only lower ranks dial", self.me))
+                            Err(format!(
+                                "rank {peer} dialed rank {}, but only lower ranks dial",
+                                self.me
+                            ))
                         } else if !matches!(lock(&self.peers).get(peer), Some(PeerState::Absent)) {
-                            Err(format!("rank {peer} is already connected to rank {}", self.me))
+                            Err(format!(
+                                "rank {peer} is already connected to rank {}",
+                                self.me
+                            ))
                         } else {
                             Ok(peer)
                         }
@@ -320,7 +353,11 @@ impl Shared {
             Err(reason) => HelloAck::reject(reason.clone()),
         };
         let payload = ack.encode();
-        write_frame(stream, &control_header(FrameKind::HandshakeAck, payload.len()), &payload)?;
+        write_frame(
+            stream,
+            &control_header(FrameKind::HandshakeAck, payload.len()),
+            &payload,
+        )?;
         Ok(verdict)
     }
 }
@@ -382,7 +419,9 @@ fn accept_loop(s: &Arc<Shared>, listener: &TcpListener) {
                         drop(peers);
                         s2.peers_changed.notify_all();
                     }
-                    Err(e) => tracing::warn!(rank = s2.me, peer, error = %e, "could not start link"),
+                    Err(e) => {
+                        tracing::warn!(rank = s2.me, peer, error = %e, "could not start link")
+                    }
                 },
                 Ok(Err(reason)) => {
                     tracing::warn!(rank = s2.me, %from, %reason, "refused a connection");
@@ -412,7 +451,10 @@ fn read_loop(s: &Arc<Shared>, peer: usize, mut stream: TcpStream) {
                     break describe_read_error(peer, &e);
                 }
                 let inbox = s.inbox(header.comm_id, peer);
-                lock(&inbox.queue).push_back(Incoming { header, payload: buf });
+                lock(&inbox.queue).push_back(Incoming {
+                    header,
+                    payload: buf,
+                });
                 inbox.arrived.notify_one();
             }
             FrameKind::Heartbeat | FrameKind::Abort => {
@@ -425,7 +467,9 @@ fn read_loop(s: &Arc<Shared>, peer: usize, mut stream: TcpStream) {
                 }
                 if header.kind == FrameKind::Abort {
                     break match wire::Abort::decode(&payload) {
-                        Ok(a) => format!("rank {} aborted op #{}: {}", a.origin_rank, a.seq, a.reason),
+                        Ok(a) => {
+                            format!("rank {} aborted op #{}: {}", a.origin_rank, a.seq, a.reason)
+                        }
                         Err(e) => format!("rank {peer} sent a bad abort frame: {e}"),
                     };
                 }
@@ -446,7 +490,13 @@ fn describe_read_error(peer: usize, e: &io::Error) -> String {
 }
 
 impl Transport for TcpTransport {
-    fn send(&self, peer: usize, header: &Header, payload: &[u8], deadline: Instant) -> Result<(), LinkError> {
+    fn send(
+        &self,
+        peer: usize,
+        header: &Header,
+        payload: &[u8],
+        deadline: Instant,
+    ) -> Result<(), LinkError> {
         let link = self.shared.link(peer, deadline)?;
         let result = write_frame(&mut lock(&link.writer), header, payload);
         result.map_err(|e| {
@@ -498,4 +548,3 @@ impl Transport for TcpTransport {
         "portable"
     }
 }
-

@@ -3,13 +3,18 @@
 
 #![allow(dead_code)]
 
+pub(crate) mod sweep;
+
 use ringwire::store::StoreServer;
 use ringwire::{Builder, Communicator};
 use std::time::Duration;
 
 /// Builds `world` communicators over loopback with a standalone store, with
 /// `configure` applied to every builder.
-pub fn local_group(world: usize, configure: impl Fn(Builder) -> Builder + Sync) -> (StoreServer, Vec<Communicator>) {
+pub(crate) fn local_group(
+    world: usize,
+    configure: impl Fn(Builder) -> Builder + Sync,
+) -> (StoreServer, Vec<Communicator>) {
     let store = StoreServer::bind("127.0.0.1:0".parse().unwrap()).expect("bind store");
     let addr = store.local_addr();
     let comms = std::thread::scope(|s| {
@@ -37,15 +42,21 @@ pub fn local_group(world: usize, configure: impl Fn(Builder) -> Builder + Sync) 
 
 /// Runs `f` on every communicator concurrently and returns the results in
 /// rank order.
-pub fn on_all<R: Send>(comms: &[Communicator], f: impl Fn(&Communicator) -> R + Sync) -> Vec<R> {
+pub(crate) fn on_all<R: Send>(
+    comms: &[Communicator],
+    f: impl Fn(&Communicator) -> R + Sync,
+) -> Vec<R> {
     std::thread::scope(|s| {
         let handles: Vec<_> = comms.iter().map(|c| s.spawn(|| f(c))).collect();
-        handles.into_iter().map(|h| h.join().expect("rank thread panicked")).collect()
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("rank thread panicked"))
+            .collect()
     })
 }
 
 /// The seed for this run: RINGWIRE_TEST_SEED if set, else fresh (printed).
-pub fn seed() -> u64 {
+pub(crate) fn seed() -> u64 {
     let seed = std::env::var("RINGWIRE_TEST_SEED")
         .ok()
         .and_then(|s| s.parse().ok())

@@ -1,0 +1,180 @@
+//! [`WireError`]: everything that can be wrong with bytes from a peer.
+//!
+//! One enum for the whole wire module, so a transport can match on what went
+//! wrong (e.g. retry a read on [`WireError::Truncated`], close the connection
+//! on anything else). Each message says what was found, what was expected,
+//! and where it helps, the likely cause.
+
+use std::fmt;
+
+use super::kind::FrameKind;
+
+/// Why bytes from a peer could not be decoded, or why a peer's handshake was refused.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum WireError {
+    /// Fewer bytes than the frame needs. From [`decode_frame`](super::decode_frame),
+    /// `needed` is the whole frame's length: a streaming reader can read up to
+    /// it and try again.
+    #[error("truncated frame: need {needed} bytes, got {got}")]
+    Truncated { needed: usize, got: usize },
+
+    /// The first four bytes are not [`MAGIC`](super::MAGIC).
+    #[error(
+        "frame header: bad magic {} (expected \"RGWR\"): this is not a ringwire peer",
+        Magic(.0)
+    )]
+    BadMagic([u8; 4]),
+
+    /// The peer speaks another protocol version.
+    #[error(
+        "protocol version {got} is not supported (this build speaks version {supported}): \
+         run the same ringwire release on every rank"
+    )]
+    UnsupportedVersion { got: u16, supported: u16 },
+
+    /// A one-byte enumeration or flag has a value this protocol version does not define.
+    #[error(
+        "{field}: unknown value {value} (not defined by this protocol version: \
+         a corrupt frame or a newer peer)"
+    )]
+    UnknownField { field: &'static str, value: u8 },
+
+    /// A reserved field is not zero.
+    #[error("{field}: reserved field is {value:#x}, expected 0 (a corrupt frame or a newer peer)")]
+    NonZeroReserved { field: &'static str, value: u32 },
+
+    /// The header announces a payload larger than the receiver accepts.
+    #[error(
+        "frame header: payload of {len} bytes exceeds the limit of {max} bytes \
+         (raise the maximum message size on every rank, or the stream is corrupt)"
+    )]
+    PayloadTooLarge { len: u32, max: u32 },
+
+    /// A control frame announces a payload larger than any valid one.
+    #[error("{kind} frame: payload of {len} bytes exceeds the control-frame limit of {max} bytes")]
+    ControlPayloadTooLarge { kind: FrameKind, len: u32, max: u32 },
+
+    /// A frame kind that has no payload announces one.
+    #[error("{kind} frame: announces a {len}-byte payload, but this kind has none")]
+    UnexpectedPayload { kind: FrameKind, len: u32 },
+
+    /// A control payload ends before its last field.
+    #[error("{what} payload: truncated: need {needed} bytes, got {got}")]
+    PayloadTruncated {
+        what: &'static str,
+        needed: usize,
+        got: usize,
+    },
+
+    /// A control payload has bytes after its last field.
+    #[error("{what} payload: {extra} unexpected byte(s) after the last field")]
+    TrailingBytes { what: &'static str, extra: usize },
+
+    /// A variable-length field is longer than its cap.
+    #[error("{field}: length {len} exceeds the limit of {max} bytes")]
+    FieldTooLong {
+        field: &'static str,
+        len: usize,
+        max: usize,
+    },
+
+    /// A text field is not UTF-8.
+    #[error("{field}: not valid UTF-8")]
+    InvalidUtf8 { field: &'static str },
+
+    /// The peer's handshake names another job.
+    #[error(
+        "handshake: peer belongs to job {got:#018x}, expected {expected:#018x} \
+         (two jobs share a rendezvous address, or a stale process from an earlier run is connecting)"
+    )]
+    JobMismatch { got: u64, expected: u64 },
+
+    /// The peer's handshake names another world size.
+    #[error(
+        "handshake: peer thinks the world has {got} ranks, expected {expected} \
+         (the ranks were launched with different world sizes)"
+    )]
+    WorldSizeMismatch { got: u32, expected: u32 },
+
+    /// The peer claims a rank that does not exist.
+    #[error("handshake: peer claims rank {rank}, but the world has ranks 0..{world_size}")]
+    RankOutOfRange { rank: u32, world_size: u32 },
+
+    /// The peer claims this rank's own rank.
+    #[error(
+        "handshake: peer claims rank {rank}, which is this rank \
+         (a rank dialed itself, or two processes were launched with the same rank)"
+    )]
+    SelfConnect { rank: u32 },
+
+    /// The peer stores numbers in the other byte order.
+    #[error(
+        "handshake: peer is {}-endian but this rank is {}-endian: \
+         elements travel in native byte order, so every rank must have the same one",
+        endian_name(*.peer_little_endian),
+        endian_name(!*.peer_little_endian)
+    )]
+    EndiannessMismatch { peer_little_endian: bool },
+}
+
+fn endian_name(little: bool) -> &'static str {
+    if little { "little" } else { "big" }
+}
+
+/// Shows four magic bytes as hex and as escaped ASCII, e.g.
+/// `0x47455420 (b"GET ")`, which often names the protocol that was reached instead.
+struct Magic<'a>(&'a [u8; 4]);
+
+impl fmt::Display for Magic<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "0x{:08x} (b\"{}\")",
+            u32::from_be_bytes(*self.0),
+            self.0.escape_ascii()
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn messages_say_what_and_why() {
+        let e = WireError::BadMagic(*b"GET ");
+        assert_eq!(
+            e.to_string(),
+            "frame header: bad magic 0x47455420 (b\"GET \") (expected \"RGWR\"): \
+             this is not a ringwire peer"
+        );
+        let e = WireError::BadMagic([0, 0xff, b'\n', b'A']);
+        assert!(
+            e.to_string().contains("0x00ff0a41 (b\"\\x00\\xff\\nA\")"),
+            "{e}"
+        );
+        let e = WireError::EndiannessMismatch {
+            peer_little_endian: false,
+        };
+        assert!(
+            e.to_string()
+                .contains("peer is big-endian but this rank is little-endian"),
+            "{e}"
+        );
+        let e = WireError::ControlPayloadTooLarge {
+            kind: FrameKind::Abort,
+            len: 5000,
+            max: 4096,
+        };
+        assert!(
+            e.to_string().starts_with("abort frame: payload of 5000"),
+            "{e}"
+        );
+        let e = WireError::UnsupportedVersion {
+            got: 2,
+            supported: 1,
+        };
+        assert!(e.to_string().contains("version 2 is not supported"), "{e}");
+    }
+}

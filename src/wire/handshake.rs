@@ -1,0 +1,499 @@
+//! The connection handshake: [`Hello`] (payload of a `Handshake` frame, sent
+//! by the dialing rank right after connect) and [`HelloAck`] (payload of the
+//! `HandshakeAck` frame the accepting rank answers with).
+//!
+//! The hello tells the acceptor who is calling, so that it can file the
+//! connection under the right peer rank and refuse callers that belong to
+//! another job, another world size, or do not exist ([`validate_hello`]). The
+//! ack carries the verdict and, on refusal, a reason the dialer can log.
+//!
+//! Wire layout (little endian, no padding):
+//!
+//! ```text
+//! Hello:    protocol_version u16 | little_endian u8 (0/1) | reserved u8 (0)
+//!           | job_id u64 | rank u32 | world_size u32 | auth_len u16 | auth [auth_len]
+//! HelloAck: accepted u8 (0/1) | reserved u8 (0) | reason_len u16 | reason [reason_len] (UTF-8)
+//! ```
+
+use zerocopy::little_endian::{U16, U32, U64};
+use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout, Unaligned};
+
+use super::codec::{
+    check_reserved, decode_bool, decode_str, len_u16, split_fixed, split_last_field, truncate_str,
+};
+use super::{MAX_AUTH_LEN, MAX_REASON_LEN, PROTOCOL_VERSION, WireError};
+
+/// The dialing rank's introduction.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Hello {
+    /// The sender's [`PROTOCOL_VERSION`].
+    pub protocol_version: u16,
+    /// Whether the sender is little endian (elements travel in native order).
+    pub little_endian: bool,
+    /// Identifies the job, so that two jobs sharing a rendezvous never mix.
+    pub job_id: u64,
+    /// The sender's rank.
+    pub rank: u32,
+    /// The sender's idea of the world size.
+    pub world_size: u32,
+    /// Authentication token, at most [`MAX_AUTH_LEN`] bytes; empty for now.
+    pub auth: Vec<u8>,
+}
+
+/// The accepting rank's answer to a [`Hello`].
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct HelloAck {
+    pub accepted: bool,
+    /// Why the hello was refused (empty when accepted). At most
+    /// [`MAX_REASON_LEN`] bytes on the wire: [`HelloAck::encode`] truncates longer ones.
+    pub reason: String,
+}
+
+#[derive(FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned)]
+#[repr(C)]
+struct RawHello {
+    protocol_version: U16,
+    little_endian: u8,
+    reserved: u8,
+    job_id: U64,
+    rank: U32,
+    world_size: U32,
+    auth_len: U16,
+}
+
+#[derive(FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned)]
+#[repr(C)]
+struct RawHelloAck {
+    accepted: u8,
+    reserved: u8,
+    reason_len: U16,
+}
+
+impl Hello {
+    /// A hello from this process: current protocol version, native
+    /// endianness, no auth token.
+    pub fn new(job_id: u64, rank: u32, world_size: u32) -> Hello {
+        Hello {
+            protocol_version: PROTOCOL_VERSION,
+            little_endian: cfg!(target_endian = "little"),
+            job_id,
+            rank,
+            world_size,
+            auth: Vec::new(),
+        }
+    }
+
+    /// The payload bytes. Fails only if `auth` is longer than [`MAX_AUTH_LEN`]
+    /// (a token cannot be truncated the way a reason can).
+    pub fn encode(&self) -> Result<Vec<u8>, WireError> {
+        if self.auth.len() > MAX_AUTH_LEN {
+            return Err(WireError::FieldTooLong {
+                field: "hello.auth",
+                len: self.auth.len(),
+                max: MAX_AUTH_LEN,
+            });
+        }
+        let raw = RawHello {
+            protocol_version: U16::new(self.protocol_version),
+            little_endian: u8::from(self.little_endian),
+            reserved: 0,
+            job_id: U64::new(self.job_id),
+            rank: U32::new(self.rank),
+            world_size: U32::new(self.world_size),
+            auth_len: len_u16(self.auth.len()),
+        };
+        let mut out = Vec::with_capacity(size_of::<RawHello>() + self.auth.len());
+        out.extend_from_slice(raw.as_bytes());
+        out.extend_from_slice(&self.auth);
+        Ok(out)
+    }
+
+    /// Decodes a payload; exactly the payload, no trailing bytes.
+    pub fn decode(payload: &[u8]) -> Result<Hello, WireError> {
+        let (raw, rest) = split_fixed::<RawHello>("hello", payload)?;
+        let little_endian = decode_bool("hello.little_endian", raw.little_endian)?;
+        check_reserved("hello.reserved", raw.reserved)?;
+        let auth = split_last_field(
+            "hello",
+            "hello.auth",
+            size_of::<RawHello>(),
+            rest,
+            raw.auth_len,
+            MAX_AUTH_LEN,
+        )?;
+        Ok(Hello {
+            protocol_version: raw.protocol_version.get(),
+            little_endian,
+            job_id: raw.job_id.get(),
+            rank: raw.rank.get(),
+            world_size: raw.world_size.get(),
+            auth: auth.to_vec(),
+        })
+    }
+}
+
+impl HelloAck {
+    /// An acceptance.
+    pub fn accept() -> HelloAck {
+        HelloAck {
+            accepted: true,
+            reason: String::new(),
+        }
+    }
+
+    /// A refusal, saying why.
+    pub fn reject(reason: impl Into<String>) -> HelloAck {
+        HelloAck {
+            accepted: false,
+            reason: reason.into(),
+        }
+    }
+
+    /// The payload bytes; a reason over [`MAX_REASON_LEN`] bytes is cut at
+    /// the last character boundary that fits.
+    pub fn encode(&self) -> Vec<u8> {
+        let reason = truncate_str(&self.reason, MAX_REASON_LEN);
+        let raw = RawHelloAck {
+            accepted: u8::from(self.accepted),
+            reserved: 0,
+            reason_len: len_u16(reason.len()),
+        };
+        let mut out = Vec::with_capacity(size_of::<RawHelloAck>() + reason.len());
+        out.extend_from_slice(raw.as_bytes());
+        out.extend_from_slice(reason.as_bytes());
+        out
+    }
+
+    /// Decodes a payload; exactly the payload, no trailing bytes. The reason
+    /// must be UTF-8.
+    pub fn decode(payload: &[u8]) -> Result<HelloAck, WireError> {
+        let (raw, rest) = split_fixed::<RawHelloAck>("hello_ack", payload)?;
+        let accepted = decode_bool("hello_ack.accepted", raw.accepted)?;
+        check_reserved("hello_ack.reserved", raw.reserved)?;
+        let reason = split_last_field(
+            "hello_ack",
+            "hello_ack.reason",
+            size_of::<RawHelloAck>(),
+            rest,
+            raw.reason_len,
+            MAX_REASON_LEN,
+        )?;
+        Ok(HelloAck {
+            accepted,
+            reason: decode_str("hello_ack.reason", reason)?,
+        })
+    }
+}
+
+/// Checks a [`Hello`] received by rank `my_rank` of job `expected_job` with
+/// `expected_world` ranks: same protocol version and endianness, same job and
+/// world size, a rank that exists and is not this one.
+pub fn validate_hello(
+    hello: &Hello,
+    expected_job: u64,
+    expected_world: u32,
+    my_rank: u32,
+) -> Result<(), WireError> {
+    if hello.protocol_version != PROTOCOL_VERSION {
+        return Err(WireError::UnsupportedVersion {
+            got: hello.protocol_version,
+            supported: PROTOCOL_VERSION,
+        });
+    }
+    if hello.little_endian != cfg!(target_endian = "little") {
+        return Err(WireError::EndiannessMismatch {
+            peer_little_endian: hello.little_endian,
+        });
+    }
+    if hello.job_id != expected_job {
+        return Err(WireError::JobMismatch {
+            got: hello.job_id,
+            expected: expected_job,
+        });
+    }
+    if hello.world_size != expected_world {
+        return Err(WireError::WorldSizeMismatch {
+            got: hello.world_size,
+            expected: expected_world,
+        });
+    }
+    if hello.rank >= expected_world {
+        return Err(WireError::RankOutOfRange {
+            rank: hello.rank,
+            world_size: expected_world,
+        });
+    }
+    if hello.rank == my_rank {
+        return Err(WireError::SelfConnect { rank: hello.rank });
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::wire::header::tests::XorShift;
+
+    fn hello() -> Hello {
+        Hello {
+            auth: b"token".to_vec(),
+            ..Hello::new(0xDEAD_BEEF_0000_0001, 3, 8)
+        }
+    }
+
+    #[test]
+    fn hello_layout() {
+        let bytes = hello().encode().unwrap();
+        assert_eq!(size_of::<RawHello>(), 22);
+        assert_eq!(bytes.len(), 22 + 5);
+        assert_eq!(bytes[0..2], [1, 0]);
+        assert_eq!(bytes[2], u8::from(cfg!(target_endian = "little")));
+        assert_eq!(bytes[3], 0);
+        assert_eq!(bytes[4..12], 0xDEAD_BEEF_0000_0001u64.to_le_bytes());
+        assert_eq!(bytes[12..16], 3u32.to_le_bytes());
+        assert_eq!(bytes[16..20], 8u32.to_le_bytes());
+        assert_eq!(bytes[20..22], 5u16.to_le_bytes());
+        assert_eq!(&bytes[22..], b"token");
+    }
+
+    #[test]
+    fn round_trips() {
+        for h in [
+            hello(),
+            Hello::new(0, 0, 1),
+            Hello {
+                protocol_version: u16::MAX,
+                little_endian: false,
+                job_id: u64::MAX,
+                rank: u32::MAX,
+                world_size: u32::MAX,
+                auth: vec![0xff; MAX_AUTH_LEN],
+            },
+        ] {
+            let bytes = h.encode().unwrap();
+            assert_eq!(Hello::decode(&bytes), Ok(h));
+        }
+        for ack in [
+            HelloAck::accept(),
+            HelloAck::reject("world size mismatch: 4 vs 8"),
+            HelloAck::reject("ünïcödé ✓"),
+            HelloAck::reject("x".repeat(MAX_REASON_LEN)),
+        ] {
+            let bytes = ack.encode();
+            assert_eq!(HelloAck::decode(&bytes), Ok(ack));
+        }
+    }
+
+    #[test]
+    fn long_reason_is_truncated_on_a_char_boundary() {
+        // 3-byte chars: 1024 is not a multiple of 3, so the cut falls mid-char.
+        let ack = HelloAck::reject("€".repeat(400));
+        let decoded = HelloAck::decode(&ack.encode()).unwrap();
+        assert_eq!(decoded.reason, "€".repeat(341));
+    }
+
+    #[test]
+    fn hello_errors() {
+        let too_long = Hello {
+            auth: vec![0; MAX_AUTH_LEN + 1],
+            ..hello()
+        };
+        let long = Err(WireError::FieldTooLong {
+            field: "hello.auth",
+            len: 513,
+            max: 512,
+        });
+        assert_eq!(too_long.encode(), long);
+
+        let valid = hello().encode().unwrap();
+        assert_eq!(
+            Hello::decode(&valid[..21]),
+            Err(WireError::PayloadTruncated {
+                what: "hello",
+                needed: 22,
+                got: 21
+            })
+        );
+        assert_eq!(
+            Hello::decode(&valid[..25]),
+            Err(WireError::PayloadTruncated {
+                what: "hello",
+                needed: 27,
+                got: 25
+            })
+        );
+        let mut trailing = valid.clone();
+        trailing.push(0);
+        assert_eq!(
+            Hello::decode(&trailing),
+            Err(WireError::TrailingBytes {
+                what: "hello",
+                extra: 1
+            })
+        );
+        let mut bad_bool = valid.clone();
+        bad_bool[2] = 2;
+        assert_eq!(
+            Hello::decode(&bad_bool),
+            Err(WireError::UnknownField {
+                field: "hello.little_endian",
+                value: 2
+            })
+        );
+        let mut reserved = valid.clone();
+        reserved[3] = 9;
+        assert_eq!(
+            Hello::decode(&reserved),
+            Err(WireError::NonZeroReserved {
+                field: "hello.reserved",
+                value: 9
+            })
+        );
+        // A huge length is refused before anything is allocated for it.
+        let mut huge = valid.clone();
+        huge[20..22].copy_from_slice(&u16::MAX.to_le_bytes());
+        assert_eq!(
+            Hello::decode(&huge),
+            Err(WireError::FieldTooLong {
+                field: "hello.auth",
+                len: 65535,
+                max: 512
+            })
+        );
+    }
+
+    #[test]
+    fn ack_errors() {
+        let valid = HelloAck::reject("nope").encode();
+        assert_eq!(
+            HelloAck::decode(&[]),
+            Err(WireError::PayloadTruncated {
+                what: "hello_ack",
+                needed: 4,
+                got: 0
+            })
+        );
+        let mut bad = valid.clone();
+        bad[0] = 7;
+        assert_eq!(
+            HelloAck::decode(&bad),
+            Err(WireError::UnknownField {
+                field: "hello_ack.accepted",
+                value: 7
+            })
+        );
+        let mut bad = valid.clone();
+        bad[1] = 1;
+        assert!(matches!(
+            HelloAck::decode(&bad),
+            Err(WireError::NonZeroReserved { .. })
+        ));
+        let mut bad = valid.clone();
+        bad[4] = 0xff;
+        assert_eq!(
+            HelloAck::decode(&bad),
+            Err(WireError::InvalidUtf8 {
+                field: "hello_ack.reason"
+            })
+        );
+        let mut bad = valid.clone();
+        bad[2..4].copy_from_slice(&1025u16.to_le_bytes());
+        assert!(matches!(
+            HelloAck::decode(&bad),
+            Err(WireError::FieldTooLong { len: 1025, .. })
+        ));
+        assert!(matches!(
+            HelloAck::decode(&valid[..6]),
+            Err(WireError::PayloadTruncated {
+                needed: 8,
+                got: 6,
+                ..
+            })
+        ));
+        let mut trailing = valid.clone();
+        trailing.extend_from_slice(b"!!");
+        assert_eq!(
+            HelloAck::decode(&trailing),
+            Err(WireError::TrailingBytes {
+                what: "hello_ack",
+                extra: 2
+            })
+        );
+    }
+
+    #[test]
+    fn validate_hello_errors() {
+        let h = Hello::new(7, 3, 8);
+        assert_eq!(validate_hello(&h, 7, 8, 0), Ok(()));
+        assert_eq!(
+            validate_hello(
+                &Hello {
+                    protocol_version: 2,
+                    ..h.clone()
+                },
+                7,
+                8,
+                0
+            ),
+            Err(WireError::UnsupportedVersion {
+                got: 2,
+                supported: 1
+            })
+        );
+        let foreign = Hello {
+            little_endian: !h.little_endian,
+            ..h.clone()
+        };
+        assert_eq!(
+            validate_hello(&foreign, 7, 8, 0),
+            Err(WireError::EndiannessMismatch {
+                peer_little_endian: foreign.little_endian
+            })
+        );
+        assert_eq!(
+            validate_hello(&h, 8, 8, 0),
+            Err(WireError::JobMismatch {
+                got: 7,
+                expected: 8
+            })
+        );
+        assert_eq!(
+            validate_hello(&h, 7, 4, 0),
+            Err(WireError::WorldSizeMismatch {
+                got: 8,
+                expected: 4
+            })
+        );
+        let out_of_range = Hello::new(7, 8, 8);
+        assert_eq!(
+            validate_hello(&out_of_range, 7, 8, 0),
+            Err(WireError::RankOutOfRange {
+                rank: 8,
+                world_size: 8
+            })
+        );
+        assert_eq!(
+            validate_hello(&h, 7, 8, 3),
+            Err(WireError::SelfConnect { rank: 3 })
+        );
+    }
+
+    #[test]
+    fn mutated_payloads_never_panic() {
+        let mut rng = XorShift(0x2545_F491_4F6C_DD1D);
+        let seeds = [
+            hello().encode().unwrap(),
+            HelloAck::reject("rank 3 is already connected").encode(),
+        ];
+        for i in 0..20_000 {
+            let mut bytes = seeds[i % seeds.len()].clone();
+            rng.mutate(&mut bytes);
+            if let Ok(h) = Hello::decode(&bytes) {
+                assert_eq!(h.encode().unwrap(), bytes, "hello re-encodes exactly");
+            }
+            if let Ok(ack) = HelloAck::decode(&bytes) {
+                assert_eq!(ack.encode(), bytes, "ack re-encodes exactly");
+            }
+        }
+    }
+}

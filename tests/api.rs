@@ -1,0 +1,264 @@
+//! The communicator's behaviour beyond arithmetic: overlapping ops, await
+//! order, sub-groups, executors, drop semantics, argument checks, timeouts
+//! and failure reporting.
+
+mod common;
+
+use common::{local_group, on_all};
+use ringwire::{Communicator, Error, OpKind, ReduceOp};
+use std::time::{Duration, Instant};
+
+#[test]
+fn two_ops_in_flight_complete_in_any_await_order() {
+    let (_store, comms) = local_group(3, |b| b);
+    let results = on_all(&comms, |c| {
+        let r = c.rank() as f32;
+        let first = c.all_reduce(vec![r; 1000], ReduceOp::Sum);
+        let second = c.all_reduce(vec![r + 1.0; 300_000], ReduceOp::Max);
+        let third = c.broadcast(vec![r as i64; 17], 2);
+        // Await the last first.
+        let third = third.wait().unwrap();
+        let second = second.wait().unwrap();
+        let first = first.wait().unwrap();
+        (first[0], second[299_999], third[0])
+    });
+    for (sum, max, root) in results {
+        assert_eq!(sum, 3.0);
+        assert_eq!(max, 3.0);
+        assert_eq!(root, 2);
+    }
+}
+
+#[test]
+fn pending_works_under_tokio_and_block_on() {
+    let (_store, comms) = local_group(2, |b| b);
+    let results = on_all(&comms, |c| {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let a = rt.block_on(async { c.all_reduce(vec![1u8; 5], ReduceOp::Sum).await.unwrap() });
+        let b = futures::executor::block_on(c.all_reduce(vec![2i32; 5], ReduceOp::Prod)).unwrap();
+        let mut p = c.barrier();
+        let mut polled = 0;
+        while p.wait_timeout(Duration::from_millis(1)).is_none() {
+            polled += 1;
+        }
+        let _ = polled;
+        (a, b)
+    });
+    for (a, b) in results {
+        assert_eq!(a, vec![2u8; 5]);
+        assert_eq!(b, vec![4i32; 5]);
+    }
+}
+
+#[test]
+fn accepts_vec_buffer_bytesmut_and_slices() {
+    let (_store, comms) = local_group(2, |b| b);
+    on_all(&comms, |c| {
+        let mut buf = c.alloc::<f64>(4);
+        buf.copy_from_slice(&[1.0, 2.0, 3.0, 4.0]);
+        let buf = c.all_reduce(buf, ReduceOp::Sum).wait().unwrap();
+        assert_eq!(&buf[..], &[2.0, 4.0, 6.0, 8.0]);
+        let bytes = bytes::BytesMut::from(&[7u8, 8, 9][..]);
+        let bytes = c.all_reduce(bytes, ReduceOp::Sum).wait().unwrap();
+        assert_eq!(&bytes[..], &[14, 16, 18]);
+        let mut slice = [1i64, 2, 3];
+        c.all_reduce_slice(&mut slice, ReduceOp::Max).unwrap();
+        assert_eq!(slice, [1, 2, 3]);
+        let mut out = [0i64; 6];
+        c.all_gather_slice(&slice, &mut out).unwrap();
+        assert_eq!(out, [1, 2, 3, 1, 2, 3]);
+        let boxed: Box<[u8]> = vec![c.rank() as u8; 2].into_boxed_slice();
+        let boxed = c.broadcast(boxed, 1).wait().unwrap();
+        assert_eq!(&boxed[..], &[1, 1]);
+    });
+}
+
+#[test]
+fn send_and_recv_pair_in_call_order() {
+    let (_store, comms) = local_group(3, |b| b.chunk_bytes(64));
+    on_all(&comms, |c| match c.rank() {
+        0 => {
+            let a = c.send((0..100u32).map(|x| x as i32).collect::<Vec<_>>(), 2);
+            let b = c.send(vec![5.5f32; 3], 2);
+            a.wait().unwrap();
+            b.wait().unwrap();
+            let back = c.recv(vec![0u8; 4], 2).wait().unwrap();
+            assert_eq!(back, vec![9u8; 4]);
+        }
+        2 => {
+            let a = c.recv(vec![0i32; 100], 0).wait().unwrap();
+            assert_eq!(a, (0..100).collect::<Vec<_>>());
+            let b = c.recv(vec![0f32; 3], 0).wait().unwrap();
+            assert_eq!(b, vec![5.5; 3]);
+            c.send(vec![9u8; 4], 0).wait().unwrap();
+        }
+        _ => {}
+    });
+}
+
+#[test]
+fn split_makes_independent_groups_that_run_concurrently() {
+    let (_store, comms) = local_group(5, |b| b);
+    let results = on_all(&comms, |c| {
+        // Even and odd ranks; rank 4 opts out. Key reverses the order.
+        let color = if c.rank() == 4 {
+            None
+        } else {
+            Some((c.rank() % 2) as u32)
+        };
+        let sub = c.split(color, -(c.rank() as i64)).unwrap();
+        let Some(sub) = sub else {
+            // The parent still works for everyone afterwards.
+            return (
+                None,
+                c.all_reduce(vec![1i32], ReduceOp::Sum).wait().unwrap()[0],
+            );
+        };
+        assert_eq!(sub.world_size(), 2);
+        // Both groups run many ops at once, sharing the same links.
+        let pending: Vec<_> = (0..20)
+            .map(|i| sub.all_reduce(vec![c.rank() as i32 + i; 10_000], ReduceOp::Sum))
+            .collect();
+        let sums: Vec<i32> = pending.into_iter().map(|p| p.wait().unwrap()[0]).collect();
+        let gathered = sub
+            .all_gather(vec![c.rank() as i32], vec![0; 2])
+            .wait()
+            .unwrap()
+            .1;
+        let parent = c.all_reduce(vec![1i32], ReduceOp::Sum).wait().unwrap()[0];
+        (Some((sub.rank(), sums, gathered)), parent)
+    });
+    for (rank, (sub, parent)) in results.into_iter().enumerate() {
+        assert_eq!(parent, 5);
+        if let Some((sub_rank, sums, gathered)) = sub {
+            let (a, b) = if rank % 2 == 0 { (0, 2) } else { (1, 3) };
+            // Key = -rank: the higher parent rank comes first.
+            assert_eq!(gathered, vec![b, a]);
+            assert_eq!(sub_rank, if rank == b as usize { 0 } else { 1 });
+            for (i, s) in sums.into_iter().enumerate() {
+                assert_eq!(s, a + b + 2 * i as i32);
+            }
+        }
+    }
+}
+
+#[test]
+fn dropped_pending_neither_leaks_nor_desyncs() {
+    let (_store, comms) = local_group(2, |b| b);
+    let results = on_all(&comms, |c| {
+        for i in 0..10 {
+            drop(c.all_reduce(vec![i as f32; 200_000], ReduceOp::Sum));
+        }
+        c.all_reduce(vec![1.0f32; 8], ReduceOp::Sum).wait().unwrap()
+    });
+    for r in results {
+        assert_eq!(r, vec![2.0; 8]);
+    }
+    assert_eq!(comms[0].stats().ops, 11);
+}
+
+#[test]
+fn bad_arguments_fail_at_once_with_the_op_named() {
+    let (_store, comms) = local_group(1, |b| b);
+    let c = &comms[0];
+    let e = c.all_gather(vec![1u8; 3], vec![0u8; 2]).wait().unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::InvalidArgument {
+                op: OpKind::AllGather,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    assert!(e.to_string().contains("must have input length 3"), "{e}");
+    let e = c.broadcast(vec![1u8], 3).wait().unwrap_err();
+    assert!(e.to_string().contains("root 3"), "{e}");
+    let e = c.send(vec![1u8], 0).wait().unwrap_err();
+    assert!(e.to_string().contains("another rank"), "{e}");
+    // A misuse does not fail the communicator.
+    assert_eq!(
+        c.all_reduce(vec![4u8], ReduceOp::Sum).wait().unwrap(),
+        vec![4]
+    );
+}
+
+#[test]
+fn a_missing_peer_times_out_naming_op_seq_and_rank() {
+    let (_store, comms) = local_group(2, |b| b);
+    let c = comms[0].with_timeout(Duration::from_millis(300));
+    let start = Instant::now();
+    // Rank 1 never calls: rank 0 must give up within its timeout.
+    let e = c
+        .all_reduce(vec![1.0f32; 4], ReduceOp::Sum)
+        .wait()
+        .unwrap_err();
+    assert!(start.elapsed() < Duration::from_secs(10));
+    let msg = e.to_string();
+    assert!(matches!(e, Error::Timeout { peer: 1, .. }), "{msg}");
+    assert!(
+        msg.contains("all_reduce #1") && msg.contains("rank 1"),
+        "{msg}"
+    );
+    // The communicator is now failed: further ops say so at once.
+    let e = c.barrier().wait().unwrap_err();
+    assert!(matches!(e, Error::Failed { .. }), "{e}");
+    assert!(c.failure().is_some());
+}
+
+#[test]
+fn mismatched_sizes_are_reported_naming_both_sides() {
+    let (_store, comms) = local_group(2, |b| b.timeout(Duration::from_secs(5)));
+    let errs = on_all(&comms, |c| {
+        let n = 1000 - c.rank(); // rank 0: 1000, rank 1: 999
+        c.all_reduce(vec![1.0f32; n], ReduceOp::Sum)
+            .wait()
+            .unwrap_err()
+            .to_string()
+    });
+    for e in &errs {
+        assert!(
+            e.contains("all_reduce #1") && e.contains("1000") && e.contains("999"),
+            "{e}"
+        );
+    }
+}
+
+#[test]
+fn a_lost_peer_fails_the_op_instead_of_hanging() {
+    let (_store, mut comms) = local_group(2, |b| b.timeout(Duration::from_secs(20)));
+    let c0 = comms.remove(0);
+    // Establish the link, then close rank 1 entirely.
+    on_all(&[c0.clone(), comms[0].clone()], |c| {
+        c.barrier().wait().unwrap()
+    });
+    drop(comms);
+    let start = Instant::now();
+    let e = c0
+        .all_reduce(vec![1u8; 10], ReduceOp::Sum)
+        .wait()
+        .unwrap_err();
+    eprintln!("lost peer noticed after {:?}: {e}", start.elapsed());
+    assert!(matches!(e, Error::PeerLost { peer: 1, .. }), "{e}");
+}
+
+#[test]
+fn world_of_one_needs_no_store() {
+    let c = Communicator::builder()
+        .rank(0)
+        .world_size(1)
+        .build()
+        .wait()
+        .unwrap();
+    assert_eq!(
+        c.all_reduce(vec![3u8], ReduceOp::Avg).wait().unwrap(),
+        vec![3]
+    );
+    c.barrier().wait().unwrap();
+    let s = c.stats();
+    assert_eq!(s.ops, 2);
+}

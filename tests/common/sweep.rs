@@ -1,0 +1,176 @@
+//! The collective sweep every world size runs: every collective, every
+//! dtype and reduce op, lengths 0, 1, p-1, 2p+1 and 1000, against an f64
+//! reference on random data shared by seed.
+
+use half::{bf16, f16};
+use ringwire::testing::{Rng, check_close, random_data, reference_reduce};
+use ringwire::{Communicator, Element, ReduceOp};
+
+fn lengths(world: usize) -> Vec<usize> {
+    vec![0, 1, world.saturating_sub(1), 2 * world + 1, 1000]
+}
+
+/// The inputs of every rank for one case, the same on every rank.
+pub(crate) fn inputs<T: Element>(
+    seed: u64,
+    case: u64,
+    world: usize,
+    len: usize,
+    op: ReduceOp,
+) -> Vec<Vec<T>> {
+    (0..world)
+        .map(|r| {
+            random_data(
+                &mut Rng::new(seed ^ case.wrapping_mul(1_000_003) ^ ((r as u64) << 40)),
+                len,
+                op,
+            )
+        })
+        .collect()
+}
+
+fn reducing_ops<T: Element>(comm: &Communicator, seed: u64, case: &mut u64) -> Result<(), String> {
+    let (rank, world) = (comm.rank(), comm.world_size());
+    for len in lengths(world) {
+        for op in ReduceOp::ALL {
+            *case += 1;
+            let ins = inputs::<T>(seed, *case, world, len, op);
+            let reference = reference_reduce(&ins, op);
+            let ctx = |what: &str, e: String| {
+                format!(
+                    "{what} {} p={world} n={len} {op} rank {rank}: {e}",
+                    T::DTYPE
+                )
+            };
+
+            let got = comm
+                .all_reduce(ins[rank].clone(), op)
+                .wait()
+                .map_err(|e| ctx("all_reduce", e.to_string()))?;
+            check_close(&got, &reference, world).map_err(|e| ctx("all_reduce", e))?;
+
+            let root = len % world;
+            let got = comm
+                .reduce(ins[rank].clone(), root, op)
+                .wait()
+                .map_err(|e| ctx("reduce", e.to_string()))?;
+            if rank == root {
+                check_close(&got, &reference, world).map_err(|e| ctx("reduce", e))?;
+            } else if got != ins[rank] {
+                return Err(ctx("reduce", "non-root buffer changed".into()));
+            }
+
+            let mine = comm.block_len(len, rank);
+            let start: usize = (0..rank).map(|r| comm.block_len(len, r)).sum();
+            let (back, got) = comm
+                .reduce_scatter(ins[rank].clone(), vec![T::default(); mine], op)
+                .wait()
+                .map_err(|e| ctx("reduce_scatter", e.to_string()))?;
+            check_close(&got, &reference[start..start + mine], world)
+                .map_err(|e| ctx("reduce_scatter", e))?;
+            if back != ins[rank] {
+                return Err(ctx("reduce_scatter", "input changed".into()));
+            }
+        }
+    }
+    Ok(())
+}
+
+fn moving_ops<T: Element>(comm: &Communicator, seed: u64, case: &mut u64) -> Result<(), String> {
+    let (rank, world) = (comm.rank(), comm.world_size());
+    for len in lengths(world) {
+        *case += 1;
+        let ins = inputs::<T>(seed, *case, world, len, ReduceOp::Sum);
+        let ctx = |what: &str, e: String| {
+            format!("{what} {} p={world} n={len} rank {rank}: {e}", T::DTYPE)
+        };
+
+        let root = (len + 1) % world;
+        let got = comm
+            .broadcast(ins[rank].clone(), root)
+            .wait()
+            .map_err(|e| ctx("broadcast", e.to_string()))?;
+        if got != ins[root] {
+            return Err(ctx("broadcast", "differs from root's buffer".into()));
+        }
+
+        let (_, got) = comm
+            .all_gather(ins[rank].clone(), vec![T::default(); len * world])
+            .wait()
+            .map_err(|e| ctx("all_gather", e.to_string()))?;
+        if got != ins.concat() {
+            return Err(ctx(
+                "all_gather",
+                "not the concatenation in rank order".into(),
+            ));
+        }
+
+        // Equal all-to-all: block j of rank i's input lands in block i of rank j's output.
+        let a2a: Vec<Vec<T>> = (0..world)
+            .map(|r| ins[r].iter().cycle().take(len * world).copied().collect())
+            .collect();
+        let (_, got) = comm
+            .all_to_all(a2a[rank].clone(), vec![T::default(); len * world])
+            .wait()
+            .map_err(|e| ctx("all_to_all", e.to_string()))?;
+        let expected: Vec<T> = (0..world)
+            .flat_map(|j| a2a[j][rank * len..(rank + 1) * len].to_vec())
+            .collect();
+        if got != expected {
+            return Err(ctx("all_to_all", "blocks misrouted".into()));
+        }
+
+        // Uneven all-to-all: rank i sends (i + j + len) % 4 elements to rank j.
+        let count = |i: usize, j: usize| (i + j + len) % 4;
+        let send_counts: Vec<usize> = (0..world).map(|j| count(rank, j)).collect();
+        let recv_counts: Vec<usize> = (0..world).map(|j| count(j, rank)).collect();
+        let payload = |i: usize| -> Vec<T> {
+            let total: usize = (0..world).map(|j| count(i, j)).sum();
+            random_data(
+                &mut Rng::new(seed ^ (*case << 8) ^ i as u64),
+                total,
+                ReduceOp::Sum,
+            )
+        };
+        let (_, got) = comm
+            .all_to_all_v(
+                payload(rank),
+                &send_counts,
+                vec![T::default(); recv_counts.iter().sum()],
+                &recv_counts,
+            )
+            .wait()
+            .map_err(|e| ctx("all_to_all_v", e.to_string()))?;
+        let expected: Vec<T> = (0..world)
+            .flat_map(|j| {
+                let from = payload(j);
+                let start: usize = (0..rank).map(|k| count(j, k)).sum();
+                from[start..start + count(j, rank)].to_vec()
+            })
+            .collect();
+        if got != expected {
+            return Err(ctx("all_to_all_v", "blocks misrouted".into()));
+        }
+    }
+    Ok(())
+}
+
+pub(crate) fn every_dtype(comm: &Communicator, seed: u64) -> Result<(), String> {
+    let mut case = 0;
+    reducing_ops::<f32>(comm, seed, &mut case)?;
+    reducing_ops::<f64>(comm, seed, &mut case)?;
+    reducing_ops::<f16>(comm, seed, &mut case)?;
+    reducing_ops::<bf16>(comm, seed, &mut case)?;
+    reducing_ops::<i32>(comm, seed, &mut case)?;
+    reducing_ops::<i64>(comm, seed, &mut case)?;
+    reducing_ops::<u8>(comm, seed, &mut case)?;
+    moving_ops::<f32>(comm, seed, &mut case)?;
+    moving_ops::<f64>(comm, seed, &mut case)?;
+    moving_ops::<f16>(comm, seed, &mut case)?;
+    moving_ops::<bf16>(comm, seed, &mut case)?;
+    moving_ops::<i32>(comm, seed, &mut case)?;
+    moving_ops::<i64>(comm, seed, &mut case)?;
+    moving_ops::<u8>(comm, seed, &mut case)?;
+    comm.barrier().wait().map_err(|e| e.to_string())?;
+    Ok(())
+}
