@@ -1,6 +1,4 @@
-//! ringwire: collective communication for distributed training.
-//!
-//! See the README for a tour and ARCHITECTURE.md for the map of modules.
+#![doc = include_str!("../README.md")]
 
 pub mod algo;
 pub mod dtype;
