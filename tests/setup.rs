@@ -1,0 +1,213 @@
+//! Setup paths: IPv6, interface choice, a store that is unreachable or goes
+//! away during rendezvous, world-size disagreement.
+
+mod common;
+
+use common::on_all;
+use ringwire::store::StoreServer;
+use ringwire::{Communicator, Error, ReduceOp};
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+fn group_at(
+    store: SocketAddr,
+    world: usize,
+    ifname: Option<&str>,
+) -> Vec<Result<Communicator, Error>> {
+    std::thread::scope(|s| {
+        let hs: Vec<_> = (0..world)
+            .map(|rank| {
+                let mut b = Communicator::builder()
+                    .rank(rank)
+                    .world_size(world)
+                    .store_addr(store)
+                    .host_store(false)
+                    .connect_timeout(Duration::from_secs(10));
+                if let Some(i) = ifname {
+                    b = b.socket_ifname(i);
+                }
+                s.spawn(move || b.build().wait())
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    })
+}
+
+#[test]
+fn ipv6_loopback_works_end_to_end() {
+    let Ok(store) = StoreServer::bind("[::1]:0".parse().unwrap()) else {
+        eprintln!("SKIP: ::1 is not available here");
+        return;
+    };
+    let comms: Vec<_> = group_at(store.local_addr(), 3, None)
+        .into_iter()
+        .map(Result::unwrap)
+        .collect();
+    let sums = on_all(&comms, |c| {
+        c.all_reduce(vec![c.rank() as i64 + 1; 100], ReduceOp::Sum)
+            .wait()
+            .unwrap()
+    });
+    assert!(sums.iter().all(|s| s == &vec![6i64; 100]));
+}
+
+#[test]
+fn interface_by_name_and_a_wrong_name_is_explained() {
+    let store = StoreServer::bind("127.0.0.1:0".parse().unwrap()).unwrap();
+    let comms: Vec<_> = group_at(store.local_addr(), 2, Some("lo"))
+        .into_iter()
+        .map(Result::unwrap)
+        .collect();
+    on_all(&comms, |c| c.barrier().wait().unwrap());
+    drop(comms);
+
+    let store = StoreServer::bind("127.0.0.1:0".parse().unwrap()).unwrap();
+    let err = Communicator::builder()
+        .rank(0)
+        .world_size(2)
+        .store_addr(store.local_addr())
+        .host_store(false)
+        .socket_ifname("nosuchif0")
+        .connect_timeout(Duration::from_secs(2))
+        .build()
+        .wait()
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("nosuchif0") && err.contains("lo"), "{err}");
+}
+
+#[test]
+fn unreachable_store_fails_after_the_connect_timeout_naming_the_address() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let start = Instant::now();
+    let err = Communicator::builder()
+        .rank(1)
+        .world_size(2)
+        .store("127.0.0.1", port)
+        .connect_timeout(Duration::from_millis(500))
+        .build()
+        .wait()
+        .unwrap_err();
+    let msg = err.to_string();
+    assert!(matches!(err, Error::Store(_)), "{msg}");
+    assert!(
+        msg.contains(&port.to_string()) && msg.contains("MASTER_ADDR"),
+        "{msg}"
+    );
+    assert!(start.elapsed() < Duration::from_secs(10));
+}
+
+#[test]
+fn store_gone_before_rendezvous_completes_is_a_clear_error() {
+    let store = StoreServer::bind("127.0.0.1:0".parse().unwrap()).unwrap();
+    let addr = store.local_addr();
+    // Ranks 0 and 1 of 3 join; rank 2 never does; then the store goes away.
+    let killer = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(500));
+        drop(store);
+    });
+    let results = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..2)
+            .map(|rank| {
+                s.spawn(move || {
+                    Communicator::builder()
+                        .rank(rank)
+                        .world_size(3)
+                        .store_addr(addr)
+                        .host_store(false)
+                        .connect_timeout(Duration::from_secs(30))
+                        .build()
+                        .wait()
+                })
+            })
+            .collect();
+        hs.into_iter()
+            .map(|h| h.join().unwrap())
+            .collect::<Vec<_>>()
+    });
+    killer.join().unwrap();
+    for r in results {
+        let msg = r.unwrap_err().to_string();
+        assert!(
+            msg.contains("closed the connection") || msg.contains("rank 0"),
+            "{msg}"
+        );
+    }
+}
+
+#[test]
+fn a_rank_that_never_joins_is_named() {
+    let store = StoreServer::bind("127.0.0.1:0".parse().unwrap()).unwrap();
+    let err = Communicator::builder()
+        .rank(0)
+        .world_size(2)
+        .store_addr(store.local_addr())
+        .host_store(false)
+        .connect_timeout(Duration::from_millis(400))
+        .build()
+        .wait()
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("rank 1 did not join"), "{err}");
+}
+
+#[test]
+fn world_size_disagreement_is_named() {
+    let store = StoreServer::bind("127.0.0.1:0".parse().unwrap()).unwrap();
+    let addr = store.local_addr();
+    let errs = std::thread::scope(|s| {
+        let a = s.spawn(move || {
+            Communicator::builder()
+                .rank(0)
+                .world_size(2)
+                .store_addr(addr)
+                .host_store(false)
+                .connect_timeout(Duration::from_secs(2))
+                .build()
+                .wait()
+        });
+        std::thread::sleep(Duration::from_millis(100));
+        let b = s.spawn(move || {
+            Communicator::builder()
+                .rank(1)
+                .world_size(3)
+                .store_addr(addr)
+                .host_store(false)
+                .connect_timeout(Duration::from_secs(2))
+                .build()
+                .wait()
+        });
+        (a.join().unwrap(), b.join().unwrap())
+    });
+    let msg = errs.1.unwrap_err().to_string();
+    assert!(
+        msg.contains("WORLD_SIZE=3") && msg.contains("WORLD_SIZE=2"),
+        "{msg}"
+    );
+    assert!(errs.0.is_err(), "rank 0 cannot complete without rank 1");
+}
+
+#[test]
+fn env_errors_reach_the_user_unchanged() {
+    // Builder-level checks that do not need the environment.
+    let e = Communicator::builder()
+        .rank(3)
+        .world_size(2)
+        .build()
+        .wait()
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("rank 3 is out of range for world size 2"), "{e}");
+    let e = Communicator::builder()
+        .rank(0)
+        .world_size(2)
+        .build()
+        .wait()
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("MASTER_ADDR"), "{e}");
+}
