@@ -512,9 +512,13 @@ impl Transport for TcpTransport {
     }
 
     fn recv(&self, comm_id: u64, peer: usize, deadline: Instant) -> Result<Incoming, LinkError> {
-        // Make sure the link exists (the lower rank dials on first use).
-        self.shared.link(peer, deadline)?;
         let inbox = self.shared.inbox(comm_id, peer);
+        // Make sure the link exists (the lower rank dials on first use). A
+        // peer that sent its last frame and exited has a closed link but
+        // still a frame for us: deliver queued frames before reporting.
+        if let Err(e) = self.shared.link(peer, deadline) {
+            return lock(&inbox.queue).pop_front().ok_or(e);
+        }
         let mut queue = lock(&inbox.queue);
         loop {
             if let Some(frame) = queue.pop_front() {

@@ -1,0 +1,279 @@
+//! Command-line arguments, parsed by hand (the flags follow nccl-tests).
+
+use crate::ops::BenchOp;
+use ringwire::{DType, ReduceOp};
+use std::time::Duration;
+
+/// Which transports a run measures.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum TransportChoice {
+    Portable,
+    Uring,
+    All,
+}
+
+#[derive(Clone, Debug)]
+pub(crate) struct Args {
+    pub(crate) op: BenchOp,
+    pub(crate) ranks: Option<usize>,
+    pub(crate) min_bytes: usize,
+    pub(crate) max_bytes: usize,
+    pub(crate) factor: usize,
+    pub(crate) iters: usize,
+    pub(crate) warmup: usize,
+    pub(crate) max_seconds: f64,
+    pub(crate) dtype: DType,
+    pub(crate) redop: ReduceOp,
+    pub(crate) root: usize,
+    pub(crate) check: bool,
+    pub(crate) transport: TransportChoice,
+    pub(crate) link_limit: bool,
+    pub(crate) json: Option<String>,
+    pub(crate) csv: Option<String>,
+    pub(crate) plot: Option<String>,
+    pub(crate) timeout: Duration,
+    /// Test hook: corrupt this rank's checked result so #wrong is non-zero.
+    pub(crate) inject_wrong: bool,
+}
+
+pub(crate) const USAGE: &str = "\
+usage: ringwire-bench <op> [options]
+
+ops: all_reduce broadcast reduce all_gather reduce_scatter all_to_all barrier sendrecv
+
+  --ranks N          start N local rank processes (else join via RANK, WORLD_SIZE,
+                     MASTER_ADDR, MASTER_PORT or the Open MPI / Slurm / PMI variables)
+  -b, --minbytes S   smallest size (default 8); suffixes K, M, G
+  -e, --maxbytes S   largest size (default 32M)
+  -f, --stepfactor F multiply the size by F each step (default 2)
+  -n, --iters N      timed iterations per size (default 20; fewer for large sizes,
+                     see --max-seconds)
+  -w, --warmup N     untimed iterations per size (default 5)
+      --max-seconds T  cap the timed iterations of one size near T seconds (default 1; 0 = no cap)
+  -d, --datatype T   f32 f64 f16 bf16 i32 i64 u8 (default f32)
+  -o, --op OP        sum prod min max avg (default sum)
+  -r, --root R       root of broadcast and reduce (default 0)
+  -c, --check 0|1    check results against a reference (default 1)
+      --transport T  portable, uring or all (default all: every available one, interleaved size by size)
+      --link-limit   measure the ring link limit first and show busbw as a percentage of it
+      --json FILE    write the rows as JSON
+      --csv FILE     write the rows as CSV
+      --plot FILE    write busbw against size as SVG
+      --timeout S    per-op timeout in seconds (default 120)
+";
+
+/// Parses `64`, `4K`, `16M`, `1G` (binary multiples).
+pub(crate) fn parse_size(text: &str) -> Result<usize, String> {
+    let t = text.trim();
+    let (digits, mult) = match t.chars().last() {
+        Some('K' | 'k') => (&t[..t.len() - 1], 1usize << 10),
+        Some('M' | 'm') => (&t[..t.len() - 1], 1 << 20),
+        Some('G' | 'g') => (&t[..t.len() - 1], 1 << 30),
+        _ => (t, 1),
+    };
+    digits
+        .parse::<usize>()
+        .ok()
+        .and_then(|n| n.checked_mul(mult))
+        .ok_or_else(|| format!("{text:?} is not a size (use e.g. 8, 64K, 16M, 1G)"))
+}
+
+pub(crate) fn parse(args: &[String]) -> Result<Args, String> {
+    let mut it = args.iter();
+    let op_name = it.next().ok_or("missing <op> (try --help)")?;
+    if op_name == "-h" || op_name == "--help" {
+        return Err(USAGE.to_string());
+    }
+    let op = BenchOp::parse(op_name).ok_or_else(|| format!("unknown op {op_name:?}\n\n{USAGE}"))?;
+    let mut a = Args {
+        op,
+        ranks: None,
+        min_bytes: 8,
+        max_bytes: 32 << 20,
+        factor: 2,
+        iters: 20,
+        warmup: 5,
+        max_seconds: 1.0,
+        dtype: DType::F32,
+        redop: ReduceOp::Sum,
+        root: 0,
+        check: true,
+        transport: TransportChoice::All,
+        link_limit: false,
+        json: None,
+        csv: None,
+        plot: None,
+        timeout: Duration::from_secs(120),
+        inject_wrong: false,
+    };
+    while let Some(flag) = it.next() {
+        let (flag, inline) = match flag.split_once('=') {
+            Some((f, v)) if f.starts_with("--") => (f, Some(v.to_string())),
+            _ => (flag.as_str(), None),
+        };
+        let mut value = || -> Result<String, String> {
+            inline
+                .clone()
+                .or_else(|| it.next().cloned())
+                .ok_or_else(|| format!("{flag} needs a value"))
+        };
+        let number = |v: String, what: &str| -> Result<usize, String> {
+            v.parse::<usize>()
+                .map_err(|_| format!("{what}: {v:?} is not a whole number"))
+        };
+        match flag {
+            "--ranks" => a.ranks = Some(number(value()?, "--ranks")?),
+            "-b" | "--minbytes" => a.min_bytes = parse_size(&value()?)?,
+            "-e" | "--maxbytes" => a.max_bytes = parse_size(&value()?)?,
+            "-f" | "--stepfactor" => a.factor = number(value()?, "-f")?,
+            "-n" | "--iters" => a.iters = number(value()?, "-n")?,
+            "-w" | "--warmup" => a.warmup = number(value()?, "-w")?,
+            "--max-seconds" => {
+                let v = value()?;
+                a.max_seconds = v
+                    .parse()
+                    .map_err(|_| format!("--max-seconds: {v:?} is not a number"))?;
+            }
+            "-d" | "--datatype" => {
+                let v = value()?;
+                a.dtype = DType::parse(&v).ok_or_else(|| {
+                    format!("-d: unknown type {v:?} (f32 f64 f16 bf16 i32 i64 u8)")
+                })?;
+            }
+            "-o" | "--op" => {
+                let v = value()?;
+                a.redop = ReduceOp::parse(&v)
+                    .ok_or_else(|| format!("-o: unknown reduce op {v:?} (sum prod min max avg)"))?;
+            }
+            "-r" | "--root" => a.root = number(value()?, "-r")?,
+            "-c" | "--check" => {
+                a.check = match value()?.as_str() {
+                    "0" => false,
+                    "1" => true,
+                    v => return Err(format!("-c: expected 0 or 1, got {v:?}")),
+                }
+            }
+            "--transport" => {
+                a.transport = match value()?.as_str() {
+                    "portable" | "tcp" => TransportChoice::Portable,
+                    "uring" => TransportChoice::Uring,
+                    "all" => TransportChoice::All,
+                    v => {
+                        return Err(format!(
+                            "--transport: expected portable, uring or all, got {v:?}"
+                        ));
+                    }
+                }
+            }
+            "--link-limit" => a.link_limit = true,
+            "--json" => a.json = Some(value()?),
+            "--csv" => a.csv = Some(value()?),
+            "--plot" => a.plot = Some(value()?),
+            "--timeout" => {
+                let v = value()?;
+                let secs: f64 = v
+                    .parse()
+                    .map_err(|_| format!("--timeout: {v:?} is not a number"))?;
+                a.timeout = Duration::from_secs_f64(secs.max(0.001));
+            }
+            "--inject-wrong" => a.inject_wrong = true,
+            "-h" | "--help" => return Err(USAGE.to_string()),
+            other => return Err(format!("unknown option {other:?} (try --help)")),
+        }
+    }
+    if a.factor < 2 {
+        return Err("-f must be at least 2".into());
+    }
+    if a.min_bytes > a.max_bytes {
+        return Err(format!(
+            "-b {} is larger than -e {}",
+            a.min_bytes, a.max_bytes
+        ));
+    }
+    if a.ranks == Some(0) {
+        return Err("--ranks must be at least 1".into());
+    }
+    Ok(a)
+}
+
+/// The sizes of the sweep: min, min*f, ... up to max (max itself included).
+pub(crate) fn sizes(a: &Args) -> Vec<usize> {
+    if a.op == BenchOp::Barrier {
+        return vec![0];
+    }
+    let mut out = Vec::new();
+    let mut s = a.min_bytes;
+    while s < a.max_bytes {
+        out.push(s);
+        s = s.saturating_mul(a.factor);
+    }
+    out.push(a.max_bytes);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(v: &[&str]) -> Result<Args, String> {
+        parse(&v.iter().map(|s| s.to_string()).collect::<Vec<_>>())
+    }
+
+    #[test]
+    fn sizes_parse_with_suffixes() {
+        assert_eq!(parse_size("8").unwrap(), 8);
+        assert_eq!(parse_size("64K").unwrap(), 65536);
+        assert_eq!(parse_size("256M").unwrap(), 256 << 20);
+        assert_eq!(parse_size("1g").unwrap(), 1 << 30);
+        assert!(parse_size("12Q").is_err());
+        assert!(parse_size("").is_err());
+        assert!(parse_size("99999999999999999999G").is_err());
+    }
+
+    #[test]
+    fn flags_parse_like_nccl_tests() {
+        let a = args(&[
+            "all_reduce",
+            "-b",
+            "8",
+            "-e",
+            "1M",
+            "-f",
+            "4",
+            "-d",
+            "bf16",
+            "-o",
+            "max",
+            "-c",
+            "0",
+            "--ranks=3",
+        ])
+        .unwrap();
+        assert_eq!(a.op, BenchOp::AllReduce);
+        assert_eq!((a.min_bytes, a.max_bytes, a.factor), (8, 1 << 20, 4));
+        assert_eq!(
+            (a.dtype, a.redop, a.check, a.ranks),
+            (DType::BF16, ReduceOp::Max, false, Some(3))
+        );
+        assert_eq!(
+            sizes(&a),
+            vec![8, 32, 128, 512, 2048, 8192, 32768, 131072, 524288, 1 << 20]
+        );
+        assert!(args(&["all_reduce", "-f", "1"]).is_err());
+        assert!(args(&["nope"]).unwrap_err().contains("unknown op"));
+        assert!(
+            args(&["all_reduce", "--bogus"])
+                .unwrap_err()
+                .contains("--bogus")
+        );
+        assert!(args(&["all_reduce", "-c", "2"]).is_err());
+    }
+
+    #[test]
+    fn the_sweep_ends_at_max_even_off_the_grid() {
+        let a = args(&["broadcast", "-b", "3", "-e", "20"]).unwrap();
+        assert_eq!(sizes(&a), vec![3, 6, 12, 20]);
+        let a = args(&["barrier"]).unwrap();
+        assert_eq!(sizes(&a), vec![0]);
+    }
+}

@@ -1,0 +1,462 @@
+//! ringwire-bench: latency and bandwidth of ringwire's collectives, printed
+//! like nccl-tests (size, count, type, redop, root, time, algbw, busbw,
+//! #wrong) plus latency percentiles, CPU seconds per GB and the share of the
+//! ring link limit.
+//!
+//! `--ranks N` starts N local rank processes (this binary again) and hosts
+//! their rendezvous store; without it the process is one rank of a job
+//! described by the launch environment (torchrun, mpirun, srun, by hand).
+
+#![forbid(unsafe_code)]
+
+mod args;
+mod linklimit;
+mod ops;
+mod plot;
+mod report;
+
+use args::{Args, TransportChoice};
+use hdrhistogram::Histogram;
+use ops::{BenchOp, Runner};
+use report::Row;
+use ringwire::{Communicator, DType, Element, ReduceOp, TransportKind};
+use std::io::IsTerminal;
+use std::process::{Child, Command, ExitCode};
+use std::time::{Duration, Instant};
+
+const CHILD_VAR: &str = "RINGWIRE_BENCH_CHILD";
+
+fn main() -> ExitCode {
+    let argv: Vec<String> = std::env::args().skip(1).collect();
+    let args = match args::parse(&argv) {
+        Ok(a) => a,
+        Err(msg) if msg == args::USAGE => {
+            print!("{msg}");
+            return ExitCode::SUCCESS;
+        }
+        Err(msg) => {
+            eprintln!("ringwire-bench: {msg}");
+            return ExitCode::from(2);
+        }
+    };
+    if let (Some(n), Err(_)) = (args.ranks, std::env::var(CHILD_VAR)) {
+        return launch(n, &argv);
+    }
+    match run_rank(&args) {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::FAILURE,
+        Err(e) => {
+            let rank = std::env::var("RINGWIRE_RANK")
+                .or_else(|_| std::env::var("RANK"))
+                .unwrap_or_else(|_| "?".into());
+            eprintln!("ringwire-bench: rank {rank}: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Starts `n` ranks of this binary on this host, hosts their store, and
+/// waits; a failing rank stops the others after a grace period.
+fn launch(n: usize, argv: &[String]) -> ExitCode {
+    let store = match ringwire::store::StoreServer::bind("127.0.0.1:0".parse().expect("literal")) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("ringwire-bench: cannot start the rendezvous store: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let exe = match std::env::current_exe() {
+        Ok(e) => e,
+        Err(e) => {
+            eprintln!("ringwire-bench: cannot find this executable: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let port = store.local_addr().port().to_string();
+    let mut children: Vec<Option<Child>> = Vec::new();
+    for rank in 0..n {
+        let spawned = Command::new(&exe)
+            .args(argv)
+            .env(CHILD_VAR, "1")
+            .env("RINGWIRE_RANK", rank.to_string())
+            .env("RINGWIRE_WORLD_SIZE", n.to_string())
+            .env("RINGWIRE_LOCAL_RANK", rank.to_string())
+            .env("RINGWIRE_LOCAL_WORLD_SIZE", n.to_string())
+            .env("RINGWIRE_MASTER_ADDR", "127.0.0.1")
+            .env("RINGWIRE_MASTER_PORT", &port)
+            .env("RINGWIRE_HOST_STORE", "0")
+            .spawn();
+        match spawned {
+            Ok(c) => children.push(Some(c)),
+            Err(e) => {
+                eprintln!("ringwire-bench: cannot start rank {rank}: {e}");
+                children.push(None);
+            }
+        }
+    }
+    let mut failed = children.iter().any(Option::is_none);
+    let mut running = children.iter().filter(|c| c.is_some()).count();
+    let mut first_failure: Option<Instant> = None;
+    while running > 0 {
+        for (rank, slot) in children.iter_mut().enumerate() {
+            let Some(child) = slot else { continue };
+            match child.try_wait() {
+                Ok(Some(status)) => {
+                    if !status.success() {
+                        eprintln!("ringwire-bench: rank {rank} exited with {status}");
+                        failed = true;
+                        first_failure.get_or_insert_with(Instant::now);
+                    }
+                    *slot = None;
+                    running -= 1;
+                }
+                Ok(None) => {}
+                Err(e) => {
+                    eprintln!("ringwire-bench: waiting for rank {rank}: {e}");
+                    failed = true;
+                    *slot = None;
+                    running -= 1;
+                }
+            }
+        }
+        if first_failure.is_some_and(|t| t.elapsed() > Duration::from_secs(10)) {
+            for (rank, slot) in children.iter_mut().enumerate() {
+                if let Some(child) = slot {
+                    eprintln!("ringwire-bench: stopping rank {rank} (another rank failed)");
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    *slot = None;
+                    running -= 1;
+                }
+            }
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    if failed {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    }
+}
+
+fn machine_line() -> String {
+    let read = |p: &str| {
+        std::fs::read_to_string(p)
+            .map(|s| s.trim().to_string())
+            .unwrap_or_else(|_| "?".into())
+    };
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("model name"))
+                .map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string())
+        })
+        .unwrap_or_else(|| "?".into());
+    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    format!(
+        "{}, {cores} cores ({cpu}), Linux {}",
+        read("/proc/sys/kernel/hostname"),
+        read("/proc/sys/kernel/osrelease")
+    )
+}
+
+/// CPU seconds (user + sys) of this process so far, and its peak RSS in KiB.
+fn cpu_and_rss() -> (f64, u64) {
+    use nix::sys::resource::{UsageWho, getrusage};
+    match getrusage(UsageWho::RUSAGE_SELF) {
+        Ok(u) => {
+            let t = |tv: nix::sys::time::TimeVal| tv.tv_sec() as f64 + tv.tv_usec() as f64 * 1e-6;
+            (t(u.user_time()) + t(u.system_time()), u.max_rss() as u64)
+        }
+        Err(_) => (0.0, 0),
+    }
+}
+
+/// One rank's measurement of one (size, transport).
+struct Measured {
+    times: Vec<f64>,
+    cpu: f64,
+    wrong: usize,
+    shape: ops::Shape,
+}
+
+fn measure<T: Element>(
+    comm: &Communicator,
+    ctrl: &Communicator,
+    a: &Args,
+    size: usize,
+) -> Result<Measured, String> {
+    let e = |e: ringwire::Error| e.to_string();
+    let shape = a.op.shape(size, size_of::<T>(), comm.world_size());
+    let mut runner = Runner::<T>::new(a.op, a.redop, a.root, shape);
+    let wrong = if a.check {
+        runner.check(comm, a.inject_wrong).map_err(e)?
+    } else {
+        0
+    };
+    let warm_start = Instant::now();
+    for _ in 0..a.warmup {
+        runner.iterate(comm).map_err(e)?;
+    }
+    // Every rank must run the same number of iterations: agree on the
+    // slowest rank's warm-up estimate.
+    let per_iter = warm_start.elapsed().as_secs_f64() / a.warmup.max(1) as f64;
+    let per_iter = ctrl
+        .all_reduce(vec![per_iter], ReduceOp::Max)
+        .wait()
+        .map_err(e)?[0];
+    let iters = if a.max_seconds > 0.0 && a.warmup > 0 && per_iter > 0.0 {
+        ((a.max_seconds / per_iter) as usize).clamp(1, a.iters.max(1))
+    } else {
+        a.iters.max(1)
+    };
+    comm.barrier().wait().map_err(e)?;
+    let (cpu0, _) = cpu_and_rss();
+    let mut times = Vec::with_capacity(iters);
+    for _ in 0..iters {
+        let t = Instant::now();
+        runner.iterate(comm).map_err(e)?;
+        times.push(t.elapsed().as_secs_f64());
+    }
+    let (cpu1, _) = cpu_and_rss();
+    Ok(Measured {
+        times,
+        cpu: cpu1 - cpu0,
+        wrong,
+        shape,
+    })
+}
+
+macro_rules! with_dtype {
+    ($dtype:expr, $t:ident => $body:expr) => {
+        match $dtype {
+            DType::F32 => {
+                type $t = f32;
+                $body
+            }
+            DType::F64 => {
+                type $t = f64;
+                $body
+            }
+            DType::F16 => {
+                type $t = half::f16;
+                $body
+            }
+            DType::BF16 => {
+                type $t = half::bf16;
+                $body
+            }
+            DType::I32 => {
+                type $t = i32;
+                $body
+            }
+            DType::I64 => {
+                type $t = i64;
+                $body
+            }
+            DType::U8 => {
+                type $t = u8;
+                $body
+            }
+        }
+    };
+}
+
+/// Runs this rank's part of the sweep. `Ok(false)` when results were wrong.
+fn run_rank(a: &Args) -> Result<bool, String> {
+    let transports: Vec<(&str, TransportKind)> = match a.transport {
+        TransportChoice::Portable | TransportChoice::All => {
+            vec![("portable", TransportKind::Portable)]
+        }
+        TransportChoice::Uring => {
+            return Err(
+                "--transport uring: the io_uring engine is not built yet; use --transport portable"
+                    .into(),
+            );
+        }
+    };
+    let mut comms: Vec<(&str, Communicator)> = Vec::new();
+    for (i, (name, kind)) in transports.iter().enumerate() {
+        let mut b = ringwire::Builder::from_env()
+            .map_err(|e| e.to_string())?
+            .timeout(a.timeout)
+            .transport(*kind)
+            .job(format!("bench-{name}"));
+        if i > 0 {
+            b = b.host_store(false); // the first communicator's rank 0 hosts it
+        }
+        comms.push((name, b.build().wait().map_err(|e| e.to_string())?));
+    }
+    let ctrl = comms[0].1.clone();
+    let (rank, world) = (ctrl.rank(), ctrl.world_size());
+    if a.op == BenchOp::SendRecv && world < 2 {
+        return Err("sendrecv needs at least 2 ranks".into());
+    }
+    if a.op.rooted() && a.root >= world {
+        return Err(format!(
+            "--root {} is not a rank (world size {world})",
+            a.root
+        ));
+    }
+    let lead = rank == 0;
+    let progress = lead && std::io::stderr().is_terminal();
+    if lead {
+        println!(
+            "# ringwire-bench {}: {world} ranks, dtype {}, redop {}, transports: {}",
+            a.op.name(),
+            a.dtype,
+            a.redop,
+            transports
+                .iter()
+                .map(|t| t.0)
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+        if a.transport == TransportChoice::All {
+            println!("# (uring: not built yet; comparing the available transports only)");
+        }
+        println!("# machine: {}", machine_line());
+        println!(
+            "# iterations: up to {} timed after {} warm-up (capped near {} s per size), check {}",
+            a.iters,
+            a.warmup,
+            a.max_seconds,
+            if a.check { "on" } else { "off" }
+        );
+    }
+    let link_limit = if a.link_limit {
+        let bytes = 256 << 20;
+        let l = linklimit::measure(&ctrl, bytes)?;
+        if lead {
+            match l {
+                Some(gbps) => println!(
+                    "# ring link limit: {gbps:.3} GB/s (every rank streams {} MiB to its successor at once over plain TCP)",
+                    bytes >> 20
+                ),
+                None => println!("# ring link limit: n/a for one rank"),
+            }
+        }
+        l
+    } else {
+        None
+    };
+    if lead {
+        println!("{}", report::header());
+    }
+    let mut rows = Vec::new();
+    let mut total_wrong = 0u64;
+    let elem = a.dtype.size();
+    for size in args::sizes(a) {
+        if a.op != BenchOp::Barrier && a.op.shape(size, elem, world).bytes == 0 {
+            continue;
+        }
+        for (name, comm) in &comms {
+            if progress {
+                eprint!("\r[{name}] {} {size} B ...        ", a.op.name());
+            }
+            let m = with_dtype!(a.dtype, T => measure::<T>(comm, &ctrl, a, size))?;
+            let e = |e: ringwire::Error| e.to_string();
+            let iters = m.times.len();
+            let all = ctrl
+                .all_gather(m.times, vec![0f64; iters * world])
+                .wait()
+                .map_err(e)?
+                .1;
+            let cpu = ctrl
+                .all_reduce(vec![m.cpu], ReduceOp::Sum)
+                .wait()
+                .map_err(e)?[0];
+            let wrong = ctrl
+                .all_reduce(vec![m.wrong as i64], ReduceOp::Sum)
+                .wait()
+                .map_err(e)?[0] as u64;
+            total_wrong += wrong;
+            if !lead {
+                continue;
+            }
+            // An iteration ends when its slowest rank does; ping-pong
+            // reports one-way latency (half the round trip).
+            let scale = if a.op == BenchOp::SendRecv { 0.5 } else { 1.0 };
+            let per_iter: Vec<f64> = (0..iters)
+                .map(|i| (0..world).map(|r| all[r * iters + i]).fold(0.0, f64::max) * scale)
+                .collect();
+            let mean = per_iter.iter().sum::<f64>() / iters as f64;
+            let mut hist = Histogram::<u64>::new_with_bounds(1, 3_600_000_000_000, 3)
+                .map_err(|e| e.to_string())?;
+            for t in &per_iter {
+                hist.saturating_record((t * 1e9).max(1.0) as u64);
+            }
+            let us = |ns: u64| ns as f64 / 1e3;
+            let bytes = m.shape.bytes;
+            let algbw = report::algbw(bytes, mean);
+            let busbw = algbw * a.op.bus_factor(world);
+            let moved_gb = bytes as f64 * iters as f64 / 1e9;
+            let row = Row {
+                transport: name.to_string(),
+                size_bytes: bytes,
+                count: bytes / elem,
+                dtype: a.dtype.name().into(),
+                redop: if a.op.reduces() {
+                    a.redop.name().into()
+                } else {
+                    "none".into()
+                },
+                root: a.op.rooted().then_some(a.root),
+                iters,
+                time_us: mean * 1e6,
+                algbw_gbps: algbw,
+                busbw_gbps: busbw,
+                wrong,
+                p50_us: us(hist.value_at_quantile(0.5)),
+                p99_us: us(hist.value_at_quantile(0.99)),
+                max_us: us(hist.max()),
+                cpu_s_per_gb: (moved_gb > 0.0).then(|| cpu / moved_gb),
+                link_pct: link_limit
+                    .filter(|l| *l > 0.0 && bytes > 0)
+                    .map(|l| busbw / l * 100.0),
+                max_rss_kib: cpu_and_rss().1,
+            };
+            if progress {
+                eprint!("\r{:60}\r", "");
+            }
+            println!("{}", report::format_row(&row));
+            rows.push(row);
+        }
+    }
+    if lead {
+        for (t, avg) in report::averages(&rows) {
+            println!("# avg bus bandwidth: {avg:.3} GB/s ({t})");
+        }
+        if let Some(r) = report::ratios(&rows) {
+            println!("{r}");
+        }
+        println!(
+            "# wrong elements: {total_wrong}{}",
+            if total_wrong == 0 {
+                " (OK)"
+            } else {
+                " (FAILED)"
+            }
+        );
+        let title = format!("ringwire {} {}, {world} ranks", a.op.name(), a.dtype);
+        if let Some(path) = &a.json {
+            let doc = serde_json::json!({
+                "op": a.op.name(), "ranks": world, "dtype": a.dtype.name(), "redop": a.redop.name(),
+                "machine": machine_line(), "link_limit_gbps": link_limit, "rows": rows,
+            });
+            std::fs::write(
+                path,
+                serde_json::to_string_pretty(&doc).map_err(|e| e.to_string())?,
+            )
+            .map_err(|e| format!("writing {path}: {e}"))?;
+        }
+        if let Some(path) = &a.csv {
+            std::fs::write(path, report::csv(&rows)).map_err(|e| format!("writing {path}: {e}"))?;
+        }
+        if let Some(path) = &a.plot {
+            plot::write_svg(path, &title, &rows)?;
+        }
+    }
+    Ok(total_wrong == 0)
+}

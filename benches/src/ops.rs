@@ -1,0 +1,335 @@
+//! What each benchmarked op moves, its bus-bandwidth factor (nccl-tests'
+//! formulas), one timed iteration, and the result check.
+//!
+//! Check data is a deterministic function of (rank, index), so every rank
+//! can compute the expected result for its own elements without holding
+//! the other ranks' inputs (at 256 MiB per rank that matters).
+
+use ringwire::testing::{count_wrong, reference_reduce};
+use ringwire::{Communicator, DType, Element, ReduceOp};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum BenchOp {
+    AllReduce,
+    Broadcast,
+    Reduce,
+    AllGather,
+    ReduceScatter,
+    AllToAll,
+    Barrier,
+    SendRecv,
+}
+
+/// Buffer lengths (elements) for one size, and the bytes the size row
+/// reports (nccl-tests' S: the larger of the op's buffers).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Shape {
+    pub(crate) input: usize,
+    pub(crate) output: usize,
+    pub(crate) bytes: usize,
+}
+
+impl BenchOp {
+    pub(crate) const ALL: [BenchOp; 8] = [
+        BenchOp::AllReduce,
+        BenchOp::Broadcast,
+        BenchOp::Reduce,
+        BenchOp::AllGather,
+        BenchOp::ReduceScatter,
+        BenchOp::AllToAll,
+        BenchOp::Barrier,
+        BenchOp::SendRecv,
+    ];
+
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            BenchOp::AllReduce => "all_reduce",
+            BenchOp::Broadcast => "broadcast",
+            BenchOp::Reduce => "reduce",
+            BenchOp::AllGather => "all_gather",
+            BenchOp::ReduceScatter => "reduce_scatter",
+            BenchOp::AllToAll => "all_to_all",
+            BenchOp::Barrier => "barrier",
+            BenchOp::SendRecv => "sendrecv",
+        }
+    }
+
+    pub(crate) fn parse(name: &str) -> Option<BenchOp> {
+        BenchOp::ALL
+            .into_iter()
+            .find(|op| op.name() == name.replace('-', "_"))
+    }
+
+    pub(crate) fn reduces(self) -> bool {
+        matches!(
+            self,
+            BenchOp::AllReduce | BenchOp::Reduce | BenchOp::ReduceScatter
+        )
+    }
+
+    pub(crate) fn rooted(self) -> bool {
+        matches!(self, BenchOp::Broadcast | BenchOp::Reduce)
+    }
+
+    /// busbw = algbw * factor (nccl-tests, doc/PERFORMANCE.md): the bandwidth
+    /// each link needs, comparable with the hardware's.
+    pub(crate) fn bus_factor(self, ranks: usize) -> f64 {
+        let n = ranks as f64;
+        match self {
+            BenchOp::AllReduce => 2.0 * (n - 1.0) / n,
+            BenchOp::AllGather | BenchOp::ReduceScatter | BenchOp::AllToAll => (n - 1.0) / n,
+            BenchOp::Broadcast | BenchOp::Reduce | BenchOp::SendRecv | BenchOp::Barrier => 1.0,
+        }
+    }
+
+    /// Buffer lengths for a nominal `size` in bytes, rounded down so that
+    /// blocks divide evenly where the op needs it.
+    pub(crate) fn shape(self, size: usize, elem: usize, ranks: usize) -> Shape {
+        let count = size / elem;
+        match self {
+            BenchOp::AllReduce | BenchOp::Broadcast | BenchOp::Reduce | BenchOp::SendRecv => {
+                Shape {
+                    input: count,
+                    output: 0,
+                    bytes: count * elem,
+                }
+            }
+            BenchOp::AllGather => {
+                let per = count / ranks;
+                Shape {
+                    input: per,
+                    output: per * ranks,
+                    bytes: per * ranks * elem,
+                }
+            }
+            BenchOp::ReduceScatter => {
+                let total = count / ranks * ranks;
+                Shape {
+                    input: total,
+                    output: total / ranks,
+                    bytes: total * elem,
+                }
+            }
+            BenchOp::AllToAll => {
+                let total = count / ranks * ranks;
+                Shape {
+                    input: total,
+                    output: total,
+                    bytes: total * elem,
+                }
+            }
+            BenchOp::Barrier => Shape {
+                input: 0,
+                output: 0,
+                bytes: 0,
+            },
+        }
+    }
+}
+
+/// The check value of element `i` of rank `rank`'s input, in the ranges that
+/// keep the f64 reference exact enough (see ringwire::testing).
+pub(crate) fn value(dtype: DType, op: ReduceOp, rank: usize, i: usize) -> f64 {
+    let mut z = ((rank as u64) << 40 ^ i as u64).wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^= z >> 31;
+    let unit = (z >> 11) as f64 / (1u64 << 53) as f64;
+    match (dtype, op) {
+        (DType::U8, _) => (z % 4) as f64,
+        (DType::I32 | DType::I64, ReduceOp::Prod) => (z % 7) as f64 - 3.0,
+        (DType::I32 | DType::I64, _) => (z % 2001) as f64 - 1000.0,
+        (_, ReduceOp::Prod) => 0.5 + unit,
+        _ => unit * 2.0 - 1.0,
+    }
+}
+
+fn fill<T: Element>(op: ReduceOp, rank: usize, offset: usize, out: &mut [T]) {
+    for (i, v) in out.iter_mut().enumerate() {
+        *v = T::from_f64(value(T::DTYPE, op, rank, offset + i));
+    }
+}
+
+/// Counts elements of `got` (rank-order elements `offset..`) that differ from
+/// the reduction over all ranks, computed in slices to bound memory.
+fn wrong_reduced<T: Element>(got: &[T], offset: usize, ranks: usize, op: ReduceOp) -> usize {
+    const SLICE: usize = 1 << 16;
+    let mut wrong = 0;
+    for (k, part) in got.chunks(SLICE).enumerate() {
+        let start = offset + k * SLICE;
+        let inputs: Vec<Vec<T>> = (0..ranks)
+            .map(|r| {
+                let mut v = vec![T::default(); part.len()];
+                fill(op, r, start, &mut v);
+                v
+            })
+            .collect();
+        wrong += count_wrong(part, &reference_reduce(&inputs, op), ranks);
+    }
+    wrong
+}
+
+/// Counts elements of `got` that differ from rank `rank`'s input at `offset..`.
+fn wrong_copied<T: Element>(got: &[T], rank: usize, offset: usize, op: ReduceOp) -> usize {
+    got.iter()
+        .enumerate()
+        .filter(|(i, g)| **g != T::from_f64(value(T::DTYPE, op, rank, offset + i)))
+        .count()
+}
+
+/// One op's buffers, reused across iterations.
+pub(crate) struct Runner<T: Element> {
+    op: BenchOp,
+    redop: ReduceOp,
+    root: usize,
+    input: Vec<T>,
+    output: Vec<T>,
+}
+
+impl<T: Element> Runner<T> {
+    pub(crate) fn new(op: BenchOp, redop: ReduceOp, root: usize, shape: Shape) -> Runner<T> {
+        Runner {
+            op,
+            redop,
+            root,
+            input: vec![T::default(); shape.input],
+            output: vec![T::default(); shape.output],
+        }
+    }
+
+    /// Runs the op once and waits for it.
+    pub(crate) fn iterate(&mut self, comm: &Communicator) -> Result<(), ringwire::Error> {
+        let input = std::mem::take(&mut self.input);
+        let output = std::mem::take(&mut self.output);
+        let (rank, redop, root) = (comm.rank(), self.redop, self.root);
+        let (input, output) = match self.op {
+            BenchOp::AllReduce => (comm.all_reduce(input, redop).wait()?, output),
+            BenchOp::Broadcast => (comm.broadcast(input, root).wait()?, output),
+            BenchOp::Reduce => (comm.reduce(input, root, redop).wait()?, output),
+            BenchOp::AllGather => comm.all_gather(input, output).wait()?,
+            BenchOp::ReduceScatter => comm.reduce_scatter(input, output, redop).wait()?,
+            BenchOp::AllToAll => comm.all_to_all(input, output).wait()?,
+            BenchOp::Barrier => {
+                comm.barrier().wait()?;
+                (input, output)
+            }
+            BenchOp::SendRecv => match rank {
+                0 => {
+                    let input = comm.send(input, 1).wait()?;
+                    (comm.recv(input, 1).wait()?, output)
+                }
+                1 => {
+                    let input = comm.recv(input, 0).wait()?;
+                    (comm.send(input, 0).wait()?, output)
+                }
+                _ => (input, output),
+            },
+        };
+        self.input = input;
+        self.output = output;
+        Ok(())
+    }
+
+    /// Fills the inputs with check data, runs the op once, and counts wrong
+    /// elements in this rank's result. `corrupt` flips one result element
+    /// first (a test hook proving the check can fail).
+    pub(crate) fn check(
+        &mut self,
+        comm: &Communicator,
+        corrupt: bool,
+    ) -> Result<usize, ringwire::Error> {
+        let (rank, ranks, redop, root) = (comm.rank(), comm.world_size(), self.redop, self.root);
+        // All-to-all: block j of rank r's input goes to rank j; all-gather:
+        // each rank contributes its whole input.
+        let block = self.input.len() / ranks.max(1);
+        let input_len = self.input.len();
+        fill(redop, rank, 0, &mut self.input);
+        self.iterate(comm)?;
+        let result: &mut [T] = match self.op {
+            BenchOp::AllGather | BenchOp::ReduceScatter | BenchOp::AllToAll => &mut self.output,
+            _ => &mut self.input,
+        };
+        if corrupt {
+            if let Some(first) = result.first_mut() {
+                *first = T::from_f64(first.to_f64() + 1.0);
+            }
+        }
+        let result: &[T] = result;
+        Ok(match self.op {
+            BenchOp::AllReduce => wrong_reduced(result, 0, ranks, redop),
+            BenchOp::Reduce if rank == root => wrong_reduced(result, 0, ranks, redop),
+            BenchOp::Reduce => wrong_copied(result, rank, 0, redop),
+            BenchOp::Broadcast => wrong_copied(result, root, 0, redop),
+            BenchOp::ReduceScatter => wrong_reduced(result, rank * result.len(), ranks, redop),
+            BenchOp::AllGather => (0..ranks)
+                .map(|r| wrong_copied(&result[r * input_len..(r + 1) * input_len], r, 0, redop))
+                .sum(),
+            BenchOp::AllToAll => (0..ranks)
+                .map(|j| wrong_copied(&result[j * block..(j + 1) * block], j, rank * block, redop))
+                .sum(),
+            BenchOp::SendRecv => match rank {
+                // Rank 1 got rank 0's data and sent it back.
+                0 | 1 => wrong_copied(result, 0, 0, redop),
+                _ => 0,
+            },
+            BenchOp::Barrier => 0,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bus_factors_follow_nccl_tests() {
+        assert_eq!(BenchOp::AllReduce.bus_factor(4), 1.5);
+        assert_eq!(BenchOp::AllReduce.bus_factor(2), 1.0);
+        assert_eq!(BenchOp::AllGather.bus_factor(4), 0.75);
+        assert_eq!(BenchOp::ReduceScatter.bus_factor(8), 0.875);
+        assert_eq!(BenchOp::AllToAll.bus_factor(2), 0.5);
+        assert_eq!(BenchOp::Broadcast.bus_factor(8), 1.0);
+        assert_eq!(BenchOp::Reduce.bus_factor(3), 1.0);
+        assert_eq!(BenchOp::AllReduce.bus_factor(1), 0.0);
+    }
+
+    #[test]
+    fn shapes_round_to_whole_blocks() {
+        let s = BenchOp::AllGather.shape(1000, 4, 3);
+        assert_eq!(
+            s,
+            Shape {
+                input: 83,
+                output: 249,
+                bytes: 996
+            }
+        );
+        let s = BenchOp::ReduceScatter.shape(1000, 4, 3);
+        assert_eq!(
+            s,
+            Shape {
+                input: 249,
+                output: 83,
+                bytes: 996
+            }
+        );
+        let s = BenchOp::AllReduce.shape(1000, 8, 3);
+        assert_eq!(
+            s,
+            Shape {
+                input: 125,
+                output: 0,
+                bytes: 1000
+            }
+        );
+        assert_eq!(BenchOp::AllToAll.shape(8, 4, 4).bytes, 0);
+    }
+
+    #[test]
+    fn names_round_trip() {
+        for op in BenchOp::ALL {
+            assert_eq!(BenchOp::parse(op.name()), Some(op));
+        }
+        assert_eq!(BenchOp::parse("all-reduce"), Some(BenchOp::AllReduce));
+    }
+}

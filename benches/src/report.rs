@@ -1,0 +1,257 @@
+//! Rows of results and how they are printed: an nccl-tests-style table with
+//! latency percentiles, CPU cost and the share of the link limit, plus JSON,
+//! CSV and the closing averages.
+
+use serde::Serialize;
+use std::fmt::Write as _;
+
+/// One measured (size, transport) point.
+#[derive(Clone, Debug, Serialize)]
+pub(crate) struct Row {
+    pub(crate) transport: String,
+    pub(crate) size_bytes: usize,
+    pub(crate) count: usize,
+    pub(crate) dtype: String,
+    pub(crate) redop: String,
+    pub(crate) root: Option<usize>,
+    pub(crate) iters: usize,
+    pub(crate) time_us: f64,
+    pub(crate) algbw_gbps: f64,
+    pub(crate) busbw_gbps: f64,
+    pub(crate) wrong: u64,
+    pub(crate) p50_us: f64,
+    pub(crate) p99_us: f64,
+    pub(crate) max_us: f64,
+    /// CPU seconds (user + sys, all ranks) per GB of op payload moved.
+    pub(crate) cpu_s_per_gb: Option<f64>,
+    /// busbw as a percentage of the ring link limit.
+    pub(crate) link_pct: Option<f64>,
+    /// Peak resident memory of rank 0 (KiB) after this row.
+    pub(crate) max_rss_kib: u64,
+}
+
+/// algbw in GB/s (1e9 bytes) from bytes and seconds.
+pub(crate) fn algbw(bytes: usize, seconds: f64) -> f64 {
+    if seconds > 0.0 {
+        bytes as f64 / seconds / 1e9
+    } else {
+        0.0
+    }
+}
+
+pub(crate) fn header() -> String {
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "#{:>9} {:>12} {:>11} {:>5} {:>5} {:>4} {:>10} {:>7} {:>7} {:>6} {:>9} {:>9} {:>9} {:>8} {:>6}",
+        "transport",
+        "size",
+        "count",
+        "type",
+        "redop",
+        "root",
+        "time",
+        "algbw",
+        "busbw",
+        "#wrong",
+        "p50",
+        "p99",
+        "max",
+        "cpu",
+        "link"
+    );
+    let _ = write!(
+        s,
+        "#{:>9} {:>12} {:>11} {:>5} {:>5} {:>4} {:>10} {:>7} {:>7} {:>6} {:>9} {:>9} {:>9} {:>8} {:>6}",
+        "",
+        "(B)",
+        "(elements)",
+        "",
+        "",
+        "",
+        "(us)",
+        "(GB/s)",
+        "(GB/s)",
+        "",
+        "(us)",
+        "(us)",
+        "(us)",
+        "(s/GB)",
+        "(%)"
+    );
+    s
+}
+
+fn opt(v: Option<f64>, prec: usize) -> String {
+    match v {
+        Some(x) if x.is_finite() => format!("{x:.prec$}"),
+        _ => "-".into(),
+    }
+}
+
+pub(crate) fn format_row(r: &Row) -> String {
+    format!(
+        " {:>9} {:>12} {:>11} {:>5} {:>5} {:>4} {:>10.1} {:>7.3} {:>7.3} {:>6} {:>9.1} {:>9.1} {:>9.1} {:>8} {:>6}",
+        r.transport,
+        r.size_bytes,
+        r.count,
+        r.dtype,
+        r.redop,
+        r.root.map_or("-".to_string(), |x| x.to_string()),
+        r.time_us,
+        r.algbw_gbps,
+        r.busbw_gbps,
+        r.wrong,
+        r.p50_us,
+        r.p99_us,
+        r.max_us,
+        opt(r.cpu_s_per_gb, 3),
+        opt(r.link_pct, 1),
+    )
+}
+
+/// `avg bus bandwidth` per transport, over the rows of that transport (as
+/// nccl-tests averages over sizes).
+pub(crate) fn averages(rows: &[Row]) -> Vec<(String, f64)> {
+    let mut names: Vec<String> = Vec::new();
+    for r in rows {
+        if !names.contains(&r.transport) {
+            names.push(r.transport.clone());
+        }
+    }
+    names
+        .into_iter()
+        .map(|t| {
+            let bws: Vec<f64> = rows
+                .iter()
+                .filter(|r| r.transport == t)
+                .map(|r| r.busbw_gbps)
+                .collect();
+            let avg = bws.iter().sum::<f64>() / bws.len().max(1) as f64;
+            (t, avg)
+        })
+        .collect()
+}
+
+/// With several transports: per size, each transport's busbw divided by the
+/// first transport's.
+pub(crate) fn ratios(rows: &[Row]) -> Option<String> {
+    let avgs = averages(rows);
+    if avgs.len() < 2 {
+        return None;
+    }
+    let base = &avgs[0].0;
+    let mut s = format!("# busbw ratio to {base}, per size:\n#{:>12}", "size (B)");
+    for (t, _) in &avgs[1..] {
+        let _ = write!(s, " {t:>10}");
+    }
+    let mut sizes: Vec<usize> = rows.iter().map(|r| r.size_bytes).collect();
+    sizes.dedup();
+    for size in sizes {
+        let bw = |t: &str| {
+            rows.iter()
+                .find(|r| r.size_bytes == size && r.transport == t)
+                .map(|r| r.busbw_gbps)
+        };
+        let _ = write!(s, "\n {size:>12}");
+        for (t, _) in &avgs[1..] {
+            let ratio = match (bw(t), bw(base)) {
+                (Some(a), Some(b)) if b > 0.0 => format!("{:.2}", a / b),
+                _ => "-".into(),
+            };
+            let _ = write!(s, " {ratio:>10}");
+        }
+    }
+    Some(s)
+}
+
+pub(crate) fn csv(rows: &[Row]) -> String {
+    let mut s = String::from(
+        "transport,size_bytes,count,dtype,redop,root,iters,time_us,algbw_gbps,busbw_gbps,wrong,p50_us,p99_us,max_us,cpu_s_per_gb,link_pct,max_rss_kib\n",
+    );
+    for r in rows {
+        let o = |v: Option<f64>| v.map_or(String::new(), |x| x.to_string());
+        let _ = writeln!(
+            s,
+            "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}",
+            r.transport,
+            r.size_bytes,
+            r.count,
+            r.dtype,
+            r.redop,
+            r.root.map_or(String::new(), |x| x.to_string()),
+            r.iters,
+            r.time_us,
+            r.algbw_gbps,
+            r.busbw_gbps,
+            r.wrong,
+            r.p50_us,
+            r.p99_us,
+            r.max_us,
+            o(r.cpu_s_per_gb),
+            o(r.link_pct),
+            r.max_rss_kib
+        );
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(t: &str, size: usize, busbw: f64) -> Row {
+        Row {
+            transport: t.into(),
+            size_bytes: size,
+            count: size / 4,
+            dtype: "f32".into(),
+            redop: "sum".into(),
+            root: None,
+            iters: 10,
+            time_us: 1.0,
+            algbw_gbps: busbw,
+            busbw_gbps: busbw,
+            wrong: 0,
+            p50_us: 1.0,
+            p99_us: 2.0,
+            max_us: 3.0,
+            cpu_s_per_gb: Some(0.5),
+            link_pct: None,
+            max_rss_kib: 1,
+        }
+    }
+
+    #[test]
+    fn algbw_is_bytes_per_second_in_gb() {
+        assert_eq!(algbw(1_000_000_000, 2.0), 0.5);
+        assert_eq!(algbw(10, 0.0), 0.0);
+    }
+
+    #[test]
+    fn averages_and_ratios_per_transport() {
+        let rows = vec![
+            row("portable", 8, 1.0),
+            row("uring", 8, 2.0),
+            row("portable", 16, 3.0),
+            row("uring", 16, 3.0),
+        ];
+        let avg = averages(&rows);
+        assert_eq!(
+            avg,
+            vec![("portable".to_string(), 2.0), ("uring".to_string(), 2.5)]
+        );
+        let r = ratios(&rows).unwrap();
+        assert!(r.contains("2.00") && r.contains("1.00"), "{r}");
+        assert!(ratios(&rows[..1]).is_none());
+        let c = csv(&rows);
+        assert_eq!(c.lines().count(), 5);
+        assert!(
+            c.lines()
+                .nth(1)
+                .unwrap()
+                .starts_with("portable,8,2,f32,sum,,10,")
+        );
+        assert!(format_row(&rows[0]).contains("portable"));
+    }
+}
