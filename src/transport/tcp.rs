@@ -40,8 +40,14 @@ enum PeerState {
     Failed(String),
 }
 
+/// The byte streams of one established link: plain TCP, or a TLS session
+/// over it (see `crate::security`). The reader belongs to the link's reader
+/// thread; the writer is shared by every executor sending on the link.
+pub(crate) type LinkReader = Box<dyn Read + Send>;
+pub(crate) type LinkWriter = Box<dyn Write + Send>;
+
 struct Link {
-    writer: Mutex<TcpStream>,
+    writer: Mutex<LinkWriter>,
     /// For shutdown; the reader thread owns its own clone.
     control: TcpStream,
 }
@@ -185,10 +191,10 @@ impl Shared {
     fn install(self: &Arc<Self>, peer: usize, stream: TcpStream) -> io::Result<Arc<Link>> {
         stream.set_read_timeout(None)?;
         stream.set_write_timeout(Some(self.config.write_timeout))?;
-        let reader = stream.try_clone()?;
+        let reader: LinkReader = Box::new(stream.try_clone()?);
         let link = Arc::new(Link {
             control: stream.try_clone()?,
-            writer: Mutex::new(stream),
+            writer: Mutex::new(Box::new(stream)),
         });
         let s = self.clone();
         std::thread::Builder::new()
@@ -366,7 +372,7 @@ fn control_header(kind: FrameKind, len: usize) -> Header {
     Header::control(kind, 0, 0, len as u32)
 }
 
-fn write_frame(stream: &mut TcpStream, header: &Header, payload: &[u8]) -> io::Result<()> {
+fn write_frame(stream: &mut dyn Write, header: &Header, payload: &[u8]) -> io::Result<()> {
     let head = header.encode();
     if payload.len() <= 16 * 1024 {
         // One segment for small frames: latency matters more than a copy.
@@ -434,7 +440,7 @@ fn accept_loop(s: &Arc<Shared>, listener: &TcpListener) {
     }
 }
 
-fn read_loop(s: &Arc<Shared>, peer: usize, mut stream: TcpStream) {
+fn read_loop(s: &Arc<Shared>, peer: usize, mut stream: LinkReader) {
     let reason = loop {
         let mut head = [0u8; HEADER_LEN];
         if let Err(e) = stream.read_exact(&mut head) {
@@ -498,7 +504,7 @@ impl Transport for TcpTransport {
         deadline: Instant,
     ) -> Result<(), LinkError> {
         let link = self.shared.link(peer, deadline)?;
-        let result = write_frame(&mut lock(&link.writer), header, payload);
+        let result = write_frame(&mut **lock(&link.writer), header, payload);
         result.map_err(|e| {
             let reason = match e.kind() {
                 io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => {
