@@ -289,6 +289,14 @@ native_element!(
     |v: u8, n: usize| (v as usize / n) as u8
 );
 
+/// Combines `a[i] = f(a[i], b[i])` over f32 blocks (vectorises).
+#[inline(always)]
+fn zip_f32(a: &mut [f32], b: &[f32], f: impl Fn(f32, f32) -> f32) {
+    for (x, y) in a.iter_mut().zip(b) {
+        *x = f(*x, *y);
+    }
+}
+
 macro_rules! half_element {
     ($t:ty, $dtype:expr) => {
         impl sealed::Sealed for $t {}
@@ -296,16 +304,23 @@ macro_rules! half_element {
             const DTYPE: DType = $dtype;
 
             fn reduce_into(acc: &mut [Self], incoming: &[Self], op: ReduceOp) {
-                // Widen to f32, combine, round once.
-                let w = |x: $t| x.to_f32();
-                let n = <$t>::from_f32;
-                match op {
-                    ReduceOp::Sum | ReduceOp::Avg => {
-                        zip_apply(acc, incoming, |a, b| n(w(a) + w(b)))
+                // Widen blocks to f32 with half's slice conversions (F16C
+                // where the CPU has it), combine, round once.
+                use half::slice::HalfFloatSliceExt;
+                const BLOCK: usize = 512;
+                assert_eq!(acc.len(), incoming.len(), "reduce_into: length mismatch");
+                let (mut a, mut b) = ([0f32; BLOCK], [0f32; BLOCK]);
+                for (acc, inc) in acc.chunks_mut(BLOCK).zip(incoming.chunks(BLOCK)) {
+                    let (a, b) = (&mut a[..acc.len()], &mut b[..acc.len()]);
+                    acc.convert_to_f32_slice(a);
+                    inc.convert_to_f32_slice(b);
+                    match op {
+                        ReduceOp::Sum | ReduceOp::Avg => zip_f32(a, b, |x, y| x + y),
+                        ReduceOp::Prod => zip_f32(a, b, |x, y| x * y),
+                        ReduceOp::Min => zip_f32(a, b, f32::min),
+                        ReduceOp::Max => zip_f32(a, b, f32::max),
                     }
-                    ReduceOp::Prod => zip_apply(acc, incoming, |a, b| n(w(a) * w(b))),
-                    ReduceOp::Min => zip_apply(acc, incoming, |a, b| n(w(a).min(w(b)))),
-                    ReduceOp::Max => zip_apply(acc, incoming, |a, b| n(w(a).max(w(b)))),
+                    acc.convert_from_f32_slice(a);
                 }
             }
 

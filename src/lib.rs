@@ -7,6 +7,7 @@ pub mod testing;
 // helper-owned modules (each line added by whoever owns the module):
 pub mod env;
 pub mod net;
+pub mod security;
 pub mod store;
 pub mod wire;
 
@@ -29,5 +30,6 @@ pub use dtype::{DType, Element, ReduceOp};
 pub use error::{Error, OpContext, Result};
 pub use pending::PendingCollective;
 pub use rendezvous::Builder;
+pub use security::{Security, SecurityError, TlsConfig, TlsMode};
 pub use stats::Stats;
 pub use wire::OpKind;

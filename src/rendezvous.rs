@@ -12,6 +12,8 @@ use crate::comm::Communicator;
 use crate::config::{Overrides, TransportKind, Tunables};
 use crate::error::Error;
 use crate::pending::{PendingCollective, pending};
+use crate::security::secret::Secret;
+use crate::security::{self, Security, TlsConfig};
 use crate::store::{StoreClient, StoreError, StoreServer};
 use crate::transport::Transport;
 use crate::transport::tcp::{TcpConfig, TcpTransport};
@@ -61,6 +63,10 @@ pub struct Builder {
     socket_ifname: Option<String>,
     job: Option<String>,
     overrides: Overrides,
+    /// Set by `secret` / `security`; else RINGWIRE_SECRET.
+    secret: Option<Option<Secret>>,
+    /// Set by `tls` / `security`; else RINGWIRE_TLS*.
+    tls: Option<Option<TlsConfig>>,
 }
 
 impl Builder {
@@ -183,6 +189,47 @@ impl Builder {
         self
     }
 
+    /// Requires the job secret `secret` on every link and store connection
+    /// (mutual HMAC-SHA256 challenge-response; the secret never crosses the
+    /// wire). Every rank and the store need the same one. Env:
+    /// RINGWIRE_SECRET or RINGWIRE_SECRET_FILE.
+    pub fn secret(mut self, secret: impl Into<Vec<u8>>) -> Builder {
+        self.secret = Some(Secret::new(secret));
+        self
+    }
+
+    /// Runs every link and store connection inside TLS or mutual TLS (see
+    /// [`TlsConfig`]). Every rank and the store need the same mode and CA.
+    /// Env: RINGWIRE_TLS=off|tls|mtls, RINGWIRE_TLS_CA, RINGWIRE_TLS_CERT,
+    /// RINGWIRE_TLS_KEY.
+    pub fn tls(mut self, tls: TlsConfig) -> Builder {
+        self.tls = Some(Some(tls));
+        self
+    }
+
+    /// Sets both the secret and TLS (a [`Security`] with neither turns both
+    /// off, whatever the environment says).
+    pub fn security(mut self, security: Security) -> Builder {
+        self.secret = Some(security.secret);
+        self.tls = Some(security.tls);
+        self
+    }
+
+    /// The security settings: the builder's, else the environment's.
+    fn resolve_security(&self) -> Result<Security, Error> {
+        let env = |v: &str| std::env::var(v).ok();
+        let bad = |e: security::SecurityError| Error::Rendezvous(e.0);
+        let secret = match &self.secret {
+            Some(s) => s.clone(),
+            None => security::secret_from_lookup(&env).map_err(bad)?,
+        };
+        let tls = match &self.tls {
+            Some(t) => t.clone(),
+            None => security::tls_from_lookup(&env).map_err(bad)?,
+        };
+        Ok(Security { secret, tls })
+    }
+
     /// Starts the rendezvous on a background thread; await the result or
     /// `wait()` for it.
     pub fn build(self) -> PendingCollective<Communicator> {
@@ -220,7 +267,9 @@ impl Builder {
         let transport_kind = match tunables.transport {
             TransportKind::Auto | TransportKind::Portable => "portable",
         };
-        let world = rendezvous(&self, rank, size, &tunables)?;
+        let security = self.resolve_security()?;
+        security.warn_if_unauthenticated();
+        let world = rendezvous(&self, rank, size, &tunables, &security)?;
         tracing::info!(
             rank,
             world_size = size,
@@ -238,14 +287,20 @@ fn store_err(e: StoreError, what: &str) -> Error {
     }
 }
 
-fn rendezvous(b: &Builder, rank: usize, size: usize, t: &Tunables) -> Result<World, Error> {
+fn rendezvous(
+    b: &Builder,
+    rank: usize,
+    size: usize,
+    t: &Tunables,
+    sec: &Security,
+) -> Result<World, Error> {
     let addrs = match &b.store {
         Some(StoreAddr::Resolved(a)) => vec![*a],
         Some(StoreAddr::HostPort(host, port)) => net::resolve(host, *port)?,
         None if size == 1 => {
             // One rank and no store: nothing to meet.
             let listener = net::bind_listener("127.0.0.1".parse().expect("literal"))?;
-            let transport = start_transport(listener, 0, 0, Vec::new(), t)?;
+            let transport = start_transport(listener, 0, 0, Vec::new(), t, sec)?;
             return Ok(World {
                 rank,
                 size,
@@ -264,7 +319,7 @@ fn rendezvous(b: &Builder, rank: usize, size: usize, t: &Tunables) -> Result<Wor
         let mut last = None;
         let mut server = None;
         for a in &addrs {
-            match StoreServer::bind(*a) {
+            match StoreServer::bind_with(*a, sec.clone()) {
                 Ok(s) => {
                     server = Some(s);
                     break;
@@ -285,7 +340,7 @@ fn rendezvous(b: &Builder, rank: usize, size: usize, t: &Tunables) -> Result<Wor
     } else {
         None
     };
-    let client = StoreClient::connect(&addrs, t.connect_timeout)?;
+    let client = StoreClient::connect_with(&addrs, t.connect_timeout, sec)?;
     let prefix = format!("ringwire/{}/", b.job.as_deref().unwrap_or("default"));
     let key = |k: &str| format!("{prefix}{k}");
 
@@ -342,7 +397,7 @@ fn rendezvous(b: &Builder, rank: usize, size: usize, t: &Tunables) -> Result<Wor
         job.try_into()
             .map_err(|_| Error::Rendezvous("bad job id in the store".into()))?,
     );
-    let transport = start_transport(listener, rank, job_id, peers, t)?;
+    let transport = start_transport(listener, rank, job_id, peers, t, sec)?;
 
     // Store barrier: nobody leaves setup until everyone has every address.
     client.set(&key(&format!("ready/{rank}")), b"1")?;
@@ -376,12 +431,14 @@ fn start_transport(
     job_id: u64,
     peers: Vec<SocketAddr>,
     t: &Tunables,
+    sec: &Security,
 ) -> Result<Box<dyn Transport>, Error> {
     let config = TcpConfig {
         max_payload: t.max_frame_bytes,
         handshake_timeout: t.connect_timeout.min(Duration::from_secs(10)),
         write_timeout: t.timeout,
         socket_buffer: t.socket_buffer,
+        security: sec.clone(),
     };
     let peers = if peers.is_empty() {
         vec![

@@ -11,6 +11,9 @@
 //! run its schedule strictly in order without deadlock.
 
 use super::{AlignedBuf, Incoming, LinkError, Transport};
+use crate::security::secret::{self, NONCE_LEN, Role};
+use crate::security::{self, Opening, Security};
+use crate::wire::handshake::security_mismatch;
 use crate::wire::{self, FrameKind, HEADER_LEN, Header, Hello, HelloAck};
 use std::collections::{HashMap, VecDeque};
 use std::io::{self, Read, Write};
@@ -31,6 +34,9 @@ pub(crate) struct TcpConfig {
     /// SO_SNDBUF / SO_RCVBUF; `None` keeps the kernel's autotuning, which
     /// on Linux grows further than an explicit size capped by wmem_max.
     pub(crate) socket_buffer: Option<usize>,
+    /// Job secret and TLS (see `crate::security`); the handshake checks
+    /// both sides use the same.
+    pub(crate) security: Security,
 }
 
 enum PeerState {
@@ -187,14 +193,19 @@ impl Shared {
         Ok(())
     }
 
-    /// Installs an established connection and starts its reader.
-    fn install(self: &Arc<Self>, peer: usize, stream: TcpStream) -> io::Result<Arc<Link>> {
+    /// Installs an established connection (its socket, for control, and
+    /// the byte streams the handshake ran over) and starts its reader.
+    fn install(
+        self: &Arc<Self>,
+        peer: usize,
+        stream: TcpStream,
+        (reader, writer): (LinkReader, LinkWriter),
+    ) -> io::Result<Arc<Link>> {
         stream.set_read_timeout(None)?;
         stream.set_write_timeout(Some(self.config.write_timeout))?;
-        let reader: LinkReader = Box::new(stream.try_clone()?);
         let link = Arc::new(Link {
-            control: stream.try_clone()?,
-            writer: Mutex::new(Box::new(stream)),
+            control: stream,
+            writer: Mutex::new(writer),
         });
         let s = self.clone();
         std::thread::Builder::new()
@@ -264,7 +275,7 @@ impl Shared {
             detail,
         };
         let mut backoff = Duration::from_millis(10);
-        let mut stream = loop {
+        let stream = loop {
             let left = deadline.saturating_duration_since(Instant::now());
             match TcpStream::connect_timeout(
                 &addr,
@@ -279,93 +290,307 @@ impl Shared {
                 Err(e) => return Err(connect_err(e.to_string())),
             }
         };
-        let setup = (|| -> io::Result<Result<(), String>> {
-            self.configure(&stream)?;
-            stream.set_read_timeout(Some(self.config.handshake_timeout))?;
-            let hello = Hello::new(self.job_id, self.me as u32, self.world as u32);
-            let payload = hello.encode().map_err(io::Error::other)?;
+        let who = format!("rank {peer} ({addr})");
+        let setup = (|| -> Result<(LinkReader, LinkWriter), String> {
+            let hs = |e: io::Error| handshake_error(&e, &who);
+            self.configure(&stream).map_err(hs)?;
+            stream
+                .set_read_timeout(Some(self.config.handshake_timeout))
+                .map_err(hs)?;
+            let sec = &self.config.security;
+            let mine = sec.flags();
+            let (mut reader, mut writer) = match &sec.tls {
+                Some(tls) => security::tls_connect(tls, &stream, addr.ip(), &who).map_err(|e| {
+                    match e.plaintext.as_deref().and_then(plaintext_refusal) {
+                        Some(reason) => format!("{}; it said: {reason}", e.detail),
+                        None => e.detail,
+                    }
+                })?,
+                None => security::plain_halves(&stream).map_err(hs)?,
+            };
+            let client_nonce = match &sec.secret {
+                Some(_) => Some(secret::nonce().map_err(hs)?),
+                None => None,
+            };
+            let hello = Hello {
+                security: mine,
+                auth: client_nonce.map(|n| n.to_vec()).unwrap_or_default(),
+                ..Hello::new(self.job_id, self.me as u32, self.world as u32)
+            };
+            let payload = hello.encode().map_err(|e| e.to_string())?;
             write_frame(
-                &mut stream,
+                &mut *writer,
                 &control_header(FrameKind::Handshake, payload.len()),
                 &payload,
-            )?;
-            let (header, payload) = read_control(&mut stream)?;
-            if header.kind != FrameKind::HandshakeAck {
-                return Ok(Err(format!(
-                    "expected a handshake answer, got a {} frame",
-                    header.kind.name()
-                )));
-            }
-            let ack = HelloAck::decode(&payload).map_err(io::Error::other)?;
-            Ok(if ack.accepted {
-                Ok(())
-            } else {
-                Err(format!(
+            )
+            .map_err(hs)?;
+            let ack = read_ack(&mut *reader).map_err(hs)??;
+            if !ack.accepted {
+                return Err(format!(
                     "rank {peer} refused the connection: {}",
                     ack.reason
-                ))
-            })
+                ));
+            }
+            if let Some(why) = security_mismatch(ack.security, mine) {
+                return Err(format!("rank {peer} answered, but {why}"));
+            }
+            if let (Some(secret), Some(client_nonce)) = (&sec.secret, client_nonce) {
+                let context = link_context(self.job_id, self.me, peer);
+                let server_ok = ack.auth.len() == 2 * NONCE_LEN && {
+                    let (server_nonce, proof) = ack.auth.split_at(NONCE_LEN);
+                    secret.verify(Role::Server, &context, &client_nonce, server_nonce, proof)
+                };
+                // Without a valid proof from the acceptor, send none back:
+                // it refuses and logs, and this side reports the mismatch.
+                let proof = if server_ok {
+                    secret
+                        .proof(
+                            Role::Client,
+                            &context,
+                            &client_nonce,
+                            &ack.auth[..NONCE_LEN],
+                        )
+                        .to_vec()
+                } else {
+                    Vec::new()
+                };
+                let answer = HelloAck::accept()
+                    .with_security(mine)
+                    .with_auth(proof)
+                    .encode();
+                write_frame(
+                    &mut *writer,
+                    &control_header(FrameKind::HandshakeAck, answer.len()),
+                    &answer,
+                )
+                .map_err(hs)?;
+                let verdict = read_ack(&mut *reader).map_err(hs)??;
+                if !server_ok {
+                    return Err(format!(
+                        "rank {peer} failed the job-secret check: it does not know this job's secret (RINGWIRE_SECRET differs between ranks?)"
+                    ));
+                }
+                if !verdict.accepted {
+                    return Err(format!(
+                        "rank {peer} refused the connection: {}",
+                        verdict.reason
+                    ));
+                }
+            }
+            Ok((reader, writer))
         })();
         match setup {
-            Ok(Ok(())) => self
-                .install(peer, stream)
+            Ok(halves) => self
+                .install(peer, stream, halves)
                 .map_err(|e| connect_err(e.to_string())),
-            Ok(Err(detail)) => Err(connect_err(detail)),
-            Err(e) => Err(connect_err(format!("handshake failed: {e}"))),
+            Err(detail) => Err(connect_err(detail)),
         }
     }
 
-    /// Runs the accepting side of a handshake; returns the peer's rank.
-    fn accept_hello(&self, stream: &mut TcpStream) -> io::Result<Result<usize, String>> {
+    /// Runs the accepting side of a handshake (TLS if configured, hello,
+    /// secret check); returns the peer's rank and the link's byte streams,
+    /// or why the dialer was refused.
+    fn accept_hello(
+        &self,
+        stream: &mut TcpStream,
+    ) -> io::Result<Result<(usize, (LinkReader, LinkWriter)), String>> {
         self.configure(stream)?;
         stream.set_read_timeout(Some(self.config.handshake_timeout))?;
-        let (header, payload) = read_control(stream)?;
-        let verdict = if header.kind != FrameKind::Handshake {
-            Err(format!(
-                "expected a handshake, got a {} frame",
-                header.kind.name()
-            ))
-        } else {
-            match Hello::decode(&payload) {
-                Err(e) => Err(e.to_string()),
-                Ok(hello) => match wire::validate_hello(
-                    &hello,
-                    self.job_id,
-                    self.world as u32,
-                    self.me as u32,
-                ) {
-                    Err(e) => Err(e.to_string()),
-                    Ok(()) => {
-                        let peer = hello.rank as usize;
-                        if peer > self.me {
-                            Err(format!(
-                                "rank {peer} dialed rank {}, but only lower ranks dial",
-                                self.me
-                            ))
-                        } else if !matches!(lock(&self.peers).get(peer), Some(PeerState::Absent)) {
-                            Err(format!(
-                                "rank {peer} is already connected to rank {}",
-                                self.me
-                            ))
-                        } else {
-                            Ok(peer)
-                        }
-                    }
-                },
+        let from = stream.peer_addr()?;
+        let who = format!("the dialer at {from}");
+        let sec = &self.config.security;
+        let mine = sec.flags();
+        let (mut reader, mut writer) = match (&sec.tls, security::peek_opening(stream)) {
+            (_, Opening::Nothing) => {
+                return Ok(Err("it sent nothing before the handshake timeout".into()));
             }
+            (Some(_), Opening::Plain) => {
+                // A plaintext dialer at a TLS job: say so in its own language.
+                let reason =
+                    "this job requires TLS (RINGWIRE_TLS), but the peer connected in plaintext"
+                        .to_string();
+                let _ = read_control(stream);
+                let ack = HelloAck::reject(reason.clone())
+                    .with_security(mine)
+                    .encode();
+                let _ = write_frame(
+                    stream,
+                    &control_header(FrameKind::HandshakeAck, ack.len()),
+                    &ack,
+                );
+                return Ok(Err(reason));
+            }
+            (None, Opening::Tls) => {
+                // A TLS dialer at a plaintext job: take its ClientHello (so
+                // closing does not reset the answer away), answer in plaintext.
+                let reason =
+                    "this job has TLS off (RINGWIRE_TLS), but the peer started a TLS handshake"
+                        .to_string();
+                let _ = stream.read(&mut [0u8; 4096]);
+                let ack = HelloAck::reject(reason.clone())
+                    .with_security(mine)
+                    .encode();
+                let _ = write_frame(
+                    stream,
+                    &control_header(FrameKind::HandshakeAck, ack.len()),
+                    &ack,
+                );
+                let _ = stream.shutdown(Shutdown::Write);
+                return Ok(Err(reason));
+            }
+            (Some(tls), Opening::Tls) => match security::tls_accept(tls, stream, from.ip(), &who) {
+                Ok(halves) => halves,
+                Err(e) => return Ok(Err(e.detail)),
+            },
+            (None, Opening::Plain) => security::plain_halves(stream)?,
         };
-        let ack = match &verdict {
-            Ok(_) => HelloAck::accept(),
-            Err(reason) => HelloAck::reject(reason.clone()),
-        };
-        let payload = ack.encode();
-        write_frame(
-            stream,
-            &control_header(FrameKind::HandshakeAck, payload.len()),
-            &payload,
-        )?;
-        Ok(verdict)
+        let exchange = (|| -> io::Result<Result<usize, String>> {
+            let (header, payload) = read_control(&mut *reader)?;
+            let mut client_nonce: &[u8] = &[];
+            let verdict = if header.kind != FrameKind::Handshake {
+                Err(format!(
+                    "expected a handshake, got a {} frame",
+                    header.kind.name()
+                ))
+            } else {
+                match Hello::decode(&payload) {
+                    Err(e) => Err(e.to_string()),
+                    Ok(hello) => match wire::validate_hello(
+                        &hello,
+                        self.job_id,
+                        self.world as u32,
+                        self.me as u32,
+                    ) {
+                        Err(e) => Err(e.to_string()),
+                        Ok(()) => {
+                            let peer = hello.rank as usize;
+                            if let Some(why) = security_mismatch(hello.security, mine) {
+                                Err(why)
+                            } else if sec.secret.is_some() && hello.auth.len() != NONCE_LEN {
+                                Err(format!(
+                                    "expected a {NONCE_LEN}-byte nonce in the hello, got {} bytes",
+                                    hello.auth.len()
+                                ))
+                            } else if peer > self.me {
+                                Err(format!(
+                                    "rank {peer} dialed rank {}, but only lower ranks dial",
+                                    self.me
+                                ))
+                            } else if !matches!(
+                                lock(&self.peers).get(peer),
+                                Some(PeerState::Absent)
+                            ) {
+                                Err(format!(
+                                    "rank {peer} is already connected to rank {}",
+                                    self.me
+                                ))
+                            } else {
+                                client_nonce = &payload[payload.len() - hello.auth.len()..];
+                                Ok(peer)
+                            }
+                        }
+                    },
+                }
+            };
+            let mut ack = match &verdict {
+                Ok(_) => HelloAck::accept(),
+                Err(reason) => HelloAck::reject(reason.clone()),
+            }
+            .with_security(mine);
+            let mut challenge = None;
+            if let (Some(secret), Ok(peer)) = (&sec.secret, &verdict) {
+                let server_nonce = secret::nonce()?;
+                let context = link_context(self.job_id, *peer, self.me);
+                let proof = secret.proof(Role::Server, &context, client_nonce, &server_nonce);
+                ack = ack.with_auth([server_nonce.as_slice(), proof.as_slice()].concat());
+                challenge = Some((context, server_nonce));
+            }
+            let payload = ack.encode();
+            write_frame(
+                &mut *writer,
+                &control_header(FrameKind::HandshakeAck, payload.len()),
+                &payload,
+            )?;
+            let (Some(secret), Some((context, server_nonce))) = (&sec.secret, challenge) else {
+                return Ok(verdict);
+            };
+            let client_nonce = client_nonce.to_vec();
+            let (header, payload) = read_control(&mut *reader)?;
+            let proven = header.kind == FrameKind::HandshakeAck
+                && HelloAck::decode(&payload).is_ok_and(|a| {
+                    secret.verify(
+                        Role::Client,
+                        &context,
+                        &client_nonce,
+                        &server_nonce,
+                        &a.auth,
+                    )
+                });
+            let verdict = if proven {
+                verdict
+            } else {
+                Err("job-secret check failed: the peer does not know this job's secret (RINGWIRE_SECRET)".to_string())
+            };
+            let last = match &verdict {
+                Ok(_) => HelloAck::accept(),
+                Err(reason) => HelloAck::reject(reason.clone()),
+            }
+            .with_security(mine)
+            .encode();
+            write_frame(
+                &mut *writer,
+                &control_header(FrameKind::HandshakeAck, last.len()),
+                &last,
+            )?;
+            Ok(verdict)
+        })();
+        match exchange {
+            Ok(Ok(peer)) => Ok(Ok((peer, (reader, writer)))),
+            Ok(Err(reason)) => Ok(Err(reason)),
+            Err(e) if security::is_tls_error(&e) => Ok(Err(security::describe_io(&e, &who))),
+            Err(e) => Err(e),
+        }
     }
+}
+
+/// What a link's secret proofs are bound to: the job and the two ranks.
+fn link_context(job_id: u64, dialer: usize, acceptor: usize) -> Vec<u8> {
+    let mut c = b"link".to_vec();
+    c.extend_from_slice(&job_id.to_le_bytes());
+    c.extend_from_slice(&(dialer as u64).to_le_bytes());
+    c.extend_from_slice(&(acceptor as u64).to_le_bytes());
+    c
+}
+
+/// A dial-side handshake failure, readable.
+fn handshake_error(e: &io::Error, who: &str) -> String {
+    if security::is_tls_error(e) {
+        security::describe_io(e, who)
+    } else {
+        format!("handshake with {who} failed: {e}")
+    }
+}
+
+/// Reads a `HandshakeAck` frame (`Ok(Err)`: something else arrived).
+fn read_ack(stream: &mut dyn Read) -> io::Result<Result<HelloAck, String>> {
+    let (header, payload) = read_control(stream)?;
+    if header.kind != FrameKind::HandshakeAck {
+        return Ok(Err(format!(
+            "expected a handshake answer, got a {} frame",
+            header.kind.name()
+        )));
+    }
+    Ok(HelloAck::decode(&payload).map_err(|e| format!("bad handshake answer: {e}")))
+}
+
+/// The reason in a plaintext refusal (a `HandshakeAck` frame) that a
+/// plaintext peer sent in answer to a TLS ClientHello.
+fn plaintext_refusal(bytes: &[u8]) -> Option<String> {
+    let header = Header::decode(bytes.get(..HEADER_LEN)?, wire::MAX_CONTROL_PAYLOAD).ok()?;
+    let payload = bytes.get(HEADER_LEN..HEADER_LEN + header.payload_len_usize())?;
+    (header.kind == FrameKind::HandshakeAck)
+        .then(|| HelloAck::decode(payload).ok().map(|a| a.reason))
+        .flatten()
 }
 
 fn control_header(kind: FrameKind, len: usize) -> Header {
@@ -387,7 +612,7 @@ fn write_frame(stream: &mut dyn Write, header: &Header, payload: &[u8]) -> io::R
 }
 
 /// Reads one control frame (bounded by the control payload cap).
-fn read_control(stream: &mut TcpStream) -> io::Result<(Header, Vec<u8>)> {
+fn read_control(stream: &mut dyn Read) -> io::Result<(Header, Vec<u8>)> {
     let mut head = [0u8; HEADER_LEN];
     stream.read_exact(&mut head)?;
     let header = Header::decode(&head, wire::MAX_CONTROL_PAYLOAD).map_err(io::Error::other)?;
@@ -416,7 +641,7 @@ fn accept_loop(s: &Arc<Shared>, listener: &TcpListener) {
         let spawned = std::thread::Builder::new()
             .name(format!("ringwire-hello-{}", s.me))
             .spawn(move || match s2.accept_hello(&mut stream) {
-                Ok(Ok(peer)) => match s2.install(peer, stream) {
+                Ok(Ok((peer, halves))) => match s2.install(peer, stream, halves) {
                     Ok(link) => {
                         let mut peers = lock(&s2.peers);
                         if let Some(slot) = peers.get_mut(peer) {

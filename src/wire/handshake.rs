@@ -7,20 +7,32 @@
 //! another job, another world size, or do not exist ([`validate_hello`]). The
 //! ack carries the verdict and, on refusal, a reason the dialer can log.
 //!
+//! Both carry the sender's security mode ([`SECURITY_SECRET`],
+//! [`SECURITY_TLS`], [`SECURITY_MTLS`] bits), which must match
+//! ([`security_mismatch`]). With a job secret, the exchange has four
+//! messages (see `crate::security`):
+//!
+//! 1. dialer: `Hello` with `auth` = its 32-byte nonce;
+//! 2. acceptor: `HelloAck` with `auth` = its nonce and its proof (32 + 32 bytes);
+//! 3. dialer: `HelloAck` (accepted) with `auth` = its proof, or empty if the
+//!    acceptor's proof was wrong;
+//! 4. acceptor: `HelloAck` with the final verdict.
+//!
+//! Without one, only the first two (with empty `auth`).
+//!
 //! Wire layout (little endian, no padding):
 //!
 //! ```text
-//! Hello:    protocol_version u16 | little_endian u8 (0/1) | reserved u8 (0)
+//! Hello:    protocol_version u16 | little_endian u8 (0/1) | security u8
 //!           | job_id u64 | rank u32 | world_size u32 | auth_len u16 | auth [auth_len]
-//! HelloAck: accepted u8 (0/1) | reserved u8 (0) | reason_len u16 | reason [reason_len] (UTF-8)
+//! HelloAck: accepted u8 (0/1) | security u8 | reason_len u16 | auth_len u16
+//!           | reason [reason_len] (UTF-8) | auth [auth_len]
 //! ```
 
 use zerocopy::little_endian::{U16, U32, U64};
 use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout, Unaligned};
 
-use super::codec::{
-    check_reserved, decode_bool, decode_str, len_u16, split_fixed, split_last_field, truncate_str,
-};
+use super::codec::{decode_bool, decode_str, len_u16, split_fixed, split_last_field, truncate_str};
 use super::{MAX_AUTH_LEN, MAX_REASON_LEN, PROTOCOL_VERSION, WireError};
 
 /// The dialing rank's introduction.
@@ -36,17 +48,82 @@ pub struct Hello {
     pub rank: u32,
     /// The sender's idea of the world size.
     pub world_size: u32,
-    /// Authentication token, at most [`MAX_AUTH_LEN`] bytes; empty for now.
+    /// The sender's security mode: [`SECURITY_SECRET`] | [`SECURITY_TLS`] | [`SECURITY_MTLS`].
+    pub security: u8,
+    /// Authentication data, at most [`MAX_AUTH_LEN`] bytes: the dialer's
+    /// nonce when the job has a secret, else empty.
     pub auth: Vec<u8>,
 }
 
-/// The accepting rank's answer to a [`Hello`].
+/// Security mode bit: the sender authenticates with a job secret.
+pub const SECURITY_SECRET: u8 = 1;
+/// Security mode bit: the connection runs inside TLS.
+pub const SECURITY_TLS: u8 = 2;
+/// Security mode bit: the TLS is mutual (both sides show certificates).
+pub const SECURITY_MTLS: u8 = 4;
+const SECURITY_KNOWN: u8 = SECURITY_SECRET | SECURITY_TLS | SECURITY_MTLS;
+
+fn decode_security(field: &'static str, byte: u8) -> Result<u8, WireError> {
+    if byte & !SECURITY_KNOWN != 0 {
+        return Err(WireError::UnknownField { field, value: byte });
+    }
+    Ok(byte)
+}
+
+/// A readable name of a security mode ("plaintext", "secret+mtls", ...).
+pub fn security_name(flags: u8) -> String {
+    let tls = if flags & SECURITY_MTLS != 0 {
+        "mtls"
+    } else if flags & SECURITY_TLS != 0 {
+        "tls"
+    } else {
+        "plaintext"
+    };
+    if flags & SECURITY_SECRET != 0 {
+        format!("{tls}+secret")
+    } else {
+        tls.to_string()
+    }
+}
+
+/// Why a peer with security mode `theirs` cannot talk to this side (mode
+/// `mine`), or `None` if the modes match.
+pub fn security_mismatch(theirs: u8, mine: u8) -> Option<String> {
+    if theirs == mine {
+        return None;
+    }
+    let mut why = Vec::new();
+    if (theirs ^ mine) & SECURITY_SECRET != 0 {
+        why.push(if mine & SECURITY_SECRET != 0 {
+            "this side requires the job secret but the peer has none (set the same RINGWIRE_SECRET everywhere)"
+        } else {
+            "the peer uses a job secret but this side has none (set the same RINGWIRE_SECRET everywhere)"
+        });
+    }
+    if (theirs ^ mine) & (SECURITY_TLS | SECURITY_MTLS) != 0 {
+        why.push("the TLS modes differ (set the same RINGWIRE_TLS everywhere)");
+    }
+    Some(format!(
+        "security mode mismatch: peer uses {}, this side {}: {}",
+        security_name(theirs),
+        security_name(mine),
+        why.join("; ")
+    ))
+}
+
+/// The accepting rank's answer to a [`Hello`] (and, with a job secret, the
+/// dialer's proof; see the module docs).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct HelloAck {
     pub accepted: bool,
+    /// The sender's security mode (as [`Hello::security`]).
+    pub security: u8,
     /// Why the hello was refused (empty when accepted). At most
     /// [`MAX_REASON_LEN`] bytes on the wire: [`HelloAck::encode`] truncates longer ones.
     pub reason: String,
+    /// Authentication data (nonce and proof), at most [`MAX_AUTH_LEN`] bytes;
+    /// [`HelloAck::encode`] truncates longer ones.
+    pub auth: Vec<u8>,
 }
 
 #[derive(FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned)]
@@ -54,7 +131,7 @@ pub struct HelloAck {
 struct RawHello {
     protocol_version: U16,
     little_endian: u8,
-    reserved: u8,
+    security: u8,
     job_id: U64,
     rank: U32,
     world_size: U32,
@@ -65,13 +142,14 @@ struct RawHello {
 #[repr(C)]
 struct RawHelloAck {
     accepted: u8,
-    reserved: u8,
+    security: u8,
     reason_len: U16,
+    auth_len: U16,
 }
 
 impl Hello {
     /// A hello from this process: current protocol version, native
-    /// endianness, no auth token.
+    /// endianness, plaintext, no auth data.
     pub fn new(job_id: u64, rank: u32, world_size: u32) -> Hello {
         Hello {
             protocol_version: PROTOCOL_VERSION,
@@ -79,6 +157,7 @@ impl Hello {
             job_id,
             rank,
             world_size,
+            security: 0,
             auth: Vec::new(),
         }
     }
@@ -96,7 +175,7 @@ impl Hello {
         let raw = RawHello {
             protocol_version: U16::new(self.protocol_version),
             little_endian: u8::from(self.little_endian),
-            reserved: 0,
+            security: self.security,
             job_id: U64::new(self.job_id),
             rank: U32::new(self.rank),
             world_size: U32::new(self.world_size),
@@ -112,7 +191,7 @@ impl Hello {
     pub fn decode(payload: &[u8]) -> Result<Hello, WireError> {
         let (raw, rest) = split_fixed::<RawHello>("hello", payload)?;
         let little_endian = decode_bool("hello.little_endian", raw.little_endian)?;
-        check_reserved("hello.reserved", raw.reserved)?;
+        let security = decode_security("hello.security", raw.security)?;
         let auth = split_last_field(
             "hello",
             "hello.auth",
@@ -127,6 +206,7 @@ impl Hello {
             job_id: raw.job_id.get(),
             rank: raw.rank.get(),
             world_size: raw.world_size.get(),
+            security,
             auth: auth.to_vec(),
         })
     }
@@ -137,7 +217,9 @@ impl HelloAck {
     pub fn accept() -> HelloAck {
         HelloAck {
             accepted: true,
+            security: 0,
             reason: String::new(),
+            auth: Vec::new(),
         }
     }
 
@@ -145,22 +227,41 @@ impl HelloAck {
     pub fn reject(reason: impl Into<String>) -> HelloAck {
         HelloAck {
             accepted: false,
+            security: 0,
             reason: reason.into(),
+            auth: Vec::new(),
         }
+    }
+
+    /// Sets the security mode.
+    #[must_use]
+    pub fn with_security(mut self, security: u8) -> HelloAck {
+        self.security = security;
+        self
+    }
+
+    /// Sets the authentication data.
+    #[must_use]
+    pub fn with_auth(mut self, auth: impl Into<Vec<u8>>) -> HelloAck {
+        self.auth = auth.into();
+        self
     }
 
     /// The payload bytes; a reason over [`MAX_REASON_LEN`] bytes is cut at
     /// the last character boundary that fits.
     pub fn encode(&self) -> Vec<u8> {
         let reason = truncate_str(&self.reason, MAX_REASON_LEN);
+        let auth = &self.auth[..self.auth.len().min(MAX_AUTH_LEN)];
         let raw = RawHelloAck {
             accepted: u8::from(self.accepted),
-            reserved: 0,
+            security: self.security,
             reason_len: len_u16(reason.len()),
+            auth_len: len_u16(auth.len()),
         };
-        let mut out = Vec::with_capacity(size_of::<RawHelloAck>() + reason.len());
+        let mut out = Vec::with_capacity(size_of::<RawHelloAck>() + reason.len() + auth.len());
         out.extend_from_slice(raw.as_bytes());
         out.extend_from_slice(reason.as_bytes());
+        out.extend_from_slice(auth);
         out
     }
 
@@ -169,18 +270,35 @@ impl HelloAck {
     pub fn decode(payload: &[u8]) -> Result<HelloAck, WireError> {
         let (raw, rest) = split_fixed::<RawHelloAck>("hello_ack", payload)?;
         let accepted = decode_bool("hello_ack.accepted", raw.accepted)?;
-        check_reserved("hello_ack.reserved", raw.reserved)?;
-        let reason = split_last_field(
+        let security = decode_security("hello_ack.security", raw.security)?;
+        let reason_len = usize::from(raw.reason_len.get());
+        if reason_len > MAX_REASON_LEN {
+            return Err(WireError::FieldTooLong {
+                field: "hello_ack.reason",
+                len: reason_len,
+                max: MAX_REASON_LEN,
+            });
+        }
+        let Some((reason, rest)) = rest.split_at_checked(reason_len) else {
+            return Err(WireError::PayloadTruncated {
+                what: "hello_ack",
+                needed: size_of::<RawHelloAck>() + reason_len,
+                got: payload.len(),
+            });
+        };
+        let auth = split_last_field(
             "hello_ack",
-            "hello_ack.reason",
-            size_of::<RawHelloAck>(),
+            "hello_ack.auth",
+            size_of::<RawHelloAck>() + reason_len,
             rest,
-            raw.reason_len,
-            MAX_REASON_LEN,
+            raw.auth_len,
+            MAX_AUTH_LEN,
         )?;
         Ok(HelloAck {
             accepted,
+            security,
             reason: decode_str("hello_ack.reason", reason)?,
+            auth: auth.to_vec(),
         })
     }
 }
