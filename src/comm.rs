@@ -12,6 +12,7 @@ use crate::config::Tunables;
 use crate::error::{Error, OpContext};
 use crate::exec::{self, OpSignature, Traffic};
 use crate::pending::{PendingCollective, pending};
+use crate::recorder::{FlightRecorder, OpRecord};
 use crate::rendezvous::World;
 use crate::stats::{Stats, StatsRecorder};
 use crate::wire::OpKind;
@@ -33,6 +34,8 @@ struct Executor {
     tunables: Tunables,
     state: Arc<Mutex<Option<String>>>,
     stats: Arc<StatsRecorder>,
+    recorder: Arc<FlightRecorder>,
+    size: usize,
 }
 
 struct Queue {
@@ -52,6 +55,7 @@ struct Inner {
     queue: Mutex<Queue>,
     failed: Arc<Mutex<Option<String>>>,
     stats: Arc<StatsRecorder>,
+    recorder: Arc<FlightRecorder>,
     splits: Mutex<u64>,
     executor: Mutex<Option<JoinHandle<()>>>,
 }
@@ -152,6 +156,7 @@ impl Communicator {
     ) -> Result<Communicator, Error> {
         let failed = Arc::new(Mutex::new(None));
         let stats = Arc::new(StatsRecorder::default());
+        let recorder = Arc::new(FlightRecorder::new(tunables.flight_recorder_ops));
         let (sender, receiver) = mpsc::channel::<Job>();
         let executor = Executor {
             world: world.clone(),
@@ -161,6 +166,8 @@ impl Communicator {
             tunables: tunables.clone(),
             state: failed.clone(),
             stats: stats.clone(),
+            recorder: recorder.clone(),
+            size: members.len(),
         };
         let handle = std::thread::Builder::new()
             .name(format!("ringwire-exec-{}", world.rank))
@@ -186,6 +193,7 @@ impl Communicator {
                 }),
                 failed,
                 stats,
+                recorder,
                 splits: Mutex::new(0),
                 executor: Mutex::new(Some(handle)),
             }),
@@ -234,6 +242,35 @@ impl Communicator {
         self.inner.stats.snapshot()
     }
 
+    /// Fails this communicator on purpose, here and on every rank: their
+    /// running and future ops end with [`Error::Aborted`] naming this rank
+    /// and `reason`; this rank's with [`Error::Failed`].
+    pub fn abort(&self, reason: &str) {
+        let seq = lock(&self.inner.queue).next_seq;
+        let why = format!("rank {} called abort(): {reason}", self.inner.rank);
+        lock(&self.inner.failed).get_or_insert_with(|| why.clone());
+        self.inner
+            .world
+            .transport
+            .abort(self.inner.comm_id, seq, &why);
+    }
+
+    /// The address this rank accepts links on (the port it published).
+    pub fn listen_addr(&self) -> std::net::SocketAddr {
+        self.inner.world.transport.listen_addr()
+    }
+
+    /// The last ops of this communicator (RINGWIRE_FLIGHT_RECORDER_OPS, 64 by
+    /// default), oldest first: what ran, when, and how it ended.
+    pub fn flight_record(&self) -> Vec<OpRecord> {
+        self.inner.recorder.records()
+    }
+
+    /// [`Communicator::flight_record`] as a table, as logged when an op fails.
+    pub fn dump_flight_record(&self) -> String {
+        self.inner.recorder.dump(self.inner.rank, self.inner.size)
+    }
+
     /// The error that failed this communicator, if one did.
     pub fn failure(&self) -> Option<String> {
         lock(&self.inner.failed).clone()
@@ -272,11 +309,27 @@ impl Communicator {
             rank: self.inner.rank,
         };
         let timeout = self.timeout;
+        let peer = p2p.map(|(p, _)| p);
+        self.inner.recorder.queued(
+            plan.kind,
+            seq,
+            plan.dtype.name(),
+            plan.count,
+            plan.count * plan.dtype.size() as u64,
+            peer,
+        );
         let task: Job = Box::new(move |ex: &Executor| {
             if let Some(first) = lock(&ex.state).clone() {
+                ex.recorder.ended(
+                    plan.kind,
+                    seq,
+                    peer,
+                    Some("not run: communicator failed".into()),
+                );
                 completer.complete(Err(Error::Failed { first }));
                 return;
             }
+            ex.recorder.started(plan.kind, seq, peer);
             let span = tracing::debug_span!(
                 "collective",
                 op = %plan.kind,
@@ -301,7 +354,33 @@ impl Communicator {
                 timeout,
                 traffic: Traffic::default(),
             };
-            let result = job(&mut ctx);
+            let mut result = match (ex.tunables.debug_checks && peer.is_none())
+                .then(|| check_signature(&mut ctx, &plan))
+            {
+                Some(Err(e)) => Err(e),
+                _ => job(&mut ctx),
+            };
+            if let Err(Error::Timeout {
+                ctx: op_ctx,
+                peer,
+                waited,
+                ..
+            }) = result
+            {
+                let detail = who_is_missing(ex, seq);
+                result = Err(Error::Timeout {
+                    ctx: op_ctx,
+                    peer,
+                    waited,
+                    detail,
+                });
+            }
+            ex.recorder.ended(
+                plan.kind,
+                seq,
+                peer,
+                result.as_ref().err().map(ToString::to_string),
+            );
             match &result {
                 Ok(_) => {
                     ex.stats.record(ctx.started.elapsed(), ctx.traffic);
@@ -314,6 +393,10 @@ impl Communicator {
                     tracing::error!(error = %e, "collective failed");
                     if e.is_fatal() {
                         lock(&ex.state).get_or_insert_with(|| e.to_string());
+                        // Tell every rank, not only the neighbours of the
+                        // failure, so none waits for its timeout.
+                        ex.world.transport.abort(ex.comm_id, seq, &e.to_string());
+                        dump_flight_record(ex);
                     }
                 }
             }
@@ -755,6 +838,145 @@ impl Communicator {
             c.timeout = self.timeout;
             Some(c)
         })
+    }
+}
+
+/// RINGWIRE_DEBUG=detail: before each collective, the ranks all-gather the
+/// op's signature and compare, so a mismatch is named precisely (kind, type,
+/// count, reduce op, root) before any data moves.
+fn check_signature(cx: &mut Ctx<'_>, plan: &OpPlan) -> Result<(), Error> {
+    let ex = cx.ex;
+    let (rank, size) = (ex.rank, ex.size);
+    let count = if plan.uniform_count {
+        plan.count as i64
+    } else {
+        -1
+    };
+    let reduce = plan.reduce_op.map_or(0, |r| r as i64);
+    let mine = [
+        plan.kind as i64,
+        plan.dtype as i64,
+        count,
+        reduce,
+        i64::from(plan.root),
+        cx.sig.seq as i64,
+    ];
+    let mut all = vec![0i64; mine.len() * size];
+    all[rank * mine.len()..(rank + 1) * mine.len()].copy_from_slice(&mine);
+    let sig = OpSignature {
+        comm_id: mix(ex.comm_id, 0xDEB6),
+        seq: cx.sig.seq,
+        op: plan.kind,
+        dtype: crate::DType::I64,
+        reduce_op: None,
+        root: 0,
+        count: Some(mine.len() as u64),
+    };
+    let steps = algo::all_gather_ring(rank, size, mine.len(), mine.len());
+    exec::run(
+        &*ex.world.transport,
+        &ex.members,
+        &sig,
+        &cx.op,
+        &steps,
+        &mut all,
+        cx.started,
+        cx.timeout,
+        &mut cx.traffic,
+    )?;
+    let describe = |s: &[i64]| {
+        let kind = OpKind::from_u8(s[0] as u8).map_or("?", OpKind::name);
+        let dtype = crate::DType::from_u8(s[1] as u8).map_or("?", crate::DType::name);
+        let mut d = format!("{kind}({dtype}, ");
+        d += &if s[2] < 0 {
+            "uneven counts".to_string()
+        } else {
+            s[2].to_string()
+        };
+        if let Some(r) = ReduceOp::from_u8(s[3] as u8) {
+            d += &format!(", {r}");
+        }
+        if matches!(
+            OpKind::from_u8(s[0] as u8),
+            Some(OpKind::Broadcast | OpKind::Reduce)
+        ) {
+            d += &format!(", root {}", s[4]);
+        }
+        d + &format!(") as op #{}", s[5])
+    };
+    for r in 0..size {
+        let theirs = &all[r * mine.len()..(r + 1) * mine.len()];
+        if theirs != mine {
+            return Err(Error::Mismatch {
+                ctx: cx.op.clone(),
+                peer: r,
+                detail: format!(
+                    "rank {rank} called {} but rank {r} called {}",
+                    describe(&mine),
+                    describe(theirs)
+                ),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// After a timeout: which ranks reached op `seq`? Each rank that times out
+/// posts how far it got to the store; ranks that post nothing within a
+/// moment are hung, stopped or dead (like torch's monitored_barrier).
+fn who_is_missing(ex: &Executor, seq: u64) -> String {
+    let Some((store, prefix)) = &ex.world.store else {
+        return String::new();
+    };
+    let key = |r: usize| format!("{prefix}progress/{:016x}/{r}", ex.comm_id);
+    if store
+        .set(&key(ex.rank), seq.to_string().as_bytes())
+        .is_err()
+    {
+        return String::new();
+    }
+    let deadline = Instant::now() + Duration::from_secs(2);
+    let mut behind: Vec<String>;
+    loop {
+        behind = Vec::new();
+        for r in (0..ex.size).filter(|&r| r != ex.rank) {
+            match store.try_get(&key(r)) {
+                Ok(Some(v)) => {
+                    let theirs: u64 = String::from_utf8_lossy(&v).parse().unwrap_or(0);
+                    if theirs < seq {
+                        behind.push(format!("rank {r} (at op #{theirs})"));
+                    }
+                }
+                Ok(None) => behind.push(format!("rank {r} (no report: hung, stopped or dead?)")),
+                Err(_) => return String::new(),
+            }
+        }
+        if behind.is_empty() || Instant::now() >= deadline {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    if behind.is_empty() {
+        "; every rank reached this op".into()
+    } else {
+        format!(
+            "; ranks that had not reached op #{seq}: {}",
+            behind.join(", ")
+        )
+    }
+}
+
+/// Logs the flight record (and writes it to RINGWIRE_FLIGHT_RECORDER_DIR
+/// when set) after a failure.
+fn dump_flight_record(ex: &Executor) {
+    let dump = ex.recorder.dump(ex.rank, ex.size);
+    tracing::error!("{dump}");
+    if let Ok(dir) = std::env::var("RINGWIRE_FLIGHT_RECORDER_DIR") {
+        let path = std::path::Path::new(&dir)
+            .join(format!("ringwire-{:016x}-rank{}.txt", ex.comm_id, ex.rank));
+        if let Err(e) = std::fs::create_dir_all(&dir).and_then(|()| std::fs::write(&path, &dump)) {
+            tracing::warn!(path = %path.display(), error = %e, "could not write the flight record");
+        }
     }
 }
 

@@ -39,6 +39,9 @@ pub(crate) struct Tunables {
     pub(crate) max_frame_bytes: u32,
     pub(crate) socket_buffer: Option<usize>,
     pub(crate) transport: TransportKind,
+    pub(crate) heartbeat_timeout: Duration,
+    pub(crate) debug_checks: bool,
+    pub(crate) flight_recorder_ops: usize,
 }
 
 /// Default per-op timeout, as in torch.distributed's gloo backend it is
@@ -51,6 +54,11 @@ pub const DEFAULT_CHUNK_BYTES: usize = 1 << 20;
 /// tree to the pipelined chain at the same size.
 pub const DEFAULT_SMALL_MESSAGE_BYTES: usize = 64 << 10;
 
+/// A link silent this long (no data, no heartbeat) is declared dead.
+pub const DEFAULT_HEARTBEAT_TIMEOUT: Duration = Duration::from_secs(10);
+/// Idle links send a heartbeat this often.
+pub(crate) const HEARTBEAT_INTERVAL: Duration = Duration::from_secs(1);
+
 /// Optional overrides, as set on the builder.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct Overrides {
@@ -60,6 +68,8 @@ pub(crate) struct Overrides {
     pub(crate) small_message_bytes: Option<usize>,
     pub(crate) socket_buffer: Option<usize>,
     pub(crate) transport: Option<TransportKind>,
+    pub(crate) heartbeat_timeout: Option<Duration>,
+    pub(crate) debug_checks: Option<bool>,
 }
 
 fn env_number(lookup: &dyn Fn(&str) -> Option<String>, var: &str) -> Result<Option<u64>, Error> {
@@ -130,6 +140,29 @@ impl Overrides {
                 None => TransportKind::Auto,
             },
         };
+        let heartbeat_timeout = match self.heartbeat_timeout {
+            Some(t) => t,
+            None => env_seconds(lookup, "RINGWIRE_HEARTBEAT_TIMEOUT")?
+                .unwrap_or(DEFAULT_HEARTBEAT_TIMEOUT),
+        };
+        let debug_checks = match self.debug_checks {
+            Some(d) => d,
+            None => match lookup("RINGWIRE_DEBUG")
+                .as_deref()
+                .map(str::to_ascii_lowercase)
+                .as_deref()
+            {
+                None | Some("" | "0" | "off") => false,
+                Some("detail" | "1" | "on") => true,
+                Some(other) => {
+                    return Err(Error::Rendezvous(format!(
+                        "RINGWIRE_DEBUG={other}: expected detail (check every op's signature across ranks) or off"
+                    )));
+                }
+            },
+        };
+        let flight_recorder_ops = env_number(lookup, "RINGWIRE_FLIGHT_RECORDER_OPS")?
+            .map_or(crate::recorder::DEFAULT_FLIGHT_RECORDER_OPS, |n| n as usize);
         Ok(Tunables {
             timeout,
             connect_timeout,
@@ -139,6 +172,9 @@ impl Overrides {
             max_frame_bytes: (chunk_bytes as u32).max(64 << 20),
             socket_buffer,
             transport,
+            heartbeat_timeout,
+            debug_checks,
+            flight_recorder_ops,
         })
     }
 }

@@ -55,6 +55,16 @@ pub enum Error {
         reason: String,
     },
 
+    /// Another rank aborted the communicator after a failure it saw (or on
+    /// purpose with `Communicator::abort`); `reason` is its own error.
+    #[error("{ctx}: aborted by rank {origin} (at its op #{origin_seq}): {reason}")]
+    Aborted {
+        ctx: OpContext,
+        origin: usize,
+        origin_seq: u64,
+        reason: String,
+    },
+
     /// Ranks disagree about the collective (kind, size, dtype, root or order).
     #[error("{ctx}: ranks disagree about the collective: {detail}")]
     Mismatch {
@@ -127,6 +137,7 @@ impl Error {
             self,
             Error::Timeout { .. }
                 | Error::PeerLost { .. }
+                | Error::Aborted { .. }
                 | Error::Mismatch { .. }
                 | Error::Connect { .. }
                 | Error::Failed { .. }

@@ -121,7 +121,7 @@ pub(crate) fn run<T: Element>(
                     .with_payload_len(payload.len() as u32);
                 transport
                     .send(members[*peer], &header, payload, deadline)
-                    .map_err(|e| link_error(e, ctx, *peer, started))?;
+                    .map_err(|e| link_error(e, ctx, *peer, started, members))?;
                 traffic.sent += payload.len() as u64;
             }
             Step::Recv {
@@ -133,7 +133,7 @@ pub(crate) fn run<T: Element>(
             } => {
                 let incoming = transport
                     .recv(sig.comm_id, members[*peer], deadline)
-                    .map_err(|e| link_error(e, ctx, *peer, started))?;
+                    .map_err(|e| link_error(e, ctx, *peer, started, members))?;
                 let h = &incoming.header;
                 let mismatch = |detail: String| Error::Mismatch {
                     ctx: ctx.clone(),
@@ -173,8 +173,25 @@ pub(crate) fn run<T: Element>(
     Ok(())
 }
 
-fn link_error(e: LinkError, ctx: &OpContext, peer: usize, started: Instant) -> Error {
+fn link_error(
+    e: LinkError,
+    ctx: &OpContext,
+    peer: usize,
+    started: Instant,
+    members: &[usize],
+) -> Error {
     match e {
+        LinkError::Aborted {
+            origin,
+            seq,
+            reason,
+        } => Error::Aborted {
+            ctx: ctx.clone(),
+            // Name the origin by its rank in this communicator when it is one.
+            origin: members.iter().position(|&w| w == origin).unwrap_or(origin),
+            origin_seq: seq,
+            reason,
+        },
         LinkError::Timeout => Error::Timeout {
             ctx: ctx.clone(),
             peer,

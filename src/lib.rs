@@ -17,6 +17,7 @@ mod config;
 mod error;
 mod exec;
 mod pending;
+mod recorder;
 mod rendezvous;
 mod stats;
 mod transport;
@@ -24,11 +25,13 @@ mod transport;
 pub use buffer::{Buffer, CollectiveBuffer};
 pub use comm::Communicator;
 pub use config::{
-    DEFAULT_CHUNK_BYTES, DEFAULT_SMALL_MESSAGE_BYTES, DEFAULT_TIMEOUT, TransportKind,
+    DEFAULT_CHUNK_BYTES, DEFAULT_HEARTBEAT_TIMEOUT, DEFAULT_SMALL_MESSAGE_BYTES, DEFAULT_TIMEOUT,
+    TransportKind,
 };
 pub use dtype::{DType, Element, ReduceOp};
 pub use error::{Error, OpContext, Result};
 pub use pending::PendingCollective;
+pub use recorder::{DEFAULT_FLIGHT_RECORDER_OPS, OpRecord, OpState};
 pub use rendezvous::Builder;
 pub use security::{Security, SecurityError, TlsConfig, TlsMode};
 pub use stats::Stats;

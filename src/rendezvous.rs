@@ -30,6 +30,9 @@ pub(crate) struct World {
     pub(crate) size: usize,
     pub(crate) job_id: u64,
     pub(crate) transport: Box<dyn Transport>,
+    /// The rendezvous store, kept for failure reports ("who has not
+    /// arrived"), with this job's key prefix.
+    pub(crate) store: Option<(StoreClient, String)>,
     _store: Option<StoreServer>,
 }
 
@@ -183,6 +186,23 @@ impl Builder {
         self
     }
 
+    /// How long a link may stay silent (no data, no heartbeat) before its
+    /// peer is declared dead: a stopped or hung process, or a partition
+    /// (10 s). Env: RINGWIRE_HEARTBEAT_TIMEOUT (seconds).
+    pub fn heartbeat_timeout(mut self, timeout: Duration) -> Builder {
+        self.overrides.heartbeat_timeout = Some(timeout);
+        self
+    }
+
+    /// Before each collective, check across ranks that every rank called the
+    /// same op with the same type, count, reduce op and root (one small
+    /// all-gather per op; like TORCH_DISTRIBUTED_DEBUG=DETAIL). Env:
+    /// RINGWIRE_DEBUG=detail.
+    pub fn debug_checks(mut self, on: bool) -> Builder {
+        self.overrides.debug_checks = Some(on);
+        self
+    }
+
     /// Which transport to use. Env: RINGWIRE_TRANSPORT=auto|portable.
     pub fn transport(mut self, kind: TransportKind) -> Builder {
         self.overrides.transport = Some(kind);
@@ -306,6 +326,7 @@ fn rendezvous(
                 size,
                 job_id: 0,
                 transport,
+                store: None,
                 _store: None,
             });
         }
@@ -421,6 +442,7 @@ fn rendezvous(
         size,
         job_id,
         transport,
+        store: Some((client, prefix)),
         _store: store,
     })
 }
@@ -439,6 +461,8 @@ fn start_transport(
         write_timeout: t.timeout,
         socket_buffer: t.socket_buffer,
         security: sec.clone(),
+        heartbeat_interval: crate::config::HEARTBEAT_INTERVAL.min(t.heartbeat_timeout / 4),
+        heartbeat_timeout: t.heartbeat_timeout,
     };
     let peers = if peers.is_empty() {
         vec![

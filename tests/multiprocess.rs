@@ -7,6 +7,8 @@
 //! and is ignored in a normal run.
 
 mod common;
+#[path = "netns/mod.rs"]
+mod netns;
 
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -24,9 +26,16 @@ fn free_port() -> u16 {
 }
 
 fn launch(world: usize, seed: u64, extra_env: &[(&str, String)]) -> Vec<std::process::Output> {
+    spawn_ranks(world, seed, extra_env)
+        .into_iter()
+        .map(|c| c.wait_with_output().unwrap())
+        .collect()
+}
+
+fn spawn_ranks(world: usize, seed: u64, extra_env: &[(&str, String)]) -> Vec<std::process::Child> {
     let exe = std::env::current_exe().unwrap();
     let port = free_port();
-    let children: Vec<_> = (0..world)
+    (0..world)
         .map(|rank| {
             let mut cmd = Command::new(&exe);
             cmd.args([
@@ -53,11 +62,24 @@ fn launch(world: usize, seed: u64, extra_env: &[(&str, String)]) -> Vec<std::pro
             }
             cmd.spawn().expect("spawn rank")
         })
-        .collect();
-    children
-        .into_iter()
-        .map(|c| c.wait_with_output().unwrap())
         .collect()
+}
+
+fn unix_ms() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis()
+}
+
+/// (unix ms when the rank saw its error, the error) from a child's output.
+fn child_error(out: &std::process::Output) -> Option<(u128, String)> {
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let line = stdout
+        .lines()
+        .find_map(|l| l.split_once("CHILD-LOOP-ERR ").map(|x| x.1.to_string()))?;
+    let (ms, msg) = line.split_once(' ')?;
+    Some((ms.parse().ok()?, msg.to_string()))
 }
 
 fn run_world(world: usize) {
@@ -93,6 +115,52 @@ fn child_rank() {
         .wait()
         .expect("join from env");
     if let Ok(mode) = std::env::var("RINGWIRE_TEST_MODE") {
+        if mode == "loop" {
+            // All-reduce until something fails (or a minute passes).
+            let start = Instant::now();
+            let mut buf = vec![1.0f32; 256 << 10];
+            while start.elapsed() < Duration::from_secs(60) {
+                match comm.all_reduce(buf, ringwire::ReduceOp::Max).wait() {
+                    Ok(b) => buf = b,
+                    Err(e) => {
+                        println!("CHILD-LOOP-ERR {} {e}", unix_ms());
+                        return;
+                    }
+                }
+            }
+            println!("CHILD-LOOP-END");
+            return;
+        }
+        if mode == "netem" {
+            // A short correctness sweep that tolerates a slow, lossy network.
+            let (rank, world) = (comm.rank(), comm.world_size());
+            for len in [0usize, 1, 1000, 1 << 20] {
+                let ins: Vec<Vec<f32>> = (0..world)
+                    .map(|r| {
+                        ringwire::testing::random_data(
+                            &mut ringwire::testing::Rng::new(seed ^ r as u64 ^ len as u64),
+                            len,
+                            ringwire::ReduceOp::Sum,
+                        )
+                    })
+                    .collect();
+                let reference = ringwire::testing::reference_reduce(&ins, ringwire::ReduceOp::Sum);
+                let got = comm
+                    .all_reduce(ins[rank].clone(), ringwire::ReduceOp::Sum)
+                    .wait()
+                    .unwrap();
+                ringwire::testing::check_close(&got, &reference, world).unwrap();
+                let got = comm.broadcast(ins[rank].clone(), world - 1).wait().unwrap();
+                assert_eq!(got, ins[world - 1]);
+                let (_, got) = comm
+                    .all_gather(ins[rank].clone(), vec![0f32; len * world])
+                    .wait()
+                    .unwrap();
+                assert_eq!(got, ins.concat());
+            }
+            println!("CHILD-OK rank {rank}");
+            return;
+        }
         if mode == "mismatch" {
             // Ranks pass different lengths: every rank must fail naming both.
             let n = 1000 - comm.rank();
@@ -211,4 +279,70 @@ fn a_second_process_claiming_a_rank_is_refused() {
         outs.iter().all(|o| !o.status.success()),
         "nobody may succeed without rank 2"
     );
+}
+
+#[test]
+fn processes_kill_9_one_of_four_fails_every_other_rank() {
+    let env = [
+        ("RINGWIRE_TEST_MODE", "loop".to_string()),
+        ("RINGWIRE_TIMEOUT", "60".into()),
+    ];
+    let mut children = spawn_ranks(4, 1, &env);
+    std::thread::sleep(Duration::from_millis(1500));
+    let victim = children.remove(2);
+    let killed_at = unix_ms();
+    let pid = nix::unistd::Pid::from_raw(victim.id() as i32);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL).unwrap();
+    let _ = victim.wait_with_output();
+    for (i, child) in children.into_iter().enumerate() {
+        let rank = if i >= 2 { i + 1 } else { i };
+        let out = child.wait_with_output().unwrap();
+        let (at, msg) = child_error(&out).unwrap_or_else(|| {
+            panic!(
+                "rank {rank} reported no error:\n{}\n{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            )
+        });
+        let took = at.saturating_sub(killed_at);
+        eprintln!("rank {rank} failed {took} ms after the kill: {msg}");
+        assert!(
+            msg.contains("rank 2"),
+            "rank {rank} must name the lost rank: {msg}"
+        );
+        assert!(
+            msg.contains("all_reduce #"),
+            "rank {rank} must name the op: {msg}"
+        );
+        assert!(took < 60_000, "rank {rank} waited for its op timeout");
+    }
+}
+
+#[test]
+fn processes_sigstop_is_caught_by_heartbeats() {
+    use nix::sys::signal::{Signal, kill};
+    use nix::unistd::Pid;
+    let env = [
+        ("RINGWIRE_TEST_MODE", "loop".to_string()),
+        ("RINGWIRE_TIMEOUT", "60".into()),
+        ("RINGWIRE_HEARTBEAT_TIMEOUT", "2".into()),
+    ];
+    let mut children = spawn_ranks(3, 1, &env);
+    std::thread::sleep(Duration::from_millis(1500));
+    let stopped = children.remove(1);
+    let pid = Pid::from_raw(stopped.id() as i32);
+    kill(pid, Signal::SIGSTOP).unwrap();
+    let stopped_at = unix_ms();
+    for (i, child) in children.into_iter().enumerate() {
+        let rank = if i >= 1 { i + 1 } else { i };
+        let out = child.wait_with_output().unwrap();
+        let (at, msg) =
+            child_error(&out).unwrap_or_else(|| panic!("rank {rank} reported no error"));
+        let took = at.saturating_sub(stopped_at);
+        eprintln!("rank {rank} failed {took} ms after SIGSTOP: {msg}");
+        assert!(msg.contains("rank 1"), "rank {rank}: {msg}");
+    }
+    kill(pid, Signal::SIGCONT).unwrap();
+    kill(pid, Signal::SIGKILL).ok();
+    let _ = stopped.wait_with_output();
 }

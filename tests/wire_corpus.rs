@@ -29,9 +29,15 @@ fn corpus_dir() -> PathBuf {
 fn seeds() -> Vec<(&'static str, &'static str, Vec<u8>)> {
     let hello = Hello::new(0x5EED_0000_0000_0001, 1, 4);
     let hello_auth = Hello {
-        auth: b"not-yet-checked-token".to_vec(),
+        security: ringwire::wire::handshake::SECURITY_SECRET
+            | ringwire::wire::handshake::SECURITY_TLS
+            | ringwire::wire::handshake::SECURITY_MTLS,
+        auth: b"0123456789abcdef0123456789abcdef".to_vec(),
         ..Hello::new(0x5EED_0000_0000_0002, 3, 8)
     };
+    let ack_challenge = HelloAck::accept()
+        .with_security(ringwire::wire::handshake::SECURITY_SECRET)
+        .with_auth([7u8; 64].to_vec());
     let ack_ok = HelloAck::accept();
     let ack_no = HelloAck::reject("world size mismatch: this rank has 4, peer says 8");
     let abort = Abort::new(2, 17, "rank 2: connection to rank 3 reset");
@@ -174,6 +180,21 @@ fn seeds() -> Vec<(&'static str, &'static str, Vec<u8>)> {
             hello_auth.encode().unwrap(),
         ),
         ("handshake", "valid_ack_accept.bin", ack_ok.encode()),
+        (
+            "handshake",
+            "valid_ack_secret_challenge.bin",
+            ack_challenge.encode(),
+        ),
+        (
+            "handshake",
+            "ack_auth_len_over_cap.bin",
+            with(ack_challenge.encode(), 4, &513u16.to_le_bytes()),
+        ),
+        (
+            "handshake",
+            "hello_unknown_security_bits.bin",
+            with(hello_payload.clone(), 3, &[0x80]),
+        ),
         ("handshake", "valid_ack_reject.bin", ack_payload.clone()),
         (
             "handshake",
@@ -221,7 +242,7 @@ fn seeds() -> Vec<(&'static str, &'static str, Vec<u8>)> {
         (
             "handshake",
             "ack_reason_invalid_utf8.bin",
-            with(ack_payload, 4, &[0xff, 0xfe]),
+            with(ack_payload, 6, &[0xff, 0xfe]),
         ),
         (
             "handshake",

@@ -34,6 +34,10 @@ pub(crate) struct Args {
     pub(crate) timeout: Duration,
     /// Test hook: corrupt this rank's checked result so #wrong is non-zero.
     pub(crate) inject_wrong: bool,
+    /// Run every link (and the store) over mutual TLS.
+    pub(crate) tls: bool,
+    /// Job secret for every link and the store.
+    pub(crate) secret: Option<String>,
 }
 
 pub(crate) const USAGE: &str = "\
@@ -60,6 +64,9 @@ ops: all_reduce broadcast reduce all_gather reduce_scatter all_to_all barrier se
       --csv FILE     write the rows as CSV
       --plot FILE    write busbw against size as SVG
       --timeout S    per-op timeout in seconds (default 120)
+      --tls          mutual TLS on every link and the store; with --ranks, a throwaway
+                     CA and certificates are generated (else RINGWIRE_TLS_CA/CERT/KEY)
+      --secret S     job secret on every link and the store (or RINGWIRE_SECRET)
 ";
 
 /// Parses `64`, `4K`, `16M`, `1G` (binary multiples).
@@ -105,6 +112,8 @@ pub(crate) fn parse(args: &[String]) -> Result<Args, String> {
         plot: None,
         timeout: Duration::from_secs(120),
         inject_wrong: false,
+        tls: false,
+        secret: None,
     };
     while let Some(flag) = it.next() {
         let (flag, inline) = match flag.split_once('=') {
@@ -177,6 +186,8 @@ pub(crate) fn parse(args: &[String]) -> Result<Args, String> {
                 a.timeout = Duration::from_secs_f64(secs.max(0.001));
             }
             "--inject-wrong" => a.inject_wrong = true,
+            "--tls" => a.tls = true,
+            "--secret" => a.secret = Some(value()?),
             "-h" | "--help" => return Err(USAGE.to_string()),
             other => return Err(format!("unknown option {other:?} (try --help)")),
         }

@@ -10,6 +10,7 @@
 #![forbid(unsafe_code)]
 
 mod args;
+mod certs;
 mod linklimit;
 mod ops;
 mod plot;
@@ -40,7 +41,7 @@ fn main() -> ExitCode {
         }
     };
     if let (Some(n), Err(_)) = (args.ranks, std::env::var(CHILD_VAR)) {
-        return launch(n, &argv);
+        return launch(n, &argv, &args);
     }
     match run_rank(&args) {
         Ok(true) => ExitCode::SUCCESS,
@@ -57,8 +58,39 @@ fn main() -> ExitCode {
 
 /// Starts `n` ranks of this binary on this host, hosts their store, and
 /// waits; a failing rank stops the others after a grace period.
-fn launch(n: usize, argv: &[String]) -> ExitCode {
-    let store = match ringwire::store::StoreServer::bind("127.0.0.1:0".parse().expect("literal")) {
+fn launch(n: usize, argv: &[String], args: &Args) -> ExitCode {
+    // With --tls: a throwaway CA and a certificate per rank and for the
+    // store, removed when the ranks are done.
+    let pki = if args.tls {
+        match certs::TempPki::generate(n) {
+            Ok(p) => Some(p),
+            Err(e) => {
+                eprintln!("ringwire-bench: cannot generate TLS certificates: {e}");
+                return ExitCode::FAILURE;
+            }
+        }
+    } else {
+        None
+    };
+    let mut security = ringwire::Security::none();
+    if let Some(p) = &pki {
+        match p.tls_config(n) {
+            Ok(t) => security = security.with_tls(Some(t)),
+            Err(e) => {
+                eprintln!("ringwire-bench: {e}");
+                return ExitCode::FAILURE;
+            }
+        }
+    }
+    if let Some(s) = &args.secret {
+        security = security.with_secret(s.clone());
+    } else if let Ok(s) = std::env::var("RINGWIRE_SECRET") {
+        security = security.with_secret(s);
+    }
+    let store = match ringwire::store::StoreServer::bind_with(
+        "127.0.0.1:0".parse().expect("literal"),
+        security,
+    ) {
         Ok(s) => s,
         Err(e) => {
             eprintln!("ringwire-bench: cannot start the rendezvous store: {e}");
@@ -75,7 +107,15 @@ fn launch(n: usize, argv: &[String]) -> ExitCode {
     let port = store.local_addr().port().to_string();
     let mut children: Vec<Option<Child>> = Vec::new();
     for rank in 0..n {
-        let spawned = Command::new(&exe)
+        let mut cmd = Command::new(&exe);
+        if let Some(p) = &pki {
+            let (cert, key) = p.files(rank);
+            cmd.env("RINGWIRE_TLS", "mtls")
+                .env("RINGWIRE_TLS_CA", p.ca_file())
+                .env("RINGWIRE_TLS_CERT", cert)
+                .env("RINGWIRE_TLS_KEY", key);
+        }
+        let spawned = cmd
             .args(argv)
             .env(CHILD_VAR, "1")
             .env("RINGWIRE_RANK", rank.to_string())
@@ -132,6 +172,7 @@ fn launch(n: usize, argv: &[String]) -> ExitCode {
         }
         std::thread::sleep(Duration::from_millis(20));
     }
+    drop(pki);
     if failed {
         ExitCode::FAILURE
     } else {
@@ -283,6 +324,15 @@ fn run_rank(a: &Args) -> Result<bool, String> {
             .timeout(a.timeout)
             .transport(*kind)
             .job(format!("bench-{name}"));
+        if let Some(s) = &a.secret {
+            b = b.secret(s.clone());
+        }
+        if a.tls && std::env::var_os("RINGWIRE_TLS_CA").is_none() {
+            return Err(
+                "--tls without --ranks needs RINGWIRE_TLS_CA, RINGWIRE_TLS_CERT and RINGWIRE_TLS_KEY"
+                    .into(),
+            );
+        }
         if i > 0 {
             b = b.host_store(false); // the first communicator's rank 0 hosts it
         }
@@ -317,6 +367,18 @@ fn run_rank(a: &Args) -> Result<bool, String> {
             println!("# (uring: not built yet; comparing the available transports only)");
         }
         println!("# machine: {}", machine_line());
+        println!(
+            "# security: {}",
+            ringwire::Security::from_env()
+                .map(|s| {
+                    let s = match &a.secret {
+                        Some(k) => s.with_secret(k.clone()),
+                        None => s,
+                    };
+                    s.describe()
+                })
+                .unwrap_or_else(|e| e.to_string())
+        );
         println!(
             "# iterations: up to {} timed after {} warm-up (capped near {} s per size), check {}",
             a.iters,

@@ -73,6 +73,7 @@ pub(crate) fn write_svg(path: &str, title: &str, rows: &[Row]) -> Result<(), Str
     }
     chart
         .configure_series_labels()
+        .position(SeriesLabelPosition::UpperLeft)
         .background_style(WHITE.mix(0.8))
         .border_style(BLACK)
         .draw()
@@ -81,12 +82,12 @@ pub(crate) fn write_svg(path: &str, title: &str, rows: &[Row]) -> Result<(), Str
     Ok(())
 }
 
+/// Axis labels in decimal units (the log axis ticks at powers of ten).
 fn human(v: f64) -> String {
-    let v = v.round() as u64;
     match v {
-        v if v >= 1 << 30 && v % (1 << 30) == 0 => format!("{}G", v >> 30),
-        v if v >= 1 << 20 && v % (1 << 20) == 0 => format!("{}M", v >> 20),
-        v if v >= 1 << 10 && v % (1 << 10) == 0 => format!("{}K", v >> 10),
-        v => v.to_string(),
+        v if v >= 1e9 => format!("{} GB", v / 1e9),
+        v if v >= 1e6 => format!("{} MB", v / 1e6),
+        v if v >= 1e3 => format!("{} kB", v / 1e3),
+        v => format!("{v} B"),
     }
 }

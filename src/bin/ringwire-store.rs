@@ -28,7 +28,9 @@ OPTIONS:
     -h, --help              Print this help
 
 Ranks find the store through MASTER_ADDR and MASTER_PORT (or RINGWIRE_MASTER_ADDR
-and RINGWIRE_MASTER_PORT). The store runs until it is killed.
+and RINGWIRE_MASTER_PORT). The store runs until it is killed. It uses the same
+RINGWIRE_SECRET and RINGWIRE_TLS, RINGWIRE_TLS_CA, RINGWIRE_TLS_CERT and
+RINGWIRE_TLS_KEY settings as the ranks.
 ";
 
 struct Args {
@@ -56,11 +58,19 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    // The same RINGWIRE_SECRET / RINGWIRE_TLS* settings as the ranks.
+    let security = match ringwire::Security::from_env() {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("ringwire-store: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
     // A name may resolve to several addresses; serve on the first that binds.
     let mut last_error = None;
     let mut server = None;
     for addr in addrs {
-        match StoreServer::bind(addr) {
+        match StoreServer::bind_with(addr, security.clone()) {
             Ok(s) => {
                 server = Some(s);
                 break;

@@ -17,9 +17,9 @@ use std::io;
 use subtle::ConstantTimeEq;
 
 /// Bytes in a nonce.
-pub const NONCE_LEN: usize = 32;
+pub(crate) const NONCE_LEN: usize = 32;
 /// Bytes in a proof (an HMAC-SHA256 tag).
-pub const PROOF_LEN: usize = 32;
+pub(crate) const PROOF_LEN: usize = 32;
 
 /// Which side of an exchange computes a proof.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -41,7 +41,7 @@ impl Role {
 
 /// A job secret. Its `Debug` form does not show it.
 #[derive(Clone, PartialEq, Eq)]
-pub struct Secret(Vec<u8>);
+pub(crate) struct Secret(Vec<u8>);
 
 impl fmt::Debug for Secret {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

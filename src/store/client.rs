@@ -17,6 +17,9 @@ use tracing::debug;
 
 use super::error::StoreError;
 use super::protocol::{self, ProtocolError, Request, Response};
+use super::server::{AUTH_CONTEXT, AUTH_MAGIC};
+use crate::security::secret::{self, NONCE_LEN, PROOF_LEN, Role};
+use crate::security::{self, ReadHalf, Security, WriteHalf};
 
 /// How long a request that does not wait may take to be answered.
 pub const REPLY_TIMEOUT: Duration = Duration::from_secs(60);
@@ -37,18 +40,42 @@ pub struct StoreClient {
     conn: Mutex<Conn>,
 }
 
-#[derive(Debug)]
 struct Conn {
+    /// The socket, for timeouts and shutdown.
     stream: TcpStream,
+    /// Its byte streams: plain clones, or a TLS session's halves.
+    reader: ReadHalf,
+    writer: WriteHalf,
     /// Why the connection was abandoned, if it was.
     broken: Option<String>,
+}
+
+impl std::fmt::Debug for Conn {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Conn")
+            .field("stream", &self.stream)
+            .field("broken", &self.broken)
+            .finish_non_exhaustive()
+    }
 }
 
 impl StoreClient {
     /// Connects to the first of `addrs` that accepts, trying them all in turn
     /// and retrying with a short backoff until `timeout` has passed (the store
-    /// may start after its clients).
+    /// may start after its clients). Plaintext, no job secret; see
+    /// [`StoreClient::connect_with`].
     pub fn connect(addrs: &[SocketAddr], timeout: Duration) -> Result<StoreClient, StoreError> {
+        StoreClient::connect_with(addrs, timeout, &Security::none())
+    }
+
+    /// As [`StoreClient::connect`], then runs TLS and the job-secret check
+    /// of `security` (which must match the server's). A mismatch is a
+    /// [`StoreError::Security`] at once, not retried.
+    pub fn connect_with(
+        addrs: &[SocketAddr],
+        timeout: Duration,
+        security: &Security,
+    ) -> Result<StoreClient, StoreError> {
         let start = Instant::now();
         let mut backoff = BACKOFF_MIN;
         let mut last_error = if addrs.is_empty() {
@@ -72,11 +99,14 @@ impl StoreClient {
                             op: "setting TCP_NODELAY",
                             source,
                         })?;
+                        let (reader, writer) = secure_connect(&stream, addr, security)?;
                         debug!(%addr, "connected to rendezvous store");
                         return Ok(StoreClient {
                             addr,
                             conn: Mutex::new(Conn {
                                 stream,
+                                reader,
+                                writer,
                                 broken: None,
                             }),
                         });
@@ -219,7 +249,7 @@ impl StoreClient {
             });
         }
         let reply_timeout = waits.map_or(REPLY_TIMEOUT, |w| w.saturating_add(REPLY_MARGIN));
-        let result = exchange(&mut conn.stream, &frame, reply_timeout);
+        let result = exchange(&mut conn, &frame, reply_timeout);
         let resp = match result {
             Ok(resp) => resp,
             Err(e) => {
@@ -253,6 +283,10 @@ impl StoreClient {
         let addr = self.addr;
         match e {
             ExchangeError::Protocol(p) => StoreError::Protocol(p),
+            ExchangeError::Io(e, _) if security::is_tls_error(&e) => StoreError::Security {
+                addr,
+                detail: security::describe_io(&e, "the store"),
+            },
             ExchangeError::Io(e, op) => match e.kind() {
                 io::ErrorKind::UnexpectedEof
                 | io::ErrorKind::ConnectionReset
@@ -277,21 +311,135 @@ enum ExchangeError {
     Protocol(ProtocolError),
 }
 
+/// How long the TLS handshake and the job-secret check may take.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Runs TLS and the job-secret check of `sec` on a new connection.
+fn secure_connect(
+    stream: &TcpStream,
+    addr: SocketAddr,
+    sec: &Security,
+) -> Result<(ReadHalf, WriteHalf), StoreError> {
+    let fail = |detail: String| StoreError::Security { addr, detail };
+    let io = |e: io::Error| {
+        if security::is_tls_error(&e) {
+            fail(security::describe_io(&e, "the store"))
+        } else {
+            StoreError::Io {
+                addr,
+                op: "authenticating",
+                source: e,
+            }
+        }
+    };
+    stream
+        .set_read_timeout(Some(HANDSHAKE_TIMEOUT))
+        .and_then(|()| stream.set_write_timeout(Some(HANDSHAKE_TIMEOUT)))
+        .map_err(io)?;
+    let (mut reader, mut writer) = match &sec.tls {
+        Some(tls) => security::tls_connect(tls, stream, addr.ip(), "the store").map_err(|e| {
+            // A plaintext store answers a ClientHello with an Error response.
+            let said = e
+                .plaintext
+                .as_deref()
+                .and_then(|b| match protocol::decode_response(b) {
+                    Ok(Some((Response::Error(msg), _))) => Some(msg),
+                    _ => None,
+                });
+            fail(match said {
+                Some(msg) => format!("{}; it said: {msg}", e.detail),
+                None => e.detail,
+            })
+        })?,
+        None => security::plain_halves(stream).map_err(io)?,
+    };
+    if let Some(secret) = &sec.secret {
+        let client_nonce = secret::nonce().map_err(io)?;
+        writer
+            .write_all(&[&AUTH_MAGIC[..], &client_nonce].concat())
+            .map_err(io)?;
+        let mut magic = [0u8; AUTH_MAGIC.len()];
+        reader.read_exact(&mut magic).map_err(io)?;
+        if magic != AUTH_MAGIC {
+            // Not the exchange: an Error response (a store without a secret
+            // refusing our opening as a request, or a TLS store).
+            let said = read_response_after(&mut *reader, &magic);
+            return Err(fail(format!(
+                "the store does not run the job-secret check (is RINGWIRE_SECRET set where the store runs?); it said: {said}"
+            )));
+        }
+        let mut challenge = [0u8; NONCE_LEN + PROOF_LEN];
+        reader.read_exact(&mut challenge).map_err(io)?;
+        let (server_nonce, proof) = challenge.split_at(NONCE_LEN);
+        let server_ok = secret.verify(
+            Role::Server,
+            AUTH_CONTEXT,
+            &client_nonce,
+            server_nonce,
+            proof,
+        );
+        let answer = if server_ok {
+            secret.proof(Role::Client, AUTH_CONTEXT, &client_nonce, server_nonce)
+        } else {
+            [0u8; PROOF_LEN]
+        };
+        writer.write_all(&answer).map_err(io)?;
+        let verdict = read_response_after(&mut *reader, &[]);
+        if !server_ok {
+            return Err(fail(
+                "the store failed the job-secret check: it does not know this job's secret (RINGWIRE_SECRET differs)".into(),
+            ));
+        }
+        if verdict != "done" {
+            return Err(fail(format!("the store refused this client: {verdict}")));
+        }
+    }
+    Ok((reader, writer))
+}
+
+/// Reads one response frame whose first bytes are `start`; `"done"` for
+/// `Done`, the message of an `Error`, or a description of anything else.
+fn read_response_after(reader: &mut dyn Read, start: &[u8]) -> String {
+    let mut buf = start.to_vec();
+    let mut chunk = [0u8; 1024];
+    loop {
+        match protocol::decode_response(&buf) {
+            Ok(Some((Response::Done, _))) => return "done".into(),
+            Ok(Some((Response::Error(msg), _))) => return msg,
+            Ok(Some((other, _))) => return format!("an unexpected {} response", other.name()),
+            Err(e) => return format!("an unreadable answer ({e})"),
+            Ok(None) => {}
+        }
+        if buf.len() > 128 * 1024 {
+            return "an over-long answer".into();
+        }
+        match reader.read(&mut chunk) {
+            Ok(0) => return "nothing (it closed the connection)".into(),
+            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            Err(e) => return security::describe_io(&e, "the store"),
+        }
+    }
+}
+
 /// Writes one request frame and reads one response frame.
 fn exchange(
-    stream: &mut TcpStream,
+    conn: &mut Conn,
     frame: &[u8],
     reply_timeout: Duration,
 ) -> Result<Response, ExchangeError> {
     let io = |op| move |e| ExchangeError::Io(e, op);
-    stream
+    conn.stream
         .set_write_timeout(Some(REPLY_TIMEOUT))
         .map_err(io("setting the write timeout"))?;
     // A zero timeout means "none" to the OS; the margin keeps it nonzero.
-    stream
+    conn.stream
         .set_read_timeout(Some(reply_timeout.max(Duration::from_millis(1))))
         .map_err(io("setting the read timeout"))?;
-    stream.write_all(frame).map_err(io("sending a request"))?;
+    let stream = &mut *conn.reader;
+    conn.writer
+        .write_all(frame)
+        .map_err(io("sending a request"))?;
+    conn.writer.flush().map_err(io("sending a request"))?;
     let mut header = [0u8; protocol::HEADER_LEN];
     stream
         .read_exact(&mut header)

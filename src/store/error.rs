@@ -79,6 +79,10 @@ pub enum StoreError {
     /// The server refused the request.
     #[error("rendezvous store refused the request: {0}")]
     Remote(String),
+    /// TLS or job-secret authentication with the store failed (a different
+    /// CA, secret or TLS mode on the two sides).
+    #[error("rendezvous store at {addr}: {detail}")]
+    Security { addr: SocketAddr, detail: String },
 }
 
 impl From<ProtocolError> for StoreError {

@@ -23,6 +23,8 @@ use tracing::{debug, warn};
 use super::error::StoreError;
 use super::protocol::{self, Request, Response};
 use super::table::Table;
+use crate::security::secret::{self, NONCE_LEN, PROOF_LEN, Role};
+use crate::security::{self, Opening, ReadHalf, Security, WriteHalf};
 
 /// How often a blocked accept or read wakes up to check for shutdown.
 const POLL: Duration = Duration::from_millis(100);
@@ -34,6 +36,16 @@ const LIVENESS_CHECK: Duration = Duration::from_secs(1);
 const CHUNK: usize = 64 * 1024;
 /// Listen backlog: every rank connects at once at startup.
 const BACKLOG: i32 = 1024;
+/// How long a new client may take over TLS and the secret check.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// First bytes of every message of the store's job-secret exchange: a client
+/// `MAGIC + nonce`, the server `MAGIC + nonce + proof`, the client `proof`,
+/// then the server's verdict as a `Done` or `Error` response. As a request
+/// frame, `MAGIC` declares a body far over the cap, so a store without a
+/// secret refuses it at once.
+pub(crate) const AUTH_MAGIC: [u8; 8] = *b"RWSAUTH1";
+/// The context store proofs are bound to.
+pub(crate) const AUTH_CONTEXT: &[u8] = b"store";
 
 /// A running rendezvous store. Dropping it (or calling
 /// [`shutdown`](StoreServer::shutdown)) stops it.
@@ -53,6 +65,8 @@ struct Shared {
     /// Clones of live client sockets, to shut them down on shutdown.
     conns: Mutex<HashMap<u64, TcpStream>>,
     next_conn: AtomicU64,
+    /// Job secret and TLS every client must match.
+    security: Security,
 }
 
 impl Shared {
@@ -75,7 +89,18 @@ impl StoreServer {
     /// Only the given address is bound: an unspecified address (`0.0.0.0` or
     /// `::`) is bound only if given, and an IPv6 address is bound with
     /// `IPV6_V6ONLY`, so `[::]` does not also take IPv4.
+    ///
+    /// Clients are not authenticated; see [`StoreServer::bind_with`].
     pub fn bind(addr: SocketAddr) -> Result<StoreServer, StoreError> {
+        StoreServer::bind_with(addr, Security::none())
+    }
+
+    /// As [`StoreServer::bind`], and every client must pass `security`'s
+    /// TLS and job-secret checks before its first request is read. Clients
+    /// that fail are refused (with an `Error` response they can read, where
+    /// possible) and logged with their address.
+    pub fn bind_with(addr: SocketAddr, security: Security) -> Result<StoreServer, StoreError> {
+        security.warn_if_unauthenticated();
         let bind_err = |source| StoreError::Bind { addr, source };
         let listener = listen(addr).map_err(bind_err)?;
         let local = listener.local_addr().map_err(bind_err)?;
@@ -90,6 +115,7 @@ impl StoreServer {
             stopping: AtomicBool::new(false),
             conns: Mutex::new(HashMap::new()),
             next_conn: AtomicU64::new(0),
+            security,
         });
         let accept_shared = Arc::clone(&shared);
         let accept = thread::Builder::new()
@@ -258,9 +284,99 @@ fn is_timeout(e: &io::Error) -> bool {
     )
 }
 
+/// Runs TLS and the job-secret check (whichever are configured) on a new
+/// client; `Err` says why it was refused.
+fn secure_accept(
+    stream: &mut TcpStream,
+    peer: SocketAddr,
+    sec: &Security,
+    shared: &Shared,
+) -> Result<(ReadHalf, WriteHalf), String> {
+    let io = |e: io::Error| e.to_string();
+    stream
+        .set_read_timeout(Some(HANDSHAKE_TIMEOUT))
+        .map_err(io)?;
+    let mut out = Vec::new();
+    let (mut reader, mut writer) = match (&sec.tls, security::peek_opening(stream)) {
+        (_, Opening::Nothing) => return Err("it sent nothing".into()),
+        (Some(_), Opening::Plain) => {
+            let reason =
+                "this store requires TLS (RINGWIRE_TLS), but the client connected in plaintext";
+            let _ = send(stream, &mut out, &Response::Error(reason.into()));
+            close_after_error(stream, shared);
+            return Err(reason.into());
+        }
+        (None, Opening::Tls) => {
+            let reason =
+                "this store has TLS off (RINGWIRE_TLS), but the client started a TLS handshake";
+            let _ = stream.read(&mut [0u8; 4096]);
+            let _ = send(stream, &mut out, &Response::Error(reason.into()));
+            close_after_error(stream, shared);
+            return Err(reason.into());
+        }
+        (Some(tls), Opening::Tls) => {
+            let who = format!("the store client at {peer}");
+            security::tls_accept(tls, stream, peer.ip(), &who).map_err(|e| e.detail)?
+        }
+        (None, Opening::Plain) => security::plain_halves(stream).map_err(io)?,
+    };
+    if let Some(secret) = &sec.secret {
+        // Compare the opening byte by byte, so that a client without the
+        // secret (whose first request may be shorter than the magic) is
+        // answered at once instead of waited for.
+        let mut first = [0u8; AUTH_MAGIC.len() + NONCE_LEN];
+        let mut got = 0;
+        while got < first.len() {
+            let n = reader.read(&mut first[got..]).map_err(io)?;
+            if n == 0 {
+                return Err("it closed the connection during the job-secret check".into());
+            }
+            got += n;
+            let magic = got.min(AUTH_MAGIC.len());
+            if first[..magic] != AUTH_MAGIC[..magic] {
+                let reason = "this store requires the job secret (RINGWIRE_SECRET), but the client did not authenticate";
+                let _ = send(&mut *writer, &mut out, &Response::Error(reason.into()));
+                close_after_error(stream, shared);
+                return Err(reason.into());
+            }
+        }
+        let client_nonce = &first[AUTH_MAGIC.len()..];
+        let server_nonce = secret::nonce().map_err(io)?;
+        let proof = secret.proof(Role::Server, AUTH_CONTEXT, client_nonce, &server_nonce);
+        writer
+            .write_all(&[&AUTH_MAGIC[..], &server_nonce, &proof].concat())
+            .map_err(io)?;
+        let mut answer = [0u8; PROOF_LEN];
+        reader.read_exact(&mut answer).map_err(io)?;
+        if !secret.verify(
+            Role::Client,
+            AUTH_CONTEXT,
+            client_nonce,
+            &server_nonce,
+            &answer,
+        ) {
+            let reason = "job-secret check failed: the client does not know this store's secret (RINGWIRE_SECRET)";
+            let _ = send(&mut *writer, &mut out, &Response::Error(reason.into()));
+            close_after_error(stream, shared);
+            return Err(reason.into());
+        }
+        send(&mut *writer, &mut out, &Response::Done).map_err(io)?;
+    }
+    stream.set_read_timeout(Some(POLL)).map_err(io)?;
+    Ok((reader, writer))
+}
+
 /// Reads requests and answers them until the client leaves, misbehaves, or
 /// the server stops.
 fn serve_client(mut stream: TcpStream, peer: SocketAddr, shared: &Shared) {
+    let (mut reader, mut writer) = match secure_accept(&mut stream, peer, &shared.security, shared)
+    {
+        Ok(halves) => halves,
+        Err(reason) => {
+            warn!(%peer, %reason, "rendezvous store: refused a connection");
+            return;
+        }
+    };
     let mut buf: Vec<u8> = Vec::new();
     let mut chunk = vec![0u8; CHUNK];
     let mut out = Vec::new();
@@ -272,7 +388,7 @@ fn serve_client(mut stream: TcpStream, peer: SocketAddr, shared: &Shared) {
                 Ok(None) => break,
                 Err(e) => {
                     warn!(%peer, error = %e, "rendezvous store: bad request; closing connection");
-                    let _ = send(&mut stream, &mut out, &Response::Error(e.to_string()));
+                    let _ = send(&mut *writer, &mut out, &Response::Error(e.to_string()));
                     close_after_error(&mut stream, shared);
                     return;
                 }
@@ -281,14 +397,14 @@ fn serve_client(mut stream: TcpStream, peer: SocketAddr, shared: &Shared) {
             let Some(resp) = handle(shared, req, || peer_left(&stream)) else {
                 return; // stopping, or the client left while waiting
             };
-            if let Err(e) = send(&mut stream, &mut out, &resp) {
+            if let Err(e) = send(&mut *writer, &mut out, &resp) {
                 debug!(%peer, error = %e, "rendezvous store: could not answer; closing connection");
                 return;
             }
         }
         // Then read more. Growing `buf` only by what arrives means a hostile
         // declared length costs nothing until the bytes are actually sent.
-        match stream.read(&mut chunk) {
+        match reader.read(&mut chunk) {
             Ok(0) => {
                 if !buf.is_empty() {
                     debug!(%peer, pending = buf.len(), "rendezvous store: client left mid-request");
@@ -333,7 +449,7 @@ fn close_after_error(stream: &mut TcpStream, shared: &Shared) {
     }
 }
 
-fn send(stream: &mut TcpStream, out: &mut Vec<u8>, resp: &Response) -> io::Result<()> {
+fn send(stream: &mut dyn Write, out: &mut Vec<u8>, resp: &Response) -> io::Result<()> {
     out.clear();
     if let Err(e) = resp.encode(out) {
         // Only a value over the cap can fail, and the table never holds one.
@@ -343,6 +459,7 @@ fn send(stream: &mut TcpStream, out: &mut Vec<u8>, resp: &Response) -> io::Resul
             .map_err(io::Error::other)?;
     }
     stream.write_all(out)?;
+    stream.flush()?;
     // Do not keep a 64 MiB buffer around per idle client.
     if out.capacity() > CHUNK {
         *out = Vec::new();

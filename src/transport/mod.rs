@@ -68,6 +68,12 @@ pub(crate) enum LinkError {
     Lost(String),
     /// Could not establish the link.
     Connect { addr: String, detail: String },
+    /// Some rank aborted the communicator (`origin` is its world rank).
+    Aborted {
+        origin: usize,
+        seq: u64,
+        reason: String,
+    },
 }
 
 /// What the executor needs from a transport. Peers are world ranks.
@@ -84,6 +90,11 @@ pub(crate) trait Transport: Send + Sync {
     fn recv(&self, comm_id: u64, peer: usize, deadline: Instant) -> Result<Incoming, LinkError>;
     /// Returns a payload buffer for reuse.
     fn recycle(&self, buf: AlignedBuf);
+    /// Fails every op of communicator `comm_id` on every reachable rank:
+    /// marks it here and floods an abort to the peers.
+    fn abort(&self, comm_id: u64, seq: u64, reason: &str);
+    /// Where this rank accepts links.
+    fn listen_addr(&self) -> std::net::SocketAddr;
     /// A short name for logs (`portable`, `uring`).
     fn name(&self) -> &'static str;
 }

@@ -18,7 +18,7 @@ use crate::wire::{self, FrameKind, HEADER_LEN, Header, Hello, HelloAck};
 use std::collections::{HashMap, VecDeque};
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -34,6 +34,11 @@ pub(crate) struct TcpConfig {
     /// SO_SNDBUF / SO_RCVBUF; `None` keeps the kernel's autotuning, which
     /// on Linux grows further than an explicit size capped by wmem_max.
     pub(crate) socket_buffer: Option<usize>,
+    /// Idle links carry a heartbeat this often.
+    pub(crate) heartbeat_interval: Duration,
+    /// A link that carries nothing (not even heartbeats) for this long is
+    /// declared dead: the peer process is stopped or the network partitioned.
+    pub(crate) heartbeat_timeout: Duration,
     /// Job secret and TLS (see `crate::security`); the handshake checks
     /// both sides use the same.
     pub(crate) security: Security,
@@ -51,6 +56,8 @@ enum PeerState {
 /// thread; the writer is shared by every executor sending on the link.
 pub(crate) type LinkReader = Box<dyn Read + Send>;
 pub(crate) type LinkWriter = Box<dyn Write + Send>;
+/// Both streams of a link, as the handshake hands them to `install`.
+type LinkHalves = (LinkReader, LinkWriter);
 
 struct Link {
     writer: Mutex<LinkWriter>,
@@ -74,7 +81,29 @@ struct Shared {
     inboxes: Mutex<HashMap<(u64, usize), Arc<Inbox>>>,
     pool: Mutex<Vec<AlignedBuf>>,
     closing: AtomicBool,
+    /// Communicators some rank aborted: comm id -> what it said.
+    aborted: Mutex<HashMap<u64, AbortNote>>,
+    /// Milliseconds since `epoch` of the last frame sent to / read from each peer.
+    last_send: Vec<AtomicU64>,
+    last_recv: Vec<AtomicU64>,
+    epoch: Instant,
+    /// Handshakes in progress; capped so a flood of connections cannot
+    /// spawn unbounded threads.
+    handshakes: AtomicUsize,
 }
+
+/// An abort as first heard of by this rank.
+#[derive(Clone, Debug)]
+struct AbortNote {
+    origin: usize,
+    seq: u64,
+    reason: String,
+    /// Set once the abort has been written to every peer (or failed to).
+    forwarded: Arc<(Mutex<bool>, Condvar)>,
+}
+
+/// At most this many connections may be mid-handshake at once.
+const MAX_PENDING_HANDSHAKES: usize = 64;
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
@@ -109,11 +138,20 @@ impl TcpTransport {
             inboxes: Mutex::new(HashMap::new()),
             pool: Mutex::new(Vec::new()),
             closing: AtomicBool::new(false),
+            aborted: Mutex::new(HashMap::new()),
+            last_send: (0..world).map(|_| AtomicU64::new(0)).collect(),
+            last_recv: (0..world).map(|_| AtomicU64::new(0)).collect(),
+            epoch: Instant::now(),
+            handshakes: AtomicUsize::new(0),
         });
         let s = shared.clone();
         std::thread::Builder::new()
             .name(format!("ringwire-accept-{me}"))
             .spawn(move || accept_loop(&s, &listener))?;
+        let s = shared.clone();
+        std::thread::Builder::new()
+            .name(format!("ringwire-heartbeat-{me}"))
+            .spawn(move || heartbeat_loop(&s))?;
         Ok(TcpTransport { shared, local_addr })
     }
 }
@@ -135,6 +173,121 @@ impl Drop for TcpTransport {
 }
 
 impl Shared {
+    /// The error for ops of an aborted communicator.
+    fn aborted_error(&self, comm_id: u64) -> Option<LinkError> {
+        lock(&self.aborted)
+            .get(&comm_id)
+            .map(|a| LinkError::Aborted {
+                origin: a.origin,
+                seq: a.seq,
+                reason: a.reason.clone(),
+            })
+    }
+
+    fn now_ms(&self) -> u64 {
+        self.epoch.elapsed().as_millis() as u64
+    }
+
+    /// Records an abort of communicator `comm_id` (from `from`, or from this
+    /// rank when `None`), wakes every op of that communicator, and floods the
+    /// abort to every other linked peer once, so it reaches ranks that are
+    /// not neighbours of the failure.
+    fn on_abort(self: &Arc<Self>, from: Option<usize>, comm_id: u64, abort: wire::Abort) {
+        let forwarded = Arc::new((Mutex::new(false), Condvar::new()));
+        {
+            let mut aborted = lock(&self.aborted);
+            if aborted.contains_key(&comm_id) {
+                return;
+            }
+            aborted.insert(
+                comm_id,
+                AbortNote {
+                    origin: abort.origin_rank as usize,
+                    seq: abort.seq,
+                    reason: abort.reason.clone(),
+                    forwarded: forwarded.clone(),
+                },
+            );
+        }
+        let mark_forwarded = move || {
+            *lock(&forwarded.0) = true;
+            forwarded.1.notify_all();
+        };
+        tracing::debug!(
+            rank = self.me,
+            comm_id,
+            origin = abort.origin_rank,
+            seq = abort.seq,
+            "abort"
+        );
+        self.peers_changed.notify_all();
+        let inboxes: Vec<_> = lock(&self.inboxes)
+            .iter()
+            .filter(|((c, _), _)| *c == comm_id)
+            .map(|(_, i)| i.clone())
+            .collect();
+        for inbox in inboxes {
+            let _guard = lock(&inbox.queue);
+            inbox.arrived.notify_all();
+        }
+        // Forward from a separate thread: a writer blocked on a stopped peer
+        // must not stall this reader (or the caller).
+        let links: Vec<(usize, Arc<Link>)> = lock(&self.peers)
+            .iter()
+            .enumerate()
+            .filter(|(p, _)| Some(*p) != from)
+            .filter_map(|(p, st)| match st {
+                PeerState::Ready(l) => Some((p, l.clone())),
+                _ => None,
+            })
+            .collect();
+        if links.is_empty() {
+            mark_forwarded();
+            return;
+        }
+        let frame = wire::encode_abort(comm_id, abort.seq, &abort);
+        let me = self.me;
+        let spawned = std::thread::Builder::new()
+            .name(format!("ringwire-abort-{me}"))
+            .spawn(move || {
+                for (peer, link) in links {
+                    let mut w = lock(&link.writer);
+                    if let Err(e) = w.write_all(&frame).and_then(|()| w.flush()) {
+                        tracing::debug!(rank = me, peer, error = %e, "could not forward abort");
+                    }
+                }
+                mark_forwarded();
+            });
+        if spawned.is_err() {
+            tracing::warn!(rank = me, "could not start a thread to forward an abort");
+        }
+    }
+
+    /// Waits (at most `limit`) until the abort of `comm_id` has been written
+    /// to every peer: a program that exits right after its op failed must
+    /// still warn the others first.
+    fn wait_forwarded(&self, comm_id: u64, limit: Duration) {
+        let Some(flag) = lock(&self.aborted)
+            .get(&comm_id)
+            .map(|n| n.forwarded.clone())
+        else {
+            return;
+        };
+        let deadline = Instant::now() + limit;
+        let mut done = lock(&flag.0);
+        while !*done {
+            let now = Instant::now();
+            if now >= deadline {
+                return;
+            }
+            done = flag
+                .1
+                .wait_timeout(done, deadline - now)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+    }
+
     fn inbox(&self, comm_id: u64, peer: usize) -> Arc<Inbox> {
         lock(&self.inboxes)
             .entry((comm_id, peer))
@@ -199,7 +352,7 @@ impl Shared {
         self: &Arc<Self>,
         peer: usize,
         stream: TcpStream,
-        (reader, writer): (LinkReader, LinkWriter),
+        (reader, writer): LinkHalves,
     ) -> io::Result<Arc<Link>> {
         stream.set_read_timeout(None)?;
         stream.set_write_timeout(Some(self.config.write_timeout))?;
@@ -216,9 +369,17 @@ impl Shared {
 
     /// The link to `peer`, dialing it (lower rank) or waiting for its dial
     /// (higher rank) until `deadline`.
-    fn link(self: &Arc<Self>, peer: usize, deadline: Instant) -> Result<Arc<Link>, LinkError> {
+    fn link(
+        self: &Arc<Self>,
+        peer: usize,
+        deadline: Instant,
+        comm_id: u64,
+    ) -> Result<Arc<Link>, LinkError> {
         let mut peers = lock(&self.peers);
         loop {
+            if let Some(e) = self.aborted_error(comm_id) {
+                return Err(e);
+            }
             match peers.get(peer) {
                 None => return Err(LinkError::Lost("transport closed".into())),
                 Some(PeerState::Ready(link)) => return Ok(link.clone()),
@@ -291,7 +452,7 @@ impl Shared {
             }
         };
         let who = format!("rank {peer} ({addr})");
-        let setup = (|| -> Result<(LinkReader, LinkWriter), String> {
+        let setup = (|| -> Result<LinkHalves, String> {
             let hs = |e: io::Error| handshake_error(&e, &who);
             self.configure(&stream).map_err(hs)?;
             stream
@@ -393,7 +554,7 @@ impl Shared {
     fn accept_hello(
         &self,
         stream: &mut TcpStream,
-    ) -> io::Result<Result<(usize, (LinkReader, LinkWriter)), String>> {
+    ) -> io::Result<Result<(usize, LinkHalves), String>> {
         self.configure(stream)?;
         stream.set_read_timeout(Some(self.config.handshake_timeout))?;
         let from = stream.peer_addr()?;
@@ -636,41 +797,109 @@ fn accept_loop(s: &Arc<Shared>, listener: &TcpListener) {
             }
         };
         // Each newcomer gets its own short-lived thread, so a stranger that
-        // connects and never speaks cannot hold up real peers.
+        // connects and never speaks cannot hold up real peers; past the cap
+        // (a flood), newcomers are closed at once.
+        if s.handshakes.fetch_add(1, Ordering::SeqCst) >= MAX_PENDING_HANDSHAKES {
+            s.handshakes.fetch_sub(1, Ordering::SeqCst);
+            tracing::warn!(rank = s.me, %from, "too many connections mid-handshake; closing this one");
+            continue;
+        }
         let s2 = s.clone();
         let spawned = std::thread::Builder::new()
             .name(format!("ringwire-hello-{}", s.me))
-            .spawn(move || match s2.accept_hello(&mut stream) {
-                Ok(Ok((peer, halves))) => match s2.install(peer, stream, halves) {
-                    Ok(link) => {
-                        let mut peers = lock(&s2.peers);
-                        if let Some(slot) = peers.get_mut(peer) {
-                            *slot = PeerState::Ready(link);
+            .spawn(move || {
+                let _pending = PendingHandshake(&s2.handshakes);
+                match s2.accept_hello(&mut stream) {
+                    Ok(Ok((peer, halves))) => match s2.install(peer, stream, halves) {
+                        Ok(link) => {
+                            let mut peers = lock(&s2.peers);
+                            if let Some(slot) = peers.get_mut(peer) {
+                                *slot = PeerState::Ready(link);
+                            }
+                            drop(peers);
+                            s2.peers_changed.notify_all();
                         }
-                        drop(peers);
-                        s2.peers_changed.notify_all();
+                        Err(e) => {
+                            tracing::warn!(rank = s2.me, peer, error = %e, "could not start link")
+                        }
+                    },
+                    Ok(Err(reason)) => {
+                        tracing::warn!(rank = s2.me, %from, %reason, "refused a connection");
                     }
-                    Err(e) => {
-                        tracing::warn!(rank = s2.me, peer, error = %e, "could not start link")
-                    }
-                },
-                Ok(Err(reason)) => {
-                    tracing::warn!(rank = s2.me, %from, %reason, "refused a connection");
+                    Err(e) => tracing::warn!(rank = s2.me, %from, error = %e, "handshake failed"),
                 }
-                Err(e) => tracing::warn!(rank = s2.me, %from, error = %e, "handshake failed"),
             });
         if let Err(e) = spawned {
+            s.handshakes.fetch_sub(1, Ordering::SeqCst);
             tracing::warn!(rank = s.me, error = %e, "could not spawn handshake thread");
         }
     }
 }
 
+/// Counts a handshake in progress until dropped.
+struct PendingHandshake<'a>(&'a AtomicUsize);
+
+impl Drop for PendingHandshake<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// Sends heartbeats on idle links and declares links dead that have been
+/// silent past the heartbeat timeout (a stopped process still has a kernel
+/// that ACKs, so only silence at this level reveals it).
+fn heartbeat_loop(s: &Arc<Shared>) {
+    let interval = s.config.heartbeat_interval.max(Duration::from_millis(10));
+    let beat = Header::control(FrameKind::Heartbeat, 0, 0, 0).encode();
+    while !s.closing.load(Ordering::SeqCst) {
+        std::thread::park_timeout(interval / 2);
+        if s.closing.load(Ordering::SeqCst) {
+            return;
+        }
+        let now = s.now_ms();
+        let links: Vec<(usize, Arc<Link>)> = lock(&s.peers)
+            .iter()
+            .enumerate()
+            .filter_map(|(p, st)| match st {
+                PeerState::Ready(l) => Some((p, l.clone())),
+                _ => None,
+            })
+            .collect();
+        for (peer, link) in links {
+            let silent = now.saturating_sub(s.last_recv[peer].load(Ordering::Relaxed));
+            if silent > s.config.heartbeat_timeout.as_millis() as u64 {
+                s.fail(
+                    peer,
+                    format!(
+                        "rank {peer} sent nothing, not even heartbeats, for {:.1} s (process stopped or hung, \
+                         or the network partitioned?)",
+                        silent as f64 / 1e3
+                    ),
+                );
+                continue;
+            }
+            if now.saturating_sub(s.last_send[peer].load(Ordering::Relaxed))
+                >= interval.as_millis() as u64
+            {
+                // A busy writer is traffic enough; never wait for it here.
+                if let Ok(mut w) = link.writer.try_lock() {
+                    if w.write_all(&beat).and_then(|()| w.flush()).is_ok() {
+                        s.last_send[peer].store(now, Ordering::Relaxed);
+                    }
+                }
+            }
+        }
+    }
+}
+
 fn read_loop(s: &Arc<Shared>, peer: usize, mut stream: LinkReader) {
+    s.last_recv[peer].store(s.now_ms(), Ordering::Relaxed);
     let reason = loop {
         let mut head = [0u8; HEADER_LEN];
         if let Err(e) = stream.read_exact(&mut head) {
             break describe_read_error(peer, &e);
         }
+        s.last_recv[peer].store(s.now_ms(), Ordering::Relaxed);
         let header = match Header::decode(&head, s.config.max_payload) {
             Ok(h) => h,
             Err(e) => break format!("rank {peer} sent a bad frame header: {e}"),
@@ -697,12 +926,10 @@ fn read_loop(s: &Arc<Shared>, peer: usize, mut stream: LinkReader) {
                     break describe_read_error(peer, &e);
                 }
                 if header.kind == FrameKind::Abort {
-                    break match wire::Abort::decode(&payload) {
-                        Ok(a) => {
-                            format!("rank {} aborted op #{}: {}", a.origin_rank, a.seq, a.reason)
-                        }
-                        Err(e) => format!("rank {peer} sent a bad abort frame: {e}"),
-                    };
+                    match wire::Abort::decode(&payload) {
+                        Ok(a) => s.on_abort(Some(peer), header.comm_id, a),
+                        Err(e) => break format!("rank {peer} sent a bad abort frame: {e}"),
+                    }
                 }
             }
             other => break format!("rank {peer} sent an unexpected {} frame", other.name()),
@@ -728,8 +955,9 @@ impl Transport for TcpTransport {
         payload: &[u8],
         deadline: Instant,
     ) -> Result<(), LinkError> {
-        let link = self.shared.link(peer, deadline)?;
+        let link = self.shared.link(peer, deadline, header.comm_id)?;
         let result = write_frame(&mut **lock(&link.writer), header, payload);
+        self.shared.last_send[peer].store(self.shared.now_ms(), Ordering::Relaxed);
         result.map_err(|e| {
             let reason = match e.kind() {
                 io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => {
@@ -747,11 +975,16 @@ impl Transport for TcpTransport {
         // Make sure the link exists (the lower rank dials on first use). A
         // peer that sent its last frame and exited has a closed link but
         // still a frame for us: deliver queued frames before reporting.
-        if let Err(e) = self.shared.link(peer, deadline) {
+        if let Err(e) = self.shared.link(peer, deadline, comm_id) {
             return lock(&inbox.queue).pop_front().ok_or(e);
         }
         let mut queue = lock(&inbox.queue);
         loop {
+            // An abort ends the op at once, even with frames queued: the
+            // op cannot complete on every rank any more.
+            if let Some(e) = self.shared.aborted_error(comm_id) {
+                return Err(e);
+            }
             if let Some(frame) = queue.pop_front() {
                 return Ok(frame);
             }
@@ -777,6 +1010,16 @@ impl Transport for TcpTransport {
                 pool.push(buf);
             }
         }
+    }
+
+    fn abort(&self, comm_id: u64, seq: u64, reason: &str) {
+        let abort = wire::Abort::new(self.shared.me as u32, seq, reason);
+        self.shared.on_abort(None, comm_id, abort);
+        self.shared.wait_forwarded(comm_id, Duration::from_secs(1));
+    }
+
+    fn listen_addr(&self) -> SocketAddr {
+        self.local_addr
     }
 
     fn name(&self) -> &'static str {

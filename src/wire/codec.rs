@@ -66,17 +66,6 @@ pub(crate) fn decode_bool(field: &'static str, byte: u8) -> Result<bool, WireErr
     }
 }
 
-/// Checks a reserved byte is zero.
-pub(crate) fn check_reserved(field: &'static str, byte: u8) -> Result<(), WireError> {
-    match byte {
-        0 => Ok(()),
-        value => Err(WireError::NonZeroReserved {
-            field,
-            value: u32::from(value),
-        }),
-    }
-}
-
 /// Copies a UTF-8 field (already length-checked) into a `String`.
 pub(crate) fn decode_str(field: &'static str, bytes: &[u8]) -> Result<String, WireError> {
     std::str::from_utf8(bytes)

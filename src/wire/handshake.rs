@@ -385,6 +385,7 @@ mod tests {
                 job_id: u64::MAX,
                 rank: u32::MAX,
                 world_size: u32::MAX,
+                security: SECURITY_SECRET | SECURITY_TLS | SECURITY_MTLS,
                 auth: vec![0xff; MAX_AUTH_LEN],
             },
         ] {
@@ -396,6 +397,12 @@ mod tests {
             HelloAck::reject("world size mismatch: 4 vs 8"),
             HelloAck::reject("ünïcödé ✓"),
             HelloAck::reject("x".repeat(MAX_REASON_LEN)),
+            HelloAck::accept()
+                .with_security(SECURITY_SECRET | SECURITY_TLS)
+                .with_auth(vec![7; 64]),
+            HelloAck::reject("wrong secret")
+                .with_security(SECURITY_SECRET)
+                .with_auth(vec![1; MAX_AUTH_LEN]),
         ] {
             let bytes = ack.encode();
             assert_eq!(HelloAck::decode(&bytes), Ok(ack));
@@ -458,12 +465,12 @@ mod tests {
                 value: 2
             })
         );
-        let mut reserved = valid.clone();
-        reserved[3] = 9;
+        let mut unknown_mode = valid.clone();
+        unknown_mode[3] = 9;
         assert_eq!(
-            Hello::decode(&reserved),
-            Err(WireError::NonZeroReserved {
-                field: "hello.reserved",
+            Hello::decode(&unknown_mode),
+            Err(WireError::UnknownField {
+                field: "hello.security",
                 value: 9
             })
         );
@@ -487,7 +494,7 @@ mod tests {
             HelloAck::decode(&[]),
             Err(WireError::PayloadTruncated {
                 what: "hello_ack",
-                needed: 4,
+                needed: 6,
                 got: 0
             })
         );
@@ -501,13 +508,16 @@ mod tests {
             })
         );
         let mut bad = valid.clone();
-        bad[1] = 1;
-        assert!(matches!(
+        bad[1] = 8;
+        assert_eq!(
             HelloAck::decode(&bad),
-            Err(WireError::NonZeroReserved { .. })
-        ));
+            Err(WireError::UnknownField {
+                field: "hello_ack.security",
+                value: 8
+            })
+        );
         let mut bad = valid.clone();
-        bad[4] = 0xff;
+        bad[6] = 0xff;
         assert_eq!(
             HelloAck::decode(&bad),
             Err(WireError::InvalidUtf8 {
@@ -521,10 +531,30 @@ mod tests {
             Err(WireError::FieldTooLong { len: 1025, .. })
         ));
         assert!(matches!(
-            HelloAck::decode(&valid[..6]),
+            HelloAck::decode(&valid[..8]),
             Err(WireError::PayloadTruncated {
-                needed: 8,
-                got: 6,
+                needed: 10,
+                got: 8,
+                ..
+            })
+        ));
+        let mut bad = valid.clone();
+        bad[4..6].copy_from_slice(&513u16.to_le_bytes());
+        assert!(matches!(
+            HelloAck::decode(&bad),
+            Err(WireError::FieldTooLong {
+                field: "hello_ack.auth",
+                len: 513,
+                ..
+            })
+        ));
+        let mut bad = valid.clone();
+        bad[4..6].copy_from_slice(&3u16.to_le_bytes());
+        assert!(matches!(
+            HelloAck::decode(&bad),
+            Err(WireError::PayloadTruncated {
+                needed: 13,
+                got: 10,
                 ..
             })
         ));
@@ -537,6 +567,18 @@ mod tests {
                 extra: 2
             })
         );
+    }
+
+    #[test]
+    fn security_modes_must_match() {
+        assert_eq!(security_mismatch(0, 0), None);
+        let m = SECURITY_SECRET | SECURITY_TLS | SECURITY_MTLS;
+        assert_eq!(security_mismatch(m, m), None);
+        let e = security_mismatch(0, SECURITY_SECRET).unwrap();
+        assert!(e.contains("requires the job secret"), "{e}");
+        let e = security_mismatch(SECURITY_TLS, SECURITY_TLS | SECURITY_MTLS).unwrap();
+        assert!(e.contains("peer uses tls, this side mtls"), "{e}");
+        assert_eq!(security_name(m), "mtls+secret");
     }
 
     #[test]

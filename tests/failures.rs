@@ -1,0 +1,240 @@
+//! Failure handling in one process (ranks as threads over loopback): abort
+//! propagation, mismatch reporting on every rank, the debug signature check,
+//! "who has not arrived" on timeout, the flight recorder, and hostile bytes
+//! on a rank's port while the job keeps computing correctly.
+
+mod common;
+
+use common::{local_group, on_all};
+use ringwire::{Error, OpState, ReduceOp};
+use std::io::Write;
+use std::net::TcpStream;
+use std::time::{Duration, Instant};
+
+#[test]
+fn abort_reaches_every_rank_and_fails_the_communicator() {
+    let (_store, comms) = local_group(4, |b| b.timeout(Duration::from_secs(30)));
+    on_all(&comms, |c| c.barrier().wait().unwrap());
+    let start = Instant::now();
+    let results = on_all(&comms, |c| {
+        if c.rank() == 2 {
+            std::thread::sleep(Duration::from_millis(200));
+            c.abort("the trainer hit NaN");
+            let e = c
+                .all_reduce(vec![1f32; 8], ReduceOp::Sum)
+                .wait()
+                .unwrap_err();
+            assert!(matches!(e, Error::Failed { .. }), "{e}");
+            return None;
+        }
+        // Ranks 0, 1, 3 wait in an op rank 2 never joins.
+        let e = c
+            .all_reduce(vec![1f32; 1 << 16], ReduceOp::Sum)
+            .wait()
+            .unwrap_err();
+        Some((
+            e.to_string(),
+            start.elapsed(),
+            c.all_reduce(vec![1u8], ReduceOp::Sum).wait().unwrap_err(),
+        ))
+    });
+    for (rank, r) in results.into_iter().enumerate() {
+        let Some((msg, took, later)) = r else {
+            continue;
+        };
+        eprintln!("rank {rank} saw the abort after {took:?}: {msg}");
+        assert!(
+            msg.contains("aborted by rank 2") && msg.contains("NaN"),
+            "rank {rank}: {msg}"
+        );
+        assert!(
+            took < Duration::from_secs(20),
+            "rank {rank} waited for its timeout instead"
+        );
+        assert!(
+            matches!(later, Error::Failed { .. }),
+            "rank {rank}: later ops must fail at once: {later}"
+        );
+    }
+}
+
+#[test]
+fn a_size_mismatch_fails_every_rank_naming_both_sides() {
+    let (_store, comms) = local_group(4, |b| b.timeout(Duration::from_secs(20)));
+    let errs = on_all(&comms, |c| {
+        let n = if c.rank() == 3 { 999 } else { 1000 };
+        c.all_reduce(vec![1.0f32; n], ReduceOp::Sum)
+            .wait()
+            .unwrap_err()
+            .to_string()
+    });
+    for (rank, e) in errs.iter().enumerate() {
+        assert!(
+            e.contains("1000") && e.contains("999") && e.contains("rank 3"),
+            "rank {rank}: {e}"
+        );
+    }
+}
+
+#[test]
+fn an_order_mismatch_names_both_ops() {
+    let (_store, comms) = local_group(2, |b| b.timeout(Duration::from_secs(20)));
+    let errs = on_all(&comms, |c| {
+        let e = if c.rank() == 0 {
+            c.all_reduce(vec![1i32; 10], ReduceOp::Sum).wait()
+        } else {
+            c.broadcast(vec![1i32; 10], 0).wait()
+        };
+        e.unwrap_err().to_string()
+    });
+    for e in &errs {
+        assert!(
+            e.contains("all_reduce #1") && e.contains("broadcast #1"),
+            "{e}"
+        );
+    }
+}
+
+#[test]
+fn debug_mode_checks_signatures_before_moving_data() {
+    let (_store, comms) = local_group(3, |b| b.debug_checks(true).timeout(Duration::from_secs(20)));
+    // Matching ops pass the check and compute.
+    let ok = on_all(&comms, |c| {
+        c.all_reduce(vec![2i64; 5], ReduceOp::Prod).wait().unwrap()
+    });
+    assert!(ok.iter().all(|v| v == &vec![8i64; 5]));
+    // Reduce ops differ: the frames alone would not show it.
+    let errs = on_all(&comms, |c| {
+        let op = if c.rank() == 1 {
+            ReduceOp::Max
+        } else {
+            ReduceOp::Sum
+        };
+        c.all_reduce(vec![1.0f32; 64], op)
+            .wait()
+            .unwrap_err()
+            .to_string()
+    });
+    for (rank, e) in errs.iter().enumerate() {
+        assert!(
+            e.contains("all_reduce(f32, 64, max) as op #2")
+                && e.contains("all_reduce(f32, 64, sum) as op #2"),
+            "rank {rank}: {e}"
+        );
+    }
+}
+
+#[test]
+fn a_timeout_says_who_had_not_arrived_and_the_recorder_shows_it() {
+    let (_store, comms) = local_group(3, |b| {
+        b.timeout(Duration::from_millis(400))
+            .heartbeat_timeout(Duration::from_secs(30))
+    });
+    on_all(&comms, |c| c.barrier().wait().unwrap());
+    let errs = on_all(&comms, |c| {
+        if c.rank() == 2 {
+            return None; // never calls
+        }
+        let e = c
+            .all_reduce(vec![1f32; 4], ReduceOp::Sum)
+            .wait()
+            .unwrap_err();
+        Some((e, c.flight_record(), c.dump_flight_record()))
+    });
+    for (rank, r) in errs.into_iter().enumerate() {
+        let Some((e, record, dump)) = r else { continue };
+        let msg = e.to_string();
+        assert!(matches!(e, Error::Timeout { .. }), "rank {rank}: {msg}");
+        assert!(msg.contains("rank 2 (no report"), "rank {rank}: {msg}");
+        assert!(
+            !msg.contains("rank 0 (") && !msg.contains("rank 1 ("),
+            "ranks 0 and 1 did arrive: {msg}"
+        );
+        assert_eq!(record.len(), 2);
+        assert_eq!(record[0].state, OpState::Completed);
+        assert!(matches!(record[1].state, OpState::Failed(_)));
+        assert!(
+            dump.contains("barrier") && dump.contains("FAILED"),
+            "{dump}"
+        );
+    }
+}
+
+/// Bytes a stranger might send.
+fn garbage(i: usize) -> Vec<u8> {
+    let mut rng = ringwire::testing::Rng::new(i as u64);
+    match i % 6 {
+        0 => (0..rng.below(4096) as usize)
+            .map(|_| rng.next_u64() as u8)
+            .collect(),
+        1 => b"GET / HTTP/1.1\r\nHost: x\r\n\r\n".to_vec(),
+        // A valid header announcing a 4 GiB data frame.
+        2 => ringwire::wire::Header::data(
+            1,
+            1,
+            ringwire::wire::OpKind::AllReduce,
+            ringwire::DType::F32,
+        )
+        .with_payload_len(u32::MAX)
+        .encode()
+        .to_vec(),
+        // Half a header, then silence.
+        3 => ringwire::wire::Header::control(ringwire::wire::FrameKind::Heartbeat, 0, 0, 0)
+            .encode()[..20]
+            .to_vec(),
+        // A hello claiming a rank out of range.
+        4 => ringwire::wire::encode_hello(0, 0, &ringwire::wire::Hello::new(7, 99, 3))
+            .unwrap_or_default(),
+        // Connect and say nothing.
+        _ => Vec::new(),
+    }
+}
+
+#[test]
+fn strangers_on_a_rank_port_do_not_disturb_the_job() {
+    let (_store, comms) = local_group(3, |b| b.timeout(Duration::from_secs(30)));
+    let target = comms[1].listen_addr();
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|s| {
+        let hammer = s.spawn(|| {
+            let mut sent = 0;
+            let mut open = Vec::new();
+            for i in 0..400 {
+                if stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    break;
+                }
+                if let Ok(mut c) = TcpStream::connect(target) {
+                    let _ = c.write_all(&garbage(i));
+                    sent += 1;
+                    if i % 6 == 3 || i % 6 == 5 {
+                        open.push(c); // stall: keep it open without finishing
+                    }
+                }
+                if open.len() > 40 {
+                    open.clear();
+                }
+            }
+            sent
+        });
+        let results = on_all(&comms, |c| {
+            for i in 0..40 {
+                let got = c
+                    .all_reduce(vec![c.rank() as f32 + i as f32; 4096], ReduceOp::Sum)
+                    .wait()
+                    .unwrap();
+                assert!(
+                    got.iter().all(|v| *v == 3.0 + 3.0 * i as f32),
+                    "iteration {i}"
+                );
+            }
+        });
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        assert_eq!(results.len(), 3);
+        assert!(hammer.join().unwrap() > 0);
+    });
+    // Still healthy afterwards.
+    let sums = on_all(&comms, |c| {
+        c.all_reduce(vec![1u8; 3], ReduceOp::Sum).wait().unwrap()
+    });
+    assert!(sums.iter().all(|s| s == &vec![3u8; 3]));
+}

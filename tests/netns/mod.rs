@@ -1,0 +1,164 @@
+//! Collectives across a real (virtual) network: two network namespaces this
+//! test creates, joined by a veth pair with `tc netem` adding 5 ms of delay
+//! and 1% loss each way. Collectives must stay correct; cutting the link
+//! must fail them cleanly on both sides. Needs root and `ip`/`tc`
+//! (iproute2); skips with a printed reason where the kernel refuses.
+//! Everything it creates it removes, also on failure. Part of the
+//! multi-process test binary, whose `child_rank` plays the ranks.
+
+use std::process::{Child, Command, Output, Stdio};
+use std::time::Duration;
+
+/// The two namespaces and their veth pair; removed on drop.
+struct TestNet {
+    ns: [String; 2],
+    ip: [String; 2],
+    /// The veth end inside each namespace.
+    veth: [String; 2],
+}
+
+fn run(args: &[&str]) -> Result<(), String> {
+    let out = Command::new(args[0])
+        .args(&args[1..])
+        .output()
+        .map_err(|e| format!("{}: {e}", args[0]))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "`{}` failed: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        ))
+    }
+}
+
+impl TestNet {
+    fn create(tag: &str) -> Result<TestNet, String> {
+        let id = std::process::id() % 10_000;
+        let subnet = 100 + id % 150;
+        let net = TestNet {
+            ns: [format!("rw{tag}a{id}"), format!("rw{tag}b{id}")],
+            ip: [format!("10.213.{subnet}.1"), format!("10.213.{subnet}.2")],
+            veth: [format!("v{tag}a{id}"), format!("v{tag}b{id}")],
+        };
+        // From here on, Drop removes whatever was made.
+        run(&["ip", "netns", "add", &net.ns[0]])?;
+        run(&["ip", "netns", "add", &net.ns[1]])?;
+        let [va, vb] = &net.veth;
+        run(&["ip", "link", "add", va, "type", "veth", "peer", "name", vb])?;
+        for ((ns, ip), veth) in net.ns.iter().zip(&net.ip).zip(&net.veth) {
+            run(&["ip", "link", "set", veth, "netns", ns])?;
+            let cidr = format!("{ip}/24");
+            run(&["ip", "-n", ns, "addr", "add", &cidr, "dev", veth])?;
+            run(&["ip", "-n", ns, "link", "set", veth, "up"])?;
+            run(&["ip", "-n", ns, "link", "set", "lo", "up"])?;
+        }
+        Ok(net)
+    }
+}
+
+impl Drop for TestNet {
+    fn drop(&mut self) {
+        for ns in &self.ns {
+            let _ = run(&["ip", "netns", "del", ns]);
+        }
+    }
+}
+
+fn spawn_in(net: &TestNet, rank: usize, mode: &str, extra: &[(&str, &str)]) -> Child {
+    // This test binary plays the ranks (its `child_rank`).
+    let child_exe = std::env::current_exe().unwrap();
+    let mut cmd = Command::new("ip");
+    cmd.args(["netns", "exec", &net.ns[rank]])
+        .arg(child_exe)
+        .args([
+            "--exact",
+            "child_rank",
+            "--include-ignored",
+            "--nocapture",
+            "--test-threads",
+            "1",
+        ])
+        .env("RINGWIRE_TEST_CHILD", "1")
+        .env("RANK", rank.to_string())
+        .env("WORLD_SIZE", "2")
+        .env("MASTER_ADDR", &net.ip[0])
+        .env("MASTER_PORT", "29517")
+        .env("RINGWIRE_TEST_SEED", "7")
+        .env("RINGWIRE_TEST_MODE", mode)
+        .env("RINGWIRE_TIMEOUT", "60")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    for (k, v) in extra {
+        cmd.env(k, v);
+    }
+    cmd.spawn().expect("spawn a rank in its namespace")
+}
+
+fn text(out: &Output) -> String {
+    format!(
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+fn try_net(tag: &str) -> Option<TestNet> {
+    match TestNet::create(tag) {
+        Ok(n) => Some(n),
+        Err(e) => {
+            eprintln!("SKIP: network namespaces unavailable here: {e}");
+            None
+        }
+    }
+}
+
+#[test]
+fn collectives_stay_correct_over_delay_and_loss() {
+    let Some(net) = try_net("n") else { return };
+    for i in 0..2 {
+        let dev = net.veth[i].clone();
+        let netem = [
+            "tc", "-n", &net.ns[i], "qdisc", "add", "dev", &dev, "root", "netem", "delay", "5ms",
+            "loss", "1%",
+        ];
+        if let Err(e) = run(&netem) {
+            // Kernels without sch_netem still give a real veth hop between
+            // namespaces; say that the delay and loss are missing.
+            eprintln!("NOTE: tc netem unavailable ({e}); running over plain veth");
+            break;
+        }
+    }
+    let children: Vec<_> = (0..2).map(|r| spawn_in(&net, r, "netem", &[])).collect();
+    for (rank, c) in children.into_iter().enumerate() {
+        let out = c.wait_with_output().unwrap();
+        assert!(
+            out.status.success() && text(&out).contains("CHILD-OK"),
+            "rank {rank}:\n{}",
+            text(&out)
+        );
+    }
+}
+
+#[test]
+fn cutting_the_link_fails_both_sides_cleanly() {
+    let Some(net) = try_net("c") else { return };
+    let extra = [("RINGWIRE_HEARTBEAT_TIMEOUT", "2")];
+    let children: Vec<_> = (0..2).map(|r| spawn_in(&net, r, "loop", &extra)).collect();
+    std::thread::sleep(Duration::from_millis(1500));
+    run(&["ip", "-n", &net.ns[0], "link", "set", &net.veth[0], "down"]).unwrap();
+    for (rank, c) in children.into_iter().enumerate() {
+        let out = c.wait_with_output().unwrap();
+        let t = text(&out);
+        let line = t
+            .lines()
+            .find(|l| l.contains("CHILD-LOOP-ERR"))
+            .unwrap_or_else(|| panic!("rank {rank} reported no error:\n{t}"));
+        eprintln!("rank {rank}: {line}");
+        assert!(
+            line.contains(&format!("rank {}", 1 - rank)),
+            "rank {rank} must name its peer: {line}"
+        );
+    }
+}
