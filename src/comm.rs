@@ -374,6 +374,10 @@ impl Communicator {
                     waited,
                     detail,
                 });
+            } else if result.as_ref().is_err_and(Error::is_fatal) {
+                // Ranks that failed otherwise did reach the op: say so, for
+                // the ranks that time out.
+                report_progress(ex, seq);
             }
             ex.recorder.ended(
                 plan.kind,
@@ -928,11 +932,8 @@ fn who_is_missing(ex: &Executor, seq: u64) -> String {
     let Some((store, prefix)) = &ex.world.store else {
         return String::new();
     };
-    let key = |r: usize| format!("{prefix}progress/{:016x}/{r}", ex.comm_id);
-    if store
-        .set(&key(ex.rank), seq.to_string().as_bytes())
-        .is_err()
-    {
+    let key = |r: usize| progress_key(prefix, ex.comm_id, r);
+    if !report_progress(ex, seq) {
         return String::new();
     }
     let deadline = Instant::now() + Duration::from_secs(2);
@@ -964,6 +965,23 @@ fn who_is_missing(ex: &Executor, seq: u64) -> String {
             behind.join(", ")
         )
     }
+}
+
+fn progress_key(prefix: &str, comm_id: u64, rank: usize) -> String {
+    format!("{prefix}progress/{comm_id:016x}/{rank}")
+}
+
+/// Posts to the store that this rank reached op `seq` (and failed in it).
+fn report_progress(ex: &Executor, seq: u64) -> bool {
+    let Some((store, prefix)) = &ex.world.store else {
+        return false;
+    };
+    store
+        .set(
+            &progress_key(prefix, ex.comm_id, ex.rank),
+            seq.to_string().as_bytes(),
+        )
+        .is_ok()
 }
 
 /// Logs the flight record (and writes it to RINGWIRE_FLIGHT_RECORDER_DIR

@@ -103,7 +103,7 @@ struct AbortNote {
 }
 
 /// At most this many connections may be mid-handshake at once.
-const MAX_PENDING_HANDSHAKES: usize = 64;
+const MAX_PENDING_HANDSHAKES: usize = 128;
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
@@ -356,6 +356,19 @@ impl Shared {
     ) -> io::Result<Arc<Link>> {
         stream.set_read_timeout(None)?;
         stream.set_write_timeout(Some(self.config.write_timeout))?;
+        // A link made after an abort (the peer dials only now) still learns
+        // of it: aborts are flooded once, so replay them to the newcomer.
+        let mut writer = writer;
+        let known: Vec<Vec<u8>> = lock(&self.aborted)
+            .iter()
+            .map(|(comm, n)| {
+                let abort = wire::Abort::new(n.origin as u32, n.seq, n.reason.clone());
+                wire::encode_abort(*comm, n.seq, &abort)
+            })
+            .collect();
+        for frame in known {
+            writer.write_all(&frame).and_then(|()| writer.flush())?;
+        }
         let link = Arc::new(Link {
             control: stream,
             writer: Mutex::new(writer),
@@ -797,13 +810,16 @@ fn accept_loop(s: &Arc<Shared>, listener: &TcpListener) {
             }
         };
         // Each newcomer gets its own short-lived thread, so a stranger that
-        // connects and never speaks cannot hold up real peers; past the cap
-        // (a flood), newcomers are closed at once.
-        if s.handshakes.fetch_add(1, Ordering::SeqCst) >= MAX_PENDING_HANDSHAKES {
-            s.handshakes.fetch_sub(1, Ordering::SeqCst);
-            tracing::warn!(rank = s.me, %from, "too many connections mid-handshake; closing this one");
-            continue;
+        // connects and never speaks cannot hold up real peers. At the cap (a
+        // flood), accepting pauses until a handshake ends or times out: real
+        // peers wait in the listen backlog instead of being turned away.
+        while s.handshakes.load(Ordering::SeqCst) >= MAX_PENDING_HANDSHAKES {
+            if s.closing.load(Ordering::SeqCst) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(5));
         }
+        s.handshakes.fetch_add(1, Ordering::SeqCst);
         let s2 = s.clone();
         let spawned = std::thread::Builder::new()
             .name(format!("ringwire-hello-{}", s.me))

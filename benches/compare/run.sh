@@ -1,0 +1,182 @@
+#!/usr/bin/env bash
+# ringwire vs Open MPI (TCP) vs torch.distributed gloo: all_reduce f32 sum on
+# local ranks over loopback, one table. Installs what it needs (skipped when
+# already there), then for each world size runs the three back to back.
+#
+#   bash benches/compare/run.sh                      # ranks 2 4, 8 B .. 256 MiB, factor 4
+#   bash benches/compare/run.sh --ranks "2" -b 1K -e 16M -f 2
+#   PEERS="ringwire mpi" bash benches/compare/run.sh  # leave a peer out
+#
+# Options (or the environment variable in brackets):
+#   --ranks "2 4"   world sizes [RANKS]          -b 8      smallest size [MINB]
+#   -e 256M         largest size [MAXB]          -f 4      size factor [FACTOR]
+#   -w 3            warm-up ops per size [WARMUP] -n 20    timed ops per size, at most [ITERS]
+#   -m 1            cap timed ops near this many seconds per size [MAX_SECONDS]
+#   --out DIR       where logs and JSON go [OUT] (default target/compare/run-DATE)
+#   --peers "ringwire mpi gloo"  [PEERS]
+#   --no-install    never install; a missing peer is skipped [NO_INSTALL=1]
+#   --wait-idle 60  before each world size, wait up to this many seconds for
+#                   the CPUs to be >= 85% idle over 2 s (0: don't) [WAIT_IDLE]
+# Also: VENV (torch venv, default benches/compare/.venv), TORCH_SPEC (pip
+# requirement, default torch), PYTHON (for the venv, default python3).
+set -euo pipefail
+
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+ROOT=$(cd "$HERE/../.." && pwd)
+RANKS=${RANKS:-"2 4"}
+MINB=${MINB:-8}
+MAXB=${MAXB:-256M}
+FACTOR=${FACTOR:-4}
+WARMUP=${WARMUP:-3}
+ITERS=${ITERS:-20}
+MAX_SECONDS=${MAX_SECONDS:-1}
+PEERS=${PEERS:-"ringwire mpi gloo"}
+NO_INSTALL=${NO_INSTALL:-0}
+VENV=${VENV:-$HERE/.venv}
+TORCH_SPEC=${TORCH_SPEC:-torch}
+PYTHON=${PYTHON:-python3}
+OUT=${OUT:-}
+WAIT_IDLE=${WAIT_IDLE:-60}
+
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --ranks) RANKS=$2; shift 2 ;;
+        -b) MINB=$2; shift 2 ;;
+        -e) MAXB=$2; shift 2 ;;
+        -f) FACTOR=$2; shift 2 ;;
+        -w) WARMUP=$2; shift 2 ;;
+        -n) ITERS=$2; shift 2 ;;
+        -m) MAX_SECONDS=$2; shift 2 ;;
+        --out) OUT=$2; shift 2 ;;
+        --peers) PEERS=$2; shift 2 ;;
+        --no-install) NO_INSTALL=1; shift ;;
+        --wait-idle) WAIT_IDLE=$2; shift 2 ;;
+        -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
+        *) echo "run.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
+    esac
+done
+
+BUILD=$ROOT/target/compare
+OUT=${OUT:-$BUILD/run-$(date -u +%Y%m%dT%H%M%SZ)}
+mkdir -p "$BUILD" "$OUT"
+SUDO=""
+[ "$(id -u)" -eq 0 ] || SUDO="sudo"
+
+log() { echo "[compare] $*" >&2; }
+has() { case " $PEERS " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
+drop() { PEERS=$(echo " $PEERS " | sed "s/ $1 / /; s/^ *//; s/ *$//"); log "skipping $1: $2"; }
+
+# ---------------------------------------------------------------- installs
+if has ringwire; then
+    log "building ringwire-bench (cargo, incremental)"
+    (cd "$ROOT" && cargo build --release -q -p ringwire-bench) || drop ringwire "cargo build failed"
+fi
+RWBENCH=$ROOT/target/release/ringwire-bench
+
+MPIBIN=$BUILD/mpi_allreduce
+if has mpi; then
+    if ! command -v mpicc >/dev/null || ! command -v mpirun >/dev/null; then
+        if [ "$NO_INSTALL" = 1 ]; then
+            drop mpi "mpicc/mpirun not found and --no-install"
+        else
+            log "installing Open MPI from Debian (openmpi-bin libopenmpi-dev, ~25 MB download)"
+            t0=$SECONDS
+            if $SUDO apt-get update -qq >"$OUT/apt.log" 2>&1 &&
+                DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq openmpi-bin libopenmpi-dev >>"$OUT/apt.log" 2>&1; then
+                log "Open MPI installed in $((SECONDS - t0)) s"
+            else
+                drop mpi "apt-get install openmpi-bin libopenmpi-dev failed (see $OUT/apt.log)"
+            fi
+        fi
+    fi
+    if has mpi && { [ ! -x "$MPIBIN" ] || [ "$HERE/mpi_allreduce.c" -nt "$MPIBIN" ]; }; then
+        log "building $MPIBIN"
+        mpicc -O2 -o "$MPIBIN" "$HERE/mpi_allreduce.c" || drop mpi "mpicc failed"
+    fi
+fi
+
+TORCHPY=$VENV/bin/python
+torch_ok() { [ -x "$TORCHPY" ] && "$TORCHPY" -c 'import torch.distributed as d; assert d.is_gloo_available()' >/dev/null 2>&1; }
+if has gloo && ! torch_ok; then
+    free_gb=$(df -Pk "$(dirname "$VENV")" | awk 'NR==2 {print int($4 / 1048576)}')
+    if [ "$NO_INSTALL" = 1 ]; then
+        drop gloo "no torch in $VENV and --no-install"
+    elif [ "$free_gb" -lt 8 ]; then
+        drop gloo "torch from PyPI needs ~3 GB download / ~5.5 GB installed (it pulls the CUDA wheels; PyPI has no CPU-only Linux build), only ${free_gb} GB free"
+    else
+        log "installing $TORCH_SPEC into $VENV (PyPI's Linux wheel pulls CUDA libraries: ~3 GB download, ~5.5 GB on disk)"
+        t0=$SECONDS
+        if { [ -x "$VENV/bin/pip" ] || "$PYTHON" -m venv "$VENV"; } &&
+            "$VENV/bin/pip" install -q "$TORCH_SPEC" >"$OUT/pip.log" 2>&1 && torch_ok; then
+            log "torch installed in $((SECONDS - t0)) s, $(du -sh "$VENV" | cut -f1) on disk"
+        else
+            drop gloo "torch install failed after $((SECONDS - t0)) s (see $OUT/pip.log)"
+        fi
+    fi
+fi
+[ -n "$PEERS" ] || { log "nothing left to run"; exit 1; }
+
+# ---------------------------------------------------------------- runs
+machine=$("$RWBENCH" --help >/dev/null 2>&1 && "$RWBENCH" all_reduce --ranks 2 -b 8 -e 8 -w 0 -n 1 --transport portable 2>/dev/null | sed -n 's/^# machine: //p' || true)
+[ -n "$machine" ] || machine="$(hostname), $(nproc) cores, $(uname -sr)"
+versions="ringwire $(cd "$ROOT" && git describe --always --dirty 2>/dev/null || echo '?')"
+has mpi && versions+="; $(mpirun --version 2>/dev/null | head -1)"
+has gloo && versions+="; torch $("$TORCHPY" -c 'import torch; print(torch.__version__)' 2>/dev/null)"
+{
+    echo "command: bash benches/compare/run.sh --ranks \"$RANKS\" -b $MINB -e $MAXB -f $FACTOR -w $WARMUP -n $ITERS -m $MAX_SECONDS --peers \"$PEERS\""
+    echo "machine: $machine, $(awk '/MemTotal/ {printf "%d GiB", $2 / 1048576 + 0.5}' /proc/meminfo)"
+    echo "versions: $versions"
+    echo "settings: f32 sum, $WARMUP warm-up, up to $ITERS timed ops per size capped near ${MAX_SECONDS} s, time = mean of the slowest rank per op"
+    echo "ranks: $RANKS"
+} >"$OUT/meta.txt"
+
+COMMON=(-b "$MINB" -e "$MAXB" -f "$FACTOR" -w "$WARMUP" -n "$ITERS")
+run_ringwire() {
+    "$RWBENCH" all_reduce --ranks "$1" "${COMMON[@]}" --max-seconds "$MAX_SECONDS" \
+        --transport portable --json "$OUT/ringwire-p$1.json"
+}
+run_mpi() {
+    # btl tcp,self: TCP even between local ranks (no shared memory); pml ob1:
+    # the BTL path, not UCX; --bind-to none: scheduled like the other two.
+    mpirun --allow-run-as-root --oversubscribe -np "$1" --bind-to none \
+        --mca btl tcp,self --mca pml ob1 --mca btl_tcp_if_include lo \
+        "$MPIBIN" "${COMMON[@]}" -m "$MAX_SECONDS" -o "$OUT/mpi-p$1.json"
+}
+run_gloo() {
+    GLOO_SOCKET_IFNAME=lo OMP_NUM_THREADS=1 TORCH_CPP_LOG_LEVEL=ERROR \
+        "$VENV/bin/torchrun" --standalone --nproc-per-node "$1" \
+        "$HERE/torch_gloo_allreduce.py" "${COMMON[@]}" -m "$MAX_SECONDS" -o "$OUT/gloo-p$1.json"
+}
+
+idle_pct() { # percentage of CPU time idle over 2 s
+    local a b
+    a=($(head -1 /proc/stat)); sleep 2; b=($(head -1 /proc/stat))
+    local tot=0 i
+    for i in 1 2 3 4 5 6 7 8; do tot=$((tot + b[i] - a[i])); done
+    echo $(( tot > 0 ? 100 * (b[4] + b[5] - a[4] - a[5]) / tot : 100 ))
+}
+wait_idle() { # sets IDLE
+    local t0=$SECONDS
+    while IDLE=$(idle_pct); [ "$IDLE" -lt 85 ] && [ "$WAIT_IDLE" -gt 0 ]; do
+        if [ $((SECONDS - t0)) -ge "$WAIT_IDLE" ]; then
+            log "machine still busy (${IDLE}% idle) after ${WAIT_IDLE} s; running anyway"
+            return 0
+        fi
+        log "machine busy (${IDLE}% idle); waiting"
+        sleep 3
+    done
+}
+
+for p in $RANKS; do
+    wait_idle
+    echo "load p$p: $(cut -d' ' -f1-3 /proc/loadavg) (load average), ${IDLE}% idle over 2 s" >>"$OUT/meta.txt"
+    for peer in $PEERS; do
+        t0=$SECONDS rc=0
+        "run_$peer" "$p" >"$OUT/$peer-p$p.log" 2>&1 || rc=$?
+        log "p=$p $peer: $((SECONDS - t0)) s, exit $rc (log: $OUT/$peer-p$p.log)"
+        [ "$rc" = 0 ] || { log "p=$p $peer FAILED; its column shows n/a. Tail of its log:"; tail -5 "$OUT/$peer-p$p.log" >&2; }
+    done
+done
+
+echo
+python3 "$HERE/table.py" "$OUT" | tee "$OUT/table.md"

@@ -1,0 +1,96 @@
+"""Merge the JSON outputs of one compare run into one markdown table.
+
+    python3 table.py OUTDIR
+
+OUTDIR holds {ringwire,mpi,gloo}-p{N}.json (ringwire-bench --json, and the
+same field names from mpi_allreduce.c and torch_gloo_allreduce.py) and
+meta.txt (lines "key: value"). A missing file shows as "n/a" (a peer that
+was skipped or failed). Standard library only.
+"""
+
+import json
+import os
+import sys
+
+PEERS = [("ringwire", "ringwire"), ("mpi", "Open MPI"), ("gloo", "gloo")]
+
+
+def human(n: int) -> str:
+    for unit, div in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= div and n % div == 0:
+            return f"{n // div} {unit}"
+    return f"{n} B"
+
+
+def load(path):
+    try:
+        with open(path) as f:
+            d = json.load(f)
+    except (OSError, ValueError):
+        return None
+    rows = [r for r in d.get("rows", []) if r.get("transport", "portable") == "portable"]
+    return {r["size_bytes"]: r for r in rows}
+
+
+def main():
+    out = sys.argv[1]
+    meta = {}
+    try:
+        with open(os.path.join(out, "meta.txt")) as f:
+            for line in f:
+                k, _, v = line.partition(":")
+                if v:
+                    meta[k.strip()] = v.strip()
+    except OSError:
+        pass
+    ranks = sorted(int(x) for x in meta.get("ranks", "2 4").split())
+    for k in ("command", "machine", "versions", "settings"):
+        if k in meta:
+            print(f"{k}: {meta[k]}")
+    for p in ranks:
+        if f"load p{p}" in meta:
+            print(f"before p={p}: {meta[f'load p{p}']}")
+    print()
+    head = ["ranks", "size"]
+    for _, name in PEERS:
+        head += [f"{name} time (us)", f"{name} busbw (GB/s)"]
+    head += ["ringwire / best peer (busbw)"]
+    print("| " + " | ".join(head) + " |")
+    print("|" + "|".join(["---:"] * len(head)) + "|")
+    wrong_total = {k: 0 for k, _ in PEERS}
+    missing = []
+    for p in ranks:
+        data = {}
+        for key, _ in PEERS:
+            data[key] = load(os.path.join(out, f"{key}-p{p}.json"))
+            if data[key] is None:
+                missing.append(f"{key} p={p}")
+        sizes = sorted({s for d in data.values() if d for s in d})
+        for s in sizes:
+            cells = [str(p), human(s)]
+            bw = {}
+            for key, _ in PEERS:
+                r = (data[key] or {}).get(s)
+                if r is None:
+                    cells += ["n/a", "n/a"]
+                    continue
+                wrong_total[key] += r.get("wrong", 0)
+                bw[key] = r["busbw_gbps"]
+                flag = "" if r.get("wrong", 0) == 0 else " (WRONG)"
+                cells += [f"{r['time_us']:.1f}{flag}", f"{r['busbw_gbps']:.3f}"]
+            peers = [bw[k] for k in ("mpi", "gloo") if k in bw]
+            if "ringwire" in bw and peers and max(peers) > 0:
+                cells.append(f"{bw['ringwire'] / max(peers):.2f}")
+            else:
+                cells.append("n/a")
+            print("| " + " | ".join(cells) + " |")
+    print()
+    print("wrong elements: " + ", ".join(f"{name} {wrong_total[k]}" for k, name in PEERS))
+    print("ratio: ringwire busbw / the better of Open MPI and gloo at that size (> 1: ringwire faster;"
+          " equals best peer time / ringwire time)")
+    if missing:
+        print("missing (skipped or failed, see the logs in " + out + "): " + ", ".join(missing))
+
+
+if __name__ == "__main__":
+    main()
