@@ -90,6 +90,8 @@ struct Shared {
     /// Handshakes in progress; capped so a flood of connections cannot
     /// spawn unbounded threads.
     handshakes: AtomicUsize,
+    /// The last few refused connections: (source, reason).
+    refusals: Mutex<Vec<(SocketAddr, String)>>,
 }
 
 /// An abort as first heard of by this rank.
@@ -143,6 +145,7 @@ impl TcpTransport {
             last_recv: (0..world).map(|_| AtomicU64::new(0)).collect(),
             epoch: Instant::now(),
             handshakes: AtomicUsize::new(0),
+            refusals: Mutex::new(Vec::new()),
         });
         let s = shared.clone();
         std::thread::Builder::new()
@@ -182,6 +185,31 @@ impl Shared {
                 seq: a.seq,
                 reason: a.reason.clone(),
             })
+    }
+
+    /// Remembers why a connection was refused, for the error of an op that
+    /// then waits in vain for that peer (a refused dialer is usually it).
+    fn note_refusal(&self, from: SocketAddr, reason: String) {
+        let mut r = lock(&self.refusals);
+        if r.len() == 4 {
+            r.remove(0);
+        }
+        r.push((from, reason));
+    }
+
+    fn recent_refusals(&self) -> String {
+        let r = lock(&self.refusals);
+        if r.is_empty() {
+            return String::new();
+        }
+        let list: Vec<String> = r
+            .iter()
+            .map(|(a, why)| format!("from {a}: {why}"))
+            .collect();
+        format!(
+            " Meanwhile this rank refused connections {}",
+            list.join("; ")
+        )
     }
 
     fn now_ms(&self) -> u64 {
@@ -427,8 +455,9 @@ impl Shared {
                         return Err(LinkError::Connect {
                             addr,
                             detail: format!(
-                                "rank {peer} did not connect to this rank (rank {}) in time; is it running and calling the same collectives?",
-                                self.me
+                                "rank {peer} did not connect to this rank (rank {}) in time; is it running and calling the same collectives?{}",
+                                self.me,
+                                self.recent_refusals()
                             ),
                         });
                     }
@@ -841,8 +870,12 @@ fn accept_loop(s: &Arc<Shared>, listener: &TcpListener) {
                     },
                     Ok(Err(reason)) => {
                         tracing::warn!(rank = s2.me, %from, %reason, "refused a connection");
+                        s2.note_refusal(from, reason);
                     }
-                    Err(e) => tracing::warn!(rank = s2.me, %from, error = %e, "handshake failed"),
+                    Err(e) => {
+                        tracing::warn!(rank = s2.me, %from, error = %e, "handshake failed");
+                        s2.note_refusal(from, format!("handshake failed: {e}"));
+                    }
                 }
             });
         if let Err(e) = spawned {
