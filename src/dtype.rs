@@ -297,6 +297,44 @@ fn zip_f32(a: &mut [f32], b: &[f32], f: impl Fn(f32, f32) -> f32) {
     }
 }
 
+/// Block conversions between a half type and f32, written so they vectorise.
+trait Widen: Sized {
+    fn widen(src: &[Self], dst: &mut [f32]);
+    /// Round to nearest, ties to even (NaN stays NaN).
+    fn narrow(src: &[f32], dst: &mut [Self]);
+}
+
+impl Widen for f16 {
+    // half's slice conversions use F16C where the CPU has it.
+    fn widen(src: &[f16], dst: &mut [f32]) {
+        use half::slice::HalfFloatSliceExt;
+        src.convert_to_f32_slice(dst);
+    }
+    fn narrow(src: &[f32], dst: &mut [f16]) {
+        use half::slice::HalfFloatSliceExt;
+        dst.convert_from_f32_slice(src);
+    }
+}
+
+impl Widen for bf16 {
+    // bf16 is the top half of an f32: widening is a shift, narrowing a
+    // rounding add, both branch-free per element.
+    fn widen(src: &[bf16], dst: &mut [f32]) {
+        for (d, s) in dst.iter_mut().zip(src) {
+            *d = f32::from_bits(u32::from(s.to_bits()) << 16);
+        }
+    }
+    fn narrow(src: &[f32], dst: &mut [bf16]) {
+        for (d, s) in dst.iter_mut().zip(src) {
+            let bits = s.to_bits();
+            let rounded = (bits.wrapping_add(0x7FFF + ((bits >> 16) & 1)) >> 16) as u16;
+            let quiet_nan = ((bits >> 16) as u16) | 0x0040;
+            let is_nan = (bits & 0x7FFF_FFFF) > 0x7F80_0000;
+            *d = bf16::from_bits(if is_nan { quiet_nan } else { rounded });
+        }
+    }
+}
+
 macro_rules! half_element {
     ($t:ty, $dtype:expr) => {
         impl sealed::Sealed for $t {}
@@ -304,23 +342,21 @@ macro_rules! half_element {
             const DTYPE: DType = $dtype;
 
             fn reduce_into(acc: &mut [Self], incoming: &[Self], op: ReduceOp) {
-                // Widen blocks to f32 with half's slice conversions (F16C
-                // where the CPU has it), combine, round once.
-                use half::slice::HalfFloatSliceExt;
+                // Widen blocks to f32, combine, round once.
                 const BLOCK: usize = 512;
                 assert_eq!(acc.len(), incoming.len(), "reduce_into: length mismatch");
                 let (mut a, mut b) = ([0f32; BLOCK], [0f32; BLOCK]);
                 for (acc, inc) in acc.chunks_mut(BLOCK).zip(incoming.chunks(BLOCK)) {
                     let (a, b) = (&mut a[..acc.len()], &mut b[..acc.len()]);
-                    acc.convert_to_f32_slice(a);
-                    inc.convert_to_f32_slice(b);
+                    <$t as Widen>::widen(acc, a);
+                    <$t as Widen>::widen(inc, b);
                     match op {
                         ReduceOp::Sum | ReduceOp::Avg => zip_f32(a, b, |x, y| x + y),
                         ReduceOp::Prod => zip_f32(a, b, |x, y| x * y),
                         ReduceOp::Min => zip_f32(a, b, f32::min),
                         ReduceOp::Max => zip_f32(a, b, f32::max),
                     }
-                    acc.convert_from_f32_slice(a);
+                    <$t as Widen>::narrow(a, acc);
                 }
             }
 
@@ -375,6 +411,36 @@ mod tests {
         assert_eq!(ints, [i32::MIN, 10]);
         i32::finish_avg(&mut ints, 2);
         assert_eq!(ints, [i32::MIN / 2, 5]);
+    }
+
+    #[test]
+    fn bf16_block_conversion_matches_half() {
+        let values: Vec<f32> = (0..5000)
+            .map(|i| f32::from_bits((i as u32).wrapping_mul(2_654_435_761)))
+            .chain([
+                0.0,
+                -0.0,
+                f32::INFINITY,
+                f32::NEG_INFINITY,
+                f32::NAN,
+                1.0 + f32::EPSILON,
+            ])
+            .collect();
+        let mut ours = vec![bf16::ZERO; values.len()];
+        <bf16 as Widen>::narrow(&values, &mut ours);
+        for (v, o) in values.iter().zip(&ours) {
+            let theirs = bf16::from_f32(*v);
+            if v.is_nan() {
+                assert!(o.is_nan());
+            } else {
+                assert_eq!(o.to_bits(), theirs.to_bits(), "{v:e}");
+            }
+        }
+        let mut back = vec![0f32; ours.len()];
+        <bf16 as Widen>::widen(&ours, &mut back);
+        for (o, b) in ours.iter().zip(&back) {
+            assert!(o.to_f32() == *b || b.is_nan());
+        }
     }
 
     #[test]
