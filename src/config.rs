@@ -20,12 +20,25 @@ impl TransportKind {
             "auto" | "" => Ok(TransportKind::Auto),
             "portable" | "tcp" => Ok(TransportKind::Portable),
             "uring" => Err(Error::Rendezvous(format!(
-                "{var}=uring: the io_uring engine is not part of this build yet; use {var}=portable or unset it"
+                "{var}=uring: {}; use {var}=portable or unset it",
+                uring_status()
             ))),
             other => Err(Error::Rendezvous(format!(
                 "{var}={other}: unknown transport; use auto or portable"
             ))),
         }
+    }
+}
+
+/// Why the io_uring transport is not running, in words for logs and errors:
+/// whether io_uring itself works here (probed), and that the engine is not
+/// part of this build yet.
+pub fn uring_status() -> String {
+    match ringwire_uring::probe() {
+        Ok(support) => {
+            format!("{support} works here, but the io_uring engine is not part of this build yet")
+        }
+        Err(why) => format!("io_uring cannot run here: {why}"),
     }
 }
 
@@ -218,7 +231,11 @@ mod tests {
         let err = Overrides::default()
             .resolve(&vars(&[("RINGWIRE_TRANSPORT", "uring")]))
             .unwrap_err();
-        assert!(err.to_string().contains("not part of this build"), "{err}");
+        let msg = err.to_string();
+        assert!(
+            msg.contains("not part of this build") || msg.contains("io_uring cannot run here"),
+            "{msg}"
+        );
         let err = Overrides::default()
             .resolve(&vars(&[("RINGWIRE_CHUNK_BYTES", "1")]))
             .unwrap_err();

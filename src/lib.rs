@@ -26,7 +26,7 @@ pub use buffer::{Buffer, CollectiveBuffer};
 pub use comm::Communicator;
 pub use config::{
     DEFAULT_CHUNK_BYTES, DEFAULT_HEARTBEAT_TIMEOUT, DEFAULT_SMALL_MESSAGE_BYTES, DEFAULT_TIMEOUT,
-    TransportKind,
+    TransportKind, uring_status,
 };
 pub use dtype::{DType, Element, ReduceOp};
 pub use error::{Error, OpContext, Result};

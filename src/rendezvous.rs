@@ -294,7 +294,8 @@ impl Builder {
             rank,
             world_size = size,
             transport = transport_kind,
-            "ringwire communicator ready (portable transport: the io_uring engine is not built yet)"
+            why = %crate::config::uring_status(),
+            "ringwire communicator ready"
         );
         Communicator::start(Arc::new(world), tunables)
     }

@@ -88,6 +88,10 @@ def main():
     print("wrong elements: " + ", ".join(f"{name} {wrong_total[k]}" for k, name in PEERS))
     print("ratio: ringwire busbw / the better of Open MPI and gloo at that size (> 1: ringwire faster;"
           " equals best peer time / ringwire time)")
+    others = [f"{k[len('others '):]} {v}" for k, v in meta.items() if k.startswith("others ")]
+    if others:
+        print("CPU other processes used during each library's sweep (cores; the machine has "
+              f"{os.cpu_count()}): " + ", ".join(others))
     if missing:
         print("missing (skipped or failed, see the logs in " + out + "): " + ", ".join(missing))
 

@@ -311,10 +311,10 @@ fn run_rank(a: &Args) -> Result<bool, String> {
             vec![("portable", TransportKind::Portable)]
         }
         TransportChoice::Uring => {
-            return Err(
-                "--transport uring: the io_uring engine is not built yet; use --transport portable"
-                    .into(),
-            );
+            return Err(format!(
+                "--transport uring: {}; use --transport portable",
+                ringwire::uring_status()
+            ));
         }
     };
     let mut comms: Vec<(&str, Communicator)> = Vec::new();
@@ -364,7 +364,10 @@ fn run_rank(a: &Args) -> Result<bool, String> {
                 .join(", ")
         );
         if a.transport == TransportChoice::All {
-            println!("# (uring: not built yet; comparing the available transports only)");
+            println!(
+                "# (uring: {}; comparing the available transports only)",
+                ringwire::uring_status()
+            );
         }
         println!("# machine: {}", machine_line());
         println!(

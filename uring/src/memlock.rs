@@ -1,0 +1,67 @@
+//! RLIMIT_MEMLOCK: how much memory this user may register with the kernel.
+//!
+//! Registered (fixed) buffers count against it, summed over every process
+//! of the user on the host (8 MiB by default for non-root users; root's
+//! CAP_IPC_LOCK hides the limit). The engine sizes its buffer pool from this
+//! and falls back to unregistered I/O when registration is refused.
+
+/// The soft and hard limits in bytes (`None`: unlimited).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MemlockLimit {
+    pub soft: Option<u64>,
+    pub hard: Option<u64>,
+}
+
+impl MemlockLimit {
+    /// How to raise the limit, for log lines and errors.
+    pub fn advice(&self) -> String {
+        let show =
+            |v: Option<u64>| v.map_or("unlimited".to_string(), |b| format!("{} KiB", b / 1024));
+        format!(
+            "RLIMIT_MEMLOCK is {} (hard {}); raise it with `ulimit -l <KiB>` (up to the hard limit), \
+             `LimitMEMLOCK=` in a systemd unit, `--ulimit memlock=-1` for docker, or memlock lines in \
+             /etc/security/limits.conf",
+            show(self.soft),
+            show(self.hard)
+        )
+    }
+}
+
+/// Reads RLIMIT_MEMLOCK of this process.
+#[cfg(target_os = "linux")]
+pub fn memlock() -> std::io::Result<MemlockLimit> {
+    use nix::sys::resource::{Resource, getrlimit};
+    let (soft, hard) = getrlimit(Resource::RLIMIT_MEMLOCK).map_err(std::io::Error::from)?;
+    let finite = |v: u64| (v != nix::sys::resource::RLIM_INFINITY).then_some(v);
+    Ok(MemlockLimit {
+        soft: finite(soft),
+        hard: finite(hard),
+    })
+}
+
+/// Without Linux there is nothing to register.
+#[cfg(not(target_os = "linux"))]
+pub fn memlock() -> std::io::Result<MemlockLimit> {
+    Ok(MemlockLimit {
+        soft: None,
+        hard: None,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_the_limit_and_explains_how_to_raise_it() {
+        let l = memlock().unwrap();
+        if let (Some(s), Some(h)) = (l.soft, l.hard) {
+            assert!(s <= h);
+        }
+        let advice = l.advice();
+        assert!(
+            advice.contains("ulimit -l") && advice.contains("RLIMIT_MEMLOCK"),
+            "{advice}"
+        );
+    }
+}
