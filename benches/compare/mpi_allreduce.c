@@ -7,7 +7,8 @@
  *     iterations near MAX_SECONDS (between 1 and N), the same count on every rank;
  *   - a barrier, then N timed ops, each timed on every rank (out of place,
  *     like nccl-tests' default); an iteration's time is the slowest rank's;
- *   - time = mean of those; algbw = bytes / time; busbw = algbw * 2(p-1)/p.
+ *   - time = mean of those (p50_us: their median); algbw = bytes / time;
+ *     busbw = algbw * 2(p-1)/p.
  * Sizes: MIN, MIN*F, MIN*F^2, ... while below MAX, then MAX (as ringwire-bench).
  * Rank 0 prints a table and, with -o FILE, writes JSON rows with the same
  * field names as ringwire-bench's --json.
@@ -30,6 +31,11 @@ static size_t parse_size(const char *s) {
     default: break;
     }
     return (size_t)v;
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
 }
 
 static void usage(void) {
@@ -140,6 +146,8 @@ int main(int argc, char **argv) {
             double mean = 0;
             for (int i = 0; i < n; i++) mean += slowest[i];
             mean /= n;
+            qsort(slowest, (size_t)n, sizeof(double), cmp_double);
+            double p50 = n % 2 ? slowest[n / 2] : 0.5 * (slowest[n / 2 - 1] + slowest[n / 2]);
             double algbw = mean > 0 ? (double)bytes / mean / 1e9 : 0;
             double busbw = algbw * 2.0 * (p - 1) / p;
             total_wrong += wrong_all;
@@ -149,8 +157,8 @@ int main(int argc, char **argv) {
             if (json) {
                 fprintf(json,
                         "%s\n  {\"size_bytes\": %zu, \"count\": %d, \"iters\": %d, \"time_us\": %.3f, "
-                        "\"algbw_gbps\": %.6f, \"busbw_gbps\": %.6f, \"wrong\": %lld}",
-                        first ? "" : ",", bytes, count, n, mean * 1e6, algbw, busbw, wrong_all);
+                        "\"algbw_gbps\": %.6f, \"busbw_gbps\": %.6f, \"p50_us\": %.3f, \"wrong\": %lld}",
+                        first ? "" : ",", bytes, count, n, mean * 1e6, algbw, busbw, p50 * 1e6, wrong_all);
             }
         }
         first = 0;

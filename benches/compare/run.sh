@@ -121,7 +121,7 @@ fi
 [ -n "$PEERS" ] || { log "nothing left to run"; exit 1; }
 
 # ---------------------------------------------------------------- runs
-machine=$("$RWBENCH" --help >/dev/null 2>&1 && "$RWBENCH" all_reduce --ranks 2 -b 8 -e 8 -w 0 -n 1 --transport portable 2>/dev/null | sed -n 's/^# machine: //p' || true)
+machine=$("$RWBENCH" all_reduce --ranks 2 -b 8 -e 8 -w 0 -n 1 --transport portable 2>/dev/null | sed -n 's/^# machine: //p') || true
 [ -n "$machine" ] || machine="$(hostname), $(nproc) cores, $(uname -sr)"
 versions="ringwire $(cd "$ROOT" && git describe --always --dirty 2>/dev/null || echo '?')"
 has mpi && versions+="; $(mpirun --version 2>/dev/null | head -1)"
@@ -154,7 +154,7 @@ run_gloo() {
 
 idle_pct() { # percentage of CPU time idle over 2 s
     local a b
-    a=($(head -1 /proc/stat)); sleep 2; b=($(head -1 /proc/stat))
+    read -ra a </proc/stat; sleep 2; read -ra b </proc/stat
     local tot=0 i
     for i in 1 2 3 4 5 6 7 8; do tot=$((tot + b[i] - a[i])); done
     echo $(( tot > 0 ? 100 * (b[4] + b[5] - a[4] - a[5]) / tot : 100 ))
@@ -171,26 +171,26 @@ wait_idle() { # sets IDLE
     done
 }
 
-busy_s() { # CPU seconds all processes have used (user nice system irq softirq steal)
-    local a hz
-    a=($(head -1 /proc/stat)); hz=$(getconf CLK_TCK)
-    awk -v j=$((a[1] + a[2] + a[3] + a[6] + a[7] + a[8])) -v hz="$hz" 'BEGIN { printf "%.3f", j / hz }'
+cpu_snap() { # sets SNAP: "<CPU s all processes used> <CPU s this shell's children used> <wall s>"
+    local a busy child
+    read -ra a </proc/stat  # cpu user nice system idle iowait irq softirq steal (jiffies)
+    busy=$((a[1] + a[2] + a[3] + a[6] + a[7] + a[8]))
+    # `times` in this shell (not a $(...) subshell, whose counts start at 0):
+    # user and sys of the waited-for children, their children included.
+    times >"$OUT/.times"
+    child=$(awk 'NR == 2 { s = 0; for (i = 1; i <= 2; i++) { split($i, a, "m"); sub("s", "", a[2]); s += a[1] * 60 + a[2] } printf "%.3f", s }' "$OUT/.times")
+    SNAP="$(awk -v j="$busy" -v hz="$(getconf CLK_TCK)" 'BEGIN { printf "%.3f", j / hz }') $child $(date +%s.%N)"
 }
-children_s() { # CPU seconds this shell's waited-for children (and theirs) have used
-    times >"$OUT/.times"  # a builtin with a redirect: no fork, so the counts are this shell's
-    awk 'NR == 2 { s = 0; for (i = 1; i <= 2; i++) { split($i, a, "m"); sub("s", "", a[2]); s += a[1] * 60 + a[2] } printf "%.3f", s }' "$OUT/.times"
-}
-now_s() { date +%s.%N; }
 
-# One peer's sweep; sets OTHERS: cores' worth of CPU other processes used
-# meanwhile (what the machine took away from this run).
+# One library's sweep; sets OTHERS: cores' worth of CPU that other processes
+# used meanwhile (what the rest of the machine took away from this run).
 run_peer() {
-    local peer=$1 p=$2 b0 c0 w0 rc=0
-    b0=$(busy_s); c0=$(children_s); w0=$(now_s)
+    local peer=$1 p=$2 s0 rc=0
+    cpu_snap; s0=$SNAP
     "run_$peer" "$p" >"$OUT/$peer-p$p.log" 2>&1 || rc=$?
-    OTHERS=$(awk -v b="$(busy_s)" -v b0="$b0" -v c="$(children_s)" -v c0="$c0" -v w="$(now_s)" -v w0="$w0" \
-        'BEGIN { o = ((b - b0) - (c - c0)) / (w - w0); if (o < 0) o = 0; printf "%.2f", o }')
-    log "p=$p $peer: $(awk -v w="$(now_s)" -v w0="$w0" 'BEGIN { printf "%.0f", w - w0 }') s, exit $rc, other processes used $OTHERS cores meanwhile (log: $OUT/$peer-p$p.log)"
+    cpu_snap
+    read -r OTHERS WALL < <(echo "$s0 $SNAP" | awk '{ w = $6 - $3; o = (($4 - $1) - ($5 - $2)) / w; if (o < 0) o = 0; printf "%.2f %.0f\n", o, w }')
+    log "p=$p $peer: $WALL s, exit $rc, other processes used $OTHERS cores meanwhile (log: $OUT/$peer-p$p.log)"
     [ "$rc" = 0 ] || { log "p=$p $peer FAILED; its column shows n/a. Tail of its log:"; tail -5 "$OUT/$peer-p$p.log" >&2; }
     return $rc
 }

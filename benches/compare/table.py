@@ -84,6 +84,21 @@ def main():
             else:
                 cells.append("n/a")
             print("| " + " | ".join(cells) + " |")
+    # Medians: a few slow ops (scheduler ticks, retransmits) move a mean of
+    # 20 ops a lot at small sizes; the median shows the typical op.
+    print()
+    print("Median op time (us), same runs:")
+    print()
+    print("| ranks | size | " + " | ".join(f"{name} p50 (us)" for _, name in PEERS) + " |")
+    print("|" + "|".join(["---:"] * (2 + len(PEERS))) + "|")
+    for p in ranks:
+        data = {key: load(os.path.join(out, f"{key}-p{p}.json")) for key, _ in PEERS}
+        for s in sorted({s for d in data.values() if d for s in d}):
+            cells = [str(p), human(s)]
+            for key, _ in PEERS:
+                r = (data[key] or {}).get(s)
+                cells.append(f"{r['p50_us']:.1f}" if r and r.get("p50_us") is not None else "n/a")
+            print("| " + " | ".join(cells) + " |")
     print()
     print("wrong elements: " + ", ".join(f"{name} {wrong_total[k]}" for k, name in PEERS))
     print("ratio: ringwire busbw / the better of Open MPI and gloo at that size (> 1: ringwire faster;"

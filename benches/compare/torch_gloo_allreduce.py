@@ -7,7 +7,8 @@ per size the way ringwire-bench and mpi_allreduce.c do it:
   iterations near MAX_SECONDS (between 1 and N), the same count on every rank;
 - a barrier, then N timed ops (in place, like ringwire), each timed on every
   rank; an iteration's time is the slowest rank's;
-- time = mean of those; algbw = bytes / time; busbw = algbw * 2(p-1)/p.
+- time = mean of those (p50_us: their median); algbw = bytes / time;
+  busbw = algbw * 2(p-1)/p.
 
 Sizes: MIN, MIN*F, ... while below MAX, then MAX (as ringwire-bench).
 Launch with torchrun (it sets RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT):
@@ -109,13 +110,15 @@ def main():
 
         if lead:
             mean = float(times.mean())
+            srt = sorted(times.tolist())
+            p50 = srt[n // 2] if n % 2 else 0.5 * (srt[n // 2 - 1] + srt[n // 2])
             algbw = nbytes / mean / 1e9 if mean > 0 else 0.0
             busbw = algbw * 2 * (p - 1) / p
             total_wrong += wrong
             print(f" {nbytes:>11} {count:>11} {n:>6} {mean * 1e6:>11.1f} {algbw:>8.3f} {busbw:>8.3f} {wrong:>7}",
                   flush=True)
             rows.append(dict(size_bytes=nbytes, count=count, iters=n, time_us=mean * 1e6,
-                             algbw_gbps=algbw, busbw_gbps=busbw, wrong=wrong))
+                             algbw_gbps=algbw, busbw_gbps=busbw, p50_us=p50 * 1e6, wrong=wrong))
     if lead:
         print(f"# wrong elements: {total_wrong} ({'FAILED' if total_wrong else 'OK'})")
         if a.o:
