@@ -443,7 +443,9 @@ fn rendezvous(
         size,
         job_id,
         transport,
-        store: Some((client, prefix)),
+        // Kept for failure reports only: a store that went away with its
+        // host must not hold a failing op for a minute.
+        store: Some((client.with_reply_timeout(Duration::from_secs(2)), prefix)),
         _store: store,
     })
 }

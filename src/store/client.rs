@@ -38,6 +38,8 @@ const BACKOFF_MAX: Duration = Duration::from_millis(250);
 pub struct StoreClient {
     addr: SocketAddr,
     conn: Mutex<Conn>,
+    /// How long a request that does not wait server-side may take.
+    reply_timeout: Duration,
 }
 
 struct Conn {
@@ -103,6 +105,7 @@ impl StoreClient {
                         debug!(%addr, "connected to rendezvous store");
                         return Ok(StoreClient {
                             addr,
+                            reply_timeout: REPLY_TIMEOUT,
                             conn: Mutex::new(Conn {
                                 stream,
                                 reader,
@@ -226,6 +229,14 @@ impl StoreClient {
         }
     }
 
+    /// Uses `timeout` instead of [`REPLY_TIMEOUT`] for requests that do not
+    /// wait on the server (set, try_get, add, ...): for callers that must
+    /// not block long on a store that has become unreachable.
+    pub fn with_reply_timeout(mut self, timeout: Duration) -> StoreClient {
+        self.reply_timeout = timeout;
+        self
+    }
+
     /// The number of keys in the store.
     pub fn num_keys(&self) -> Result<u64, StoreError> {
         let req = Request::NumKeys;
@@ -248,7 +259,7 @@ impl StoreClient {
                 cause: cause.clone(),
             });
         }
-        let reply_timeout = waits.map_or(REPLY_TIMEOUT, |w| w.saturating_add(REPLY_MARGIN));
+        let reply_timeout = waits.map_or(self.reply_timeout, |w| w.saturating_add(REPLY_MARGIN));
         let result = exchange(&mut conn, &frame, reply_timeout);
         let resp = match result {
             Ok(resp) => resp,
