@@ -196,13 +196,7 @@ impl Overrides {
 mod tests {
     use super::*;
 
-    fn vars(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
-        let map: std::collections::HashMap<String, String> = pairs
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect();
-        move |k| map.get(k).cloned()
-    }
+    use crate::testing::env_lookup as vars;
 
     #[test]
     fn builder_beats_env_beats_default() {

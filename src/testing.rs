@@ -133,3 +133,13 @@ pub fn count_wrong<T: Element>(got: &[T], reference: &[f64], ranks: usize) -> us
         })
         .count()
 }
+
+/// A variable lookup over fixed pairs, for testing env-driven settings
+/// without touching the process environment.
+pub fn env_lookup(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> + use<> {
+    let map: std::collections::HashMap<String, String> = pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    move |k| map.get(k).cloned()
+}

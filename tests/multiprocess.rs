@@ -32,31 +32,37 @@ fn launch(world: usize, seed: u64, extra_env: &[(&str, String)]) -> Vec<std::pro
         .collect()
 }
 
+/// A command that runs this test binary as `rank` of `world` (its
+/// `child_rank` test), with the store of rank 0 at 127.0.0.1:`port`.
+fn rank_command(rank: usize, world: usize, port: u16, seed: u64) -> Command {
+    let mut cmd = Command::new(std::env::current_exe().unwrap());
+    cmd.args([
+        "--exact",
+        "child_rank",
+        "--include-ignored",
+        "--nocapture",
+        "--test-threads",
+        "1",
+    ])
+    .env(CHILD_VAR, "1")
+    .env("RANK", rank.to_string())
+    .env("WORLD_SIZE", world.to_string())
+    .env("LOCAL_RANK", rank.to_string())
+    .env("LOCAL_WORLD_SIZE", world.to_string())
+    .env("MASTER_ADDR", "127.0.0.1")
+    .env("MASTER_PORT", port.to_string())
+    .env("RINGWIRE_TEST_SEED", seed.to_string())
+    .env("RINGWIRE_TIMEOUT", "60")
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped());
+    cmd
+}
+
 fn spawn_ranks(world: usize, seed: u64, extra_env: &[(&str, String)]) -> Vec<std::process::Child> {
-    let exe = std::env::current_exe().unwrap();
     let port = free_port();
     (0..world)
         .map(|rank| {
-            let mut cmd = Command::new(&exe);
-            cmd.args([
-                "--exact",
-                "child_rank",
-                "--include-ignored",
-                "--nocapture",
-                "--test-threads",
-                "1",
-            ])
-            .env(CHILD_VAR, "1")
-            .env("RANK", rank.to_string())
-            .env("WORLD_SIZE", world.to_string())
-            .env("LOCAL_RANK", rank.to_string())
-            .env("LOCAL_WORLD_SIZE", world.to_string())
-            .env("MASTER_ADDR", "127.0.0.1")
-            .env("MASTER_PORT", port.to_string())
-            .env("RINGWIRE_TEST_SEED", seed.to_string())
-            .env("RINGWIRE_TIMEOUT", "60")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
+            let mut cmd = rank_command(rank, world, port, seed);
             for (k, v) in extra_env {
                 cmd.env(k, v);
             }
@@ -236,27 +242,10 @@ fn processes_mismatch_fails_on_every_rank() {
 
 #[test]
 fn a_second_process_claiming_a_rank_is_refused() {
-    let exe = std::env::current_exe().unwrap();
     let port = free_port();
     let spawn = |rank: usize| {
-        Command::new(&exe)
-            .args([
-                "--exact",
-                "child_rank",
-                "--include-ignored",
-                "--nocapture",
-                "--test-threads",
-                "1",
-            ])
-            .env(CHILD_VAR, "1")
-            .env("RANK", rank.to_string())
-            .env("WORLD_SIZE", "3")
-            .env("MASTER_ADDR", "127.0.0.1")
-            .env("MASTER_PORT", port.to_string())
-            .env("RINGWIRE_TEST_SEED", "1")
+        rank_command(rank, 3, port, 1)
             .env("RINGWIRE_CONNECT_TIMEOUT", "3")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
             .spawn()
             .unwrap()
     };

@@ -212,6 +212,33 @@ impl Shared {
         )
     }
 
+    /// Every established link, with its peer.
+    fn ready_links(&self) -> Vec<(usize, Arc<Link>)> {
+        lock(&self.peers)
+            .iter()
+            .enumerate()
+            .filter_map(|(p, st)| match st {
+                PeerState::Ready(l) => Some((p, l.clone())),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// Wakes every receive waiting on an inbox `(comm, peer)` that matches,
+    /// so it re-checks for failures and aborts.
+    fn wake_inboxes(&self, matches: impl Fn(u64, usize) -> bool) {
+        let inboxes: Vec<_> = lock(&self.inboxes)
+            .iter()
+            .filter(|((c, p), _)| matches(*c, *p))
+            .map(|(_, i)| i.clone())
+            .collect();
+        for inbox in inboxes {
+            // Taking the lock orders the wake-up after a waiter's check.
+            let _guard = lock(&inbox.queue);
+            inbox.arrived.notify_all();
+        }
+    }
+
     fn now_ms(&self) -> u64 {
         self.epoch.elapsed().as_millis() as u64
     }
@@ -249,26 +276,11 @@ impl Shared {
             "abort"
         );
         self.peers_changed.notify_all();
-        let inboxes: Vec<_> = lock(&self.inboxes)
-            .iter()
-            .filter(|((c, _), _)| *c == comm_id)
-            .map(|(_, i)| i.clone())
-            .collect();
-        for inbox in inboxes {
-            let _guard = lock(&inbox.queue);
-            inbox.arrived.notify_all();
-        }
+        self.wake_inboxes(|c, _| c == comm_id);
         // Forward from a separate thread: a writer blocked on a stopped peer
         // must not stall this reader (or the caller).
-        let links: Vec<(usize, Arc<Link>)> = lock(&self.peers)
-            .iter()
-            .enumerate()
-            .filter(|(p, _)| Some(*p) != from)
-            .filter_map(|(p, st)| match st {
-                PeerState::Ready(l) => Some((p, l.clone())),
-                _ => None,
-            })
-            .collect();
+        let mut links = self.ready_links();
+        links.retain(|(p, _)| Some(*p) != from);
         if links.is_empty() {
             mark_forwarded();
             return;
@@ -353,15 +365,7 @@ impl Shared {
             }
         }
         self.peers_changed.notify_all();
-        let inboxes: Vec<_> = lock(&self.inboxes)
-            .iter()
-            .filter(|((_, p), _)| *p == peer)
-            .map(|(_, i)| i.clone())
-            .collect();
-        for inbox in inboxes {
-            let _guard = lock(&inbox.queue);
-            inbox.arrived.notify_all();
-        }
+        self.wake_inboxes(|_, p| p == peer);
     }
 
     fn configure(&self, stream: &TcpStream) -> io::Result<()> {
@@ -906,14 +910,7 @@ fn heartbeat_loop(s: &Arc<Shared>) {
             return;
         }
         let now = s.now_ms();
-        let links: Vec<(usize, Arc<Link>)> = lock(&s.peers)
-            .iter()
-            .enumerate()
-            .filter_map(|(p, st)| match st {
-                PeerState::Ready(l) => Some((p, l.clone())),
-                _ => None,
-            })
-            .collect();
+        let links = s.ready_links();
         for (peer, link) in links {
             let silent = now.saturating_sub(s.last_recv[peer].load(Ordering::Relaxed));
             if silent > s.config.heartbeat_timeout.as_millis() as u64 {
