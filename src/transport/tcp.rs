@@ -16,7 +16,7 @@ use crate::security::{self, Opening, Security};
 use crate::wire::handshake::security_mismatch;
 use crate::wire::{self, FrameKind, HEADER_LEN, Header, Hello, HelloAck};
 use std::collections::{HashMap, VecDeque};
-use std::io::{self, Read, Write};
+use std::io::{self, IoSlice, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -804,18 +804,22 @@ fn control_header(kind: FrameKind, len: usize) -> Header {
     Header::control(kind, 0, 0, len as u32)
 }
 
+/// Writes header and payload with one `writev` (retried on short writes):
+/// one syscall per frame and no copy into a staging buffer.
 fn write_frame(stream: &mut dyn Write, header: &Header, payload: &[u8]) -> io::Result<()> {
     let head = header.encode();
-    if payload.len() <= 16 * 1024 {
-        // One segment for small frames: latency matters more than a copy.
-        let mut frame = [0u8; HEADER_LEN + 16 * 1024];
-        frame[..HEADER_LEN].copy_from_slice(&head);
-        frame[HEADER_LEN..HEADER_LEN + payload.len()].copy_from_slice(payload);
-        stream.write_all(&frame[..HEADER_LEN + payload.len()])
-    } else {
-        stream.write_all(&head)?;
-        stream.write_all(payload)
+    let mut slices = [IoSlice::new(&head), IoSlice::new(payload)];
+    let used = if payload.is_empty() { 1 } else { 2 };
+    let mut bufs = &mut slices[..used];
+    while !bufs.is_empty() {
+        match stream.write_vectored(bufs) {
+            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+            Ok(n) => IoSlice::advance_slices(&mut bufs, n),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
     }
+    Ok(())
 }
 
 /// Reads one control frame (bounded by the control payload cap).
