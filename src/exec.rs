@@ -8,7 +8,7 @@
 //! about a collective fail with an error naming both sides instead of
 //! producing garbage.
 
-use crate::algo::{Action, Step};
+use crate::algo::Step;
 use crate::error::{Error, OpContext};
 use crate::transport::{LinkError, Transport};
 use crate::wire::{Header, OpKind};
@@ -158,13 +158,9 @@ pub(crate) fn run<T: Element>(
                 let Some(data) = incoming.payload.as_slice::<T>() else {
                     return Err(mismatch("payload is not a whole number of elements".into()));
                 };
-                let dst = &mut work[range.clone()];
-                match action {
-                    Action::Copy => dst.copy_from_slice(data),
-                    Action::Reduce => {
-                        T::reduce_into(dst, data, sig.reduce_op.unwrap_or(ReduceOp::Sum))
-                    }
-                }
+                // Copy steps ignore the operator; reducing ops always carry one.
+                let op = sig.reduce_op.unwrap_or(ReduceOp::Sum);
+                action.apply(&mut work[range.clone()], data, op);
                 traffic.received += incoming.payload.len() as u64;
                 transport.recycle(incoming.payload);
             }

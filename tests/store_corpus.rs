@@ -14,16 +14,15 @@
 //!   `cargo test --test store_corpus -- --ignored regenerate_store_corpus`.
 
 use std::fs;
-use std::path::{Path, PathBuf};
+
+#[path = "corpus/mod.rs"]
+mod corpus;
+use corpus::{corpus_dir, corpus_files};
 
 use ringwire::store::protocol::{
     MAX_ERROR_LEN, MAX_KEY_LEN, MAX_REQUEST_BODY, Request, Response, decode_request,
     decode_response, encode_request, encode_response, request_frame_len, response_frame_len,
 };
-
-fn corpus_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/corpus/store")
-}
 
 /// Every seed: (file name, bytes).
 fn seeds() -> Vec<(&'static str, Vec<u8>)> {
@@ -154,24 +153,9 @@ fn seeds() -> Vec<(&'static str, Vec<u8>)> {
     ]
 }
 
-/// Every file of the corpus directory, sorted by name.
-fn corpus_files() -> Vec<(String, Vec<u8>)> {
-    let dir = corpus_dir();
-    let entries = fs::read_dir(&dir).unwrap_or_else(|e| panic!("reading {}: {e}", dir.display()));
-    let mut files: Vec<(String, Vec<u8>)> = entries
-        .map(|entry| {
-            let path = entry.expect("directory entry").path();
-            let name = path.file_name().unwrap().to_string_lossy().into_owned();
-            (name, fs::read(&path).unwrap())
-        })
-        .collect();
-    files.sort();
-    files
-}
-
 #[test]
 fn store_corpus_decodes_without_panic() {
-    let files = corpus_files();
+    let files = corpus_files("store");
     assert!(!files.is_empty(), "fuzz/corpus/store is empty");
     for (name, bytes) in &files {
         let request = decode_request(bytes);
@@ -294,7 +278,7 @@ fn invalid_seeds_fail() {
 #[test]
 fn committed_seeds_match_the_encoders() {
     for (name, bytes) in seeds() {
-        let path = corpus_dir().join(name);
+        let path = corpus_dir("store").join(name);
         let committed = fs::read(&path).unwrap_or_else(|e| {
             panic!(
                 "{}: {e}; regenerate with \
@@ -316,7 +300,7 @@ fn committed_seeds_match_the_encoders() {
 #[test]
 #[ignore = "writes fuzz/corpus/store/; run by hand after an intended format change"]
 fn regenerate_store_corpus() {
-    let dir = corpus_dir();
+    let dir = corpus_dir("store");
     fs::create_dir_all(&dir).unwrap();
     for (name, bytes) in seeds() {
         fs::write(dir.join(name), bytes).unwrap();

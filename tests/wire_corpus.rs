@@ -10,7 +10,10 @@
 //!   `cargo test --test wire_corpus -- --ignored regenerate_seed_corpus`.
 
 use std::fs;
-use std::path::{Path, PathBuf};
+
+#[path = "corpus/mod.rs"]
+mod corpus;
+use corpus::{corpus_dir, corpus_files};
 
 use ringwire::wire::{
     Abort, FrameKind, Header, Hello, HelloAck, OpKind, decode_frame, encode_abort,
@@ -20,10 +23,6 @@ use ringwire::{DType, ReduceOp};
 
 /// The `max_payload` the fuzz target uses.
 const MAX_PAYLOAD: u32 = 1 << 20;
-
-fn corpus_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/corpus")
-}
 
 /// Every seed: (target directory, file name, bytes).
 fn seeds() -> Vec<(&'static str, &'static str, Vec<u8>)> {
@@ -252,21 +251,6 @@ fn seeds() -> Vec<(&'static str, &'static str, Vec<u8>)> {
     ]
 }
 
-/// Every file of one corpus directory, sorted by name.
-fn corpus_files(target: &str) -> Vec<(String, Vec<u8>)> {
-    let dir = corpus_dir().join(target);
-    let entries = fs::read_dir(&dir).unwrap_or_else(|e| panic!("reading {}: {e}", dir.display()));
-    let mut files: Vec<(String, Vec<u8>)> = entries
-        .map(|entry| {
-            let path = entry.expect("directory entry").path();
-            let name = path.file_name().unwrap().to_string_lossy().into_owned();
-            (name, fs::read(&path).unwrap())
-        })
-        .collect();
-    files.sort();
-    files
-}
-
 #[test]
 fn frame_corpus_decodes_without_panic() {
     let files = corpus_files("frame");
@@ -351,7 +335,7 @@ fn invalid_seeds_fail() {
 #[test]
 fn committed_seeds_match_the_encoders() {
     for (target, name, bytes) in seeds() {
-        let path = corpus_dir().join(target).join(name);
+        let path = corpus_dir(target).join(name);
         let committed = fs::read(&path).unwrap_or_else(|e| {
             panic!(
                 "{}: {e}; regenerate with \
@@ -374,7 +358,7 @@ fn committed_seeds_match_the_encoders() {
 #[ignore = "writes fuzz/corpus/; run by hand after an intended format change"]
 fn regenerate_seed_corpus() {
     for (target, name, bytes) in seeds() {
-        let dir = corpus_dir().join(target);
+        let dir = corpus_dir(target);
         fs::create_dir_all(&dir).unwrap();
         fs::write(dir.join(name), bytes).unwrap();
     }

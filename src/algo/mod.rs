@@ -41,6 +41,16 @@ pub enum Action {
     Reduce,
 }
 
+impl Action {
+    /// Applies received elements to their range of the work buffer.
+    pub fn apply<T: crate::Element>(self, dst: &mut [T], incoming: &[T], op: crate::ReduceOp) {
+        match self {
+            Action::Copy => dst.copy_from_slice(incoming),
+            Action::Reduce => T::reduce_into(dst, incoming, op),
+        }
+    }
+}
+
 /// One step of a rank's schedule. `step` and `chunk` are carried in the frame
 /// header and checked by the receiver.
 #[derive(Clone, Debug, PartialEq, Eq)]

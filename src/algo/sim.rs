@@ -3,7 +3,7 @@
 //! checks (each frame's step, chunk and length match what the receiver
 //! expects) and reports a deadlock when no rank can make progress.
 
-use super::{Action, Step};
+use super::Step;
 use crate::{Element, ReduceOp};
 use std::collections::{HashMap, VecDeque};
 
@@ -85,11 +85,7 @@ pub fn run<T: Element>(
                                 ),
                             });
                         }
-                        let dst = &mut works[rank][range.clone()];
-                        match action {
-                            Action::Copy => dst.copy_from_slice(&frame.data),
-                            Action::Reduce => T::reduce_into(dst, &frame.data, op),
-                        }
+                        action.apply(&mut works[rank][range.clone()], &frame.data, op);
                     }
                 }
                 pc[rank] += 1;
