@@ -41,7 +41,12 @@ fn pending_works_under_tokio_and_block_on() {
         let b = futures::executor::block_on(c.all_reduce(vec![2i32; 5], ReduceOp::Prod)).unwrap();
         let mut p = c.barrier();
         // Poll with a short timeout until the barrier completes.
-        while p.wait_timeout(Duration::from_millis(1)).is_none() {}
+        let barrier = loop {
+            if let Some(r) = p.wait_timeout(Duration::from_millis(1)) {
+                break r;
+            }
+        };
+        barrier.unwrap();
         (a, b)
     });
     for (a, b) in results {
