@@ -1,0 +1,616 @@
+//! The ring itself: submission entries for receives, sends and the wake-up
+//! eventfd, and what each completion means. The only module of the engine
+//! that hands memory to the kernel, so every `unsafe` block is here.
+//!
+//! The rule that keeps it sound: memory named by an entry in flight stays
+//! valid until that entry's completion is taken. Staging buffers, payload
+//! buffers, `msghdr`/`iovec`s and the eventfd word are owned by `Driver`
+//! (boxed, so they never move) and are only dropped after their completion
+//! or, when the ring is torn down with entries still in flight, leaked.
+//! Borrowed send payloads belong to a caller that `FrameEngine::send` keeps
+//! waiting until the completion has been recorded.
+#![allow(unsafe_code)]
+
+use super::{
+    Body, EngineConfig, FrameSink, LinkFault, MAX_HEADER, Queued, SendRequest, SendResult,
+};
+use crate::AlignedBuf;
+use io_uring::{IoUring, opcode, squeue, types};
+use nix::sys::socket::{Shutdown, shutdown};
+use std::collections::VecDeque;
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
+use std::time::{Duration, Instant};
+
+// SAFETY: a `SendRequest` is plain data except for `Body::Borrowed`'s
+// pointer, which is only read by the kernel (through an entry built in this
+// module) while the caller that owns the memory is parked in
+// `FrameEngine::send`; moving the request between threads does not touch it.
+unsafe impl Send for SendRequest {}
+
+/// What a completion is for: the low byte of `user_data`, the link above it.
+const RECV: u64 = 1;
+const SEND: u64 = 2;
+const WAKE: u64 = 3;
+const CANCEL: u64 = 4;
+
+fn tag(kind: u64, link: usize) -> u64 {
+    kind | ((link as u64) << 8)
+}
+
+enum Rx {
+    /// Receiving headers and small frames into the staging buffer.
+    Staging,
+    /// Receiving one large payload in place.
+    Payload {
+        head: [u8; MAX_HEADER],
+        buf: AlignedBuf,
+        got: usize,
+    },
+}
+
+struct LinkIo {
+    socket: OwnedFd,
+    /// Index in the ring's file table, when registered.
+    fixed: Option<u32>,
+    staging: Box<[u8]>,
+    /// Unparsed bytes are `staging[start..end]`.
+    start: usize,
+    end: usize,
+    rx: Rx,
+    recv_in_flight: bool,
+    queue: VecDeque<SendRequest>,
+    /// The send being written; it stays here (not moved) while in flight.
+    sending: Option<SendRequest>,
+    send_in_flight: bool,
+    msg: Box<libc::msghdr>,
+    iov: Box<[libc::iovec; 2]>,
+    /// Set once the link failed; later sends fail with it at once.
+    dead: Option<String>,
+}
+
+impl LinkIo {
+    /// Points `msg` at what is left of the current send.
+    fn describe_send(&mut self) {
+        let Some(req) = &self.sending else { return };
+        let mut n = 0;
+        if req.sent < req.head_len {
+            self.iov[n] = libc::iovec {
+                iov_base: req.head[req.sent..req.head_len].as_ptr() as *mut libc::c_void,
+                iov_len: req.head_len - req.sent,
+            };
+            n += 1;
+        }
+        let (ptr, len) = match &req.body {
+            Body::Borrowed { ptr, len } => (*ptr, *len),
+            Body::Owned(v) => (v.as_ptr(), v.len()),
+        };
+        let done = req.sent.saturating_sub(req.head_len);
+        if done < len {
+            self.iov[n] = libc::iovec {
+                iov_base: ptr.wrapping_add(done) as *mut libc::c_void,
+                iov_len: len - done,
+            };
+            n += 1;
+        }
+        // SAFETY: `msghdr` is plain old data; all-zero is its empty value.
+        *self.msg = unsafe { std::mem::zeroed() };
+        self.msg.msg_iov = self.iov.as_mut_ptr();
+        self.msg.msg_iovlen = n as _;
+    }
+}
+
+pub(crate) struct Driver {
+    ring: IoUring,
+    links: Vec<Option<Box<LinkIo>>>,
+    header_len: usize,
+    staging: usize,
+    fixed_files: bool,
+    wake_fd: RawFd,
+    wake_word: Box<u64>,
+    wake_in_flight: bool,
+    /// Entries submitted whose completion has not been taken.
+    in_flight: usize,
+    completions: Vec<(u64, i32)>,
+    touched: Vec<usize>,
+}
+
+// SAFETY: the raw pointers in `msghdr`/`iovec` point into this driver's own
+// boxes or into borrowed payloads (see `SendRequest`); the driver is only
+// used under `FrameEngine`'s mutex, one thread at a time.
+unsafe impl Send for Driver {}
+
+impl Driver {
+    pub(crate) fn new(
+        config: &EngineConfig,
+        wake: &nix::sys::eventfd::EventFd,
+    ) -> io::Result<Driver> {
+        // Every link has at most one receive and one send in flight, plus
+        // the eventfd read: size the queues so completions never overflow.
+        let entries = (2 * config.links as u32 + 8)
+            .next_power_of_two()
+            .clamp(64, 8192);
+        let ring = IoUring::builder()
+            .setup_coop_taskrun()
+            .setup_cqsize(entries * 2)
+            .build(entries)
+            .or_else(|_| IoUring::builder().setup_cqsize(entries * 2).build(entries))?;
+        let fixed_files = ring
+            .submitter()
+            .register_files_sparse(config.links.max(1) as u32)
+            .is_ok();
+        Ok(Driver {
+            ring,
+            links: (0..config.links).map(|_| None).collect(),
+            header_len: config.header_len,
+            staging: config.staging.max(config.header_len * 4),
+            fixed_files,
+            wake_fd: wake.as_fd().as_raw_fd(),
+            wake_word: Box::new(0),
+            wake_in_flight: false,
+            in_flight: 0,
+            completions: Vec::with_capacity(entries as usize * 2),
+            touched: Vec::new(),
+        })
+    }
+
+    pub(crate) fn uses_fixed_files(&self) -> bool {
+        self.fixed_files
+    }
+
+    /// One turn: take in `queued`, submit what can go, wait up to `wait`
+    /// for at least one completion, and handle every completion there is.
+    /// Finished sends are appended to `finished` (id 0: an owned send).
+    pub(crate) fn turn(
+        &mut self,
+        queued: Queued,
+        wait: Duration,
+        sink: &dyn FrameSink,
+        finished: &mut Vec<(u64, SendResult)>,
+    ) {
+        let Queued { links, sends } = queued;
+        for (link, socket) in links {
+            self.install(link, socket);
+        }
+        for req in sends {
+            let link = req.link;
+            match self.links.get_mut(link).and_then(|l| l.as_mut()) {
+                Some(l) if l.dead.is_none() => {
+                    l.queue.push_back(req);
+                    self.touched.push(link);
+                }
+                Some(l) => finished.push((req.id, Err(l.dead.clone().unwrap_or_default()))),
+                None => finished.push((req.id, Err(format!("link {link} is not connected")))),
+            }
+        }
+        for link in 0..self.links.len() {
+            self.post(link);
+        }
+        self.touched.clear();
+        self.post_wake();
+        self.enter(wait);
+        // Take what completed; what that posts may complete at once (data
+        // already queued in the socket), so go round a few times.
+        for _ in 0..8 {
+            if !self.reap(sink, finished) {
+                break;
+            }
+            let touched = std::mem::take(&mut self.touched);
+            for &link in &touched {
+                self.post(link);
+            }
+            self.touched = touched;
+            self.touched.clear();
+            self.post_wake();
+            self.enter(Duration::ZERO);
+        }
+        self.fail_queued_on_dead(finished);
+    }
+
+    fn post_wake(&mut self) {
+        if self.wake_in_flight {
+            return;
+        }
+        let entry = opcode::Read::new(
+            types::Fd(self.wake_fd),
+            (&mut *self.wake_word as *mut u64).cast::<u8>(),
+            8,
+        )
+        .build()
+        .user_data(tag(WAKE, 0));
+        // SAFETY: `wake_word` is boxed and owned by the driver, which leaks
+        // it rather than free it while this read is in flight (see `Drop`);
+        // the eventfd is dropped after the driver (field order in
+        // `FrameEngine`).
+        if unsafe { self.push(&entry) } {
+            self.wake_in_flight = true;
+        }
+    }
+
+    /// Submits, and sleeps up to `wait` for a completion unless one is
+    /// already there.
+    fn enter(&mut self, wait: Duration) {
+        let ready = !self.ring.completion().is_empty();
+        let result = if wait.is_zero() || ready {
+            self.ring.submit()
+        } else {
+            let ts = types::Timespec::from(wait);
+            let args = types::SubmitArgs::new().timespec(&ts);
+            self.ring.submitter().submit_with_args(1, &args)
+        };
+        // ETIME: the wait ran out; EINTR: a signal; EBUSY: completions to
+        // take first. Anything else leaves entries queued for the next turn.
+        let _ = result;
+    }
+
+    /// # Safety
+    /// Memory `entry` names must stay valid until its completion is taken.
+    unsafe fn push(&mut self, entry: &squeue::Entry) -> bool {
+        if self.ring.submission().is_full() {
+            let _ = self.ring.submit();
+        }
+        // SAFETY: the caller's contract, passed on.
+        let pushed = unsafe { self.ring.submission().push(entry) }.is_ok();
+        if pushed {
+            self.in_flight += 1;
+        }
+        pushed
+    }
+
+    fn install(&mut self, link: usize, socket: OwnedFd) {
+        if link >= self.links.len() {
+            return;
+        }
+        let mut fixed = None;
+        if self.fixed_files
+            && self
+                .ring
+                .submitter()
+                .register_files_update(link as u32, &[socket.as_raw_fd()])
+                .is_ok()
+        {
+            fixed = Some(link as u32);
+        }
+        // Links are made once; a replaced one with entries in flight is
+        // leaked rather than freed under the kernel.
+        if let Some(old) = self.links[link].take() {
+            if old.recv_in_flight || old.send_in_flight {
+                std::mem::forget(old);
+            }
+        }
+        self.links[link] = Some(Box::new(LinkIo {
+            socket,
+            fixed,
+            staging: vec![0u8; self.staging].into_boxed_slice(),
+            start: 0,
+            end: 0,
+            rx: Rx::Staging,
+            recv_in_flight: false,
+            queue: VecDeque::new(),
+            sending: None,
+            send_in_flight: false,
+            // SAFETY: `msghdr` is plain old data; all-zero is its empty value.
+            msg: Box::new(unsafe { std::mem::zeroed() }),
+            iov: Box::new(
+                [libc::iovec {
+                    iov_base: std::ptr::null_mut(),
+                    iov_len: 0,
+                }; 2],
+            ),
+            dead: None,
+        }));
+    }
+
+    /// Puts a receive in flight on `link` if it has none, and the next
+    /// queued send if no send is in flight.
+    fn post(&mut self, link: usize) {
+        let Some(l) = self.links.get_mut(link).and_then(|l| l.as_mut()) else {
+            return;
+        };
+        if l.dead.is_some() {
+            return;
+        }
+        let raw = l.socket.as_raw_fd();
+        let fixed = l.fixed;
+        let mut recv = None;
+        if !l.recv_in_flight {
+            let (ptr, len, flags) = match &mut l.rx {
+                Rx::Staging => {
+                    if l.start > 0 {
+                        l.staging.copy_within(l.start..l.end, 0);
+                        l.end -= l.start;
+                        l.start = 0;
+                    }
+                    let free = &mut l.staging[l.end..];
+                    (free.as_mut_ptr(), free.len(), 0)
+                }
+                Rx::Payload { buf, got, .. } => {
+                    let rest = &mut buf.bytes_mut()[*got..];
+                    (rest.as_mut_ptr(), rest.len(), libc::MSG_WAITALL)
+                }
+            };
+            let len = len.min(u32::MAX as usize) as u32;
+            recv = Some(
+                match fixed {
+                    Some(i) => opcode::Recv::new(types::Fixed(i), ptr, len)
+                        .flags(flags)
+                        .build(),
+                    None => opcode::Recv::new(types::Fd(raw), ptr, len)
+                        .flags(flags)
+                        .build(),
+                }
+                .user_data(tag(RECV, link)),
+            );
+        }
+        let mut send = None;
+        if !l.send_in_flight {
+            if l.sending.is_none() {
+                l.sending = l.queue.pop_front();
+            }
+            if l.sending.is_some() {
+                l.describe_send();
+                let msg: *const libc::msghdr = &*l.msg;
+                let flags = (libc::MSG_WAITALL | libc::MSG_NOSIGNAL) as u32;
+                send = Some(
+                    match fixed {
+                        Some(i) => opcode::SendMsg::new(types::Fixed(i), msg)
+                            .flags(flags)
+                            .build(),
+                        None => opcode::SendMsg::new(types::Fd(raw), msg)
+                            .flags(flags)
+                            .build(),
+                    }
+                    .user_data(tag(SEND, link)),
+                );
+            }
+        }
+        if let Some(entry) = recv {
+            // SAFETY: the receive writes into this link's boxed staging
+            // buffer or its in-place payload buffer; both are owned by the
+            // driver and neither touched nor dropped until the receive's
+            // completion is taken (or leaked, see `Drop`).
+            if unsafe { self.push(&entry) } {
+                self.links[link]
+                    .as_mut()
+                    .expect("link present")
+                    .recv_in_flight = true;
+            }
+        }
+        if let Some(entry) = send {
+            // SAFETY: `msghdr`/`iovec` are boxed in the link and describe
+            // the request in `sending`, which is not moved or dropped until
+            // the completion is taken; its bytes are owned by the request or
+            // borrowed from a caller parked until then (see `SendRequest`).
+            if unsafe { self.push(&entry) } {
+                self.links[link]
+                    .as_mut()
+                    .expect("link present")
+                    .send_in_flight = true;
+            }
+        }
+    }
+
+    /// Takes every completion there is; false if there was none.
+    fn reap(&mut self, sink: &dyn FrameSink, finished: &mut Vec<(u64, SendResult)>) -> bool {
+        let mut batch = std::mem::take(&mut self.completions);
+        batch.clear();
+        batch.extend(
+            self.ring
+                .completion()
+                .map(|cqe| (cqe.user_data(), cqe.result())),
+        );
+        self.in_flight -= batch.len();
+        for &(user_data, result) in &batch {
+            let link = (user_data >> 8) as usize;
+            match user_data & 0xff {
+                WAKE => self.wake_in_flight = false,
+                RECV => self.received(link, result, sink),
+                SEND => self.sent(link, result, sink, finished),
+                _ => {}
+            }
+            if link < self.links.len() {
+                self.touched.push(link);
+            }
+        }
+        let any = !batch.is_empty();
+        self.completions = batch;
+        any
+    }
+
+    fn received(&mut self, link: usize, result: i32, sink: &dyn FrameSink) {
+        let header_len = self.header_len;
+        let Some(l) = self.links.get_mut(link).and_then(|l| l.as_mut()) else {
+            return;
+        };
+        l.recv_in_flight = false;
+        // Cancelled with nothing received: the thread that submitted it
+        // exited (io_uring cancels a task's requests when it exits, and any
+        // thread may drive). A cancelled receive or send that had moved
+        // bytes reports that count instead (the kernel's
+        // `io_sendrecv_fail`), so the accounting stays exact; the next turn
+        // posts it again.
+        if l.dead.is_some() || result == -libc::ECANCELED {
+            return;
+        }
+        if result <= 0 {
+            let fault = if result == 0 {
+                LinkFault::Closed
+            } else {
+                LinkFault::Io(io::Error::from_raw_os_error(-result))
+            };
+            self.fail(link, fault, sink);
+            return;
+        }
+        let n = result as usize;
+        match &mut l.rx {
+            Rx::Payload { head, buf, got } => {
+                *got += n;
+                if *got == buf.len() {
+                    let head = *head;
+                    let Rx::Payload { buf, .. } = std::mem::replace(&mut l.rx, Rx::Staging) else {
+                        unreachable!()
+                    };
+                    sink.frame(link, &head[..header_len], buf);
+                }
+                return;
+            }
+            Rx::Staging => l.end += n,
+        }
+        // Cut whole frames out of the staging buffer.
+        let mut refused = None;
+        loop {
+            let avail = l.end - l.start;
+            if avail < header_len {
+                break;
+            }
+            let head = &l.staging[l.start..l.start + header_len];
+            let len = match sink.payload_len(link, head) {
+                Ok(len) => len,
+                Err(reason) => {
+                    refused = Some(reason);
+                    break;
+                }
+            };
+            if avail >= header_len + len {
+                let mut buf = sink.buffer();
+                let body = l.start + header_len;
+                buf.prepare(len)
+                    .copy_from_slice(&l.staging[body..body + len]);
+                sink.frame(link, head, buf);
+                l.start += header_len + len;
+                continue;
+            }
+            if header_len + len <= l.staging.len() {
+                break; // the rest of a small frame is on its way
+            }
+            // A large payload: take what is here, receive the rest in place.
+            let mut copy = [0u8; MAX_HEADER];
+            copy[..header_len].copy_from_slice(head);
+            let mut buf = sink.buffer();
+            let have = avail - header_len;
+            let body = l.start + header_len;
+            buf.prepare(len)[..have].copy_from_slice(&l.staging[body..l.end]);
+            l.start = 0;
+            l.end = 0;
+            l.rx = Rx::Payload {
+                head: copy,
+                buf,
+                got: have,
+            };
+            break;
+        }
+        if l.start == l.end {
+            l.start = 0;
+            l.end = 0;
+        }
+        if let Some(reason) = refused {
+            self.fail(link, LinkFault::BadFrame(reason), sink);
+        }
+    }
+
+    fn sent(
+        &mut self,
+        link: usize,
+        result: i32,
+        sink: &dyn FrameSink,
+        finished: &mut Vec<(u64, SendResult)>,
+    ) {
+        let Some(l) = self.links.get_mut(link).and_then(|l| l.as_mut()) else {
+            return;
+        };
+        l.send_in_flight = false;
+        let Some(req) = l.sending.as_mut() else {
+            return;
+        };
+        if let Some(reason) = &l.dead {
+            let reason = reason.clone();
+            let req = l.sending.take().expect("checked");
+            finished.push((req.id, Err(reason)));
+            return;
+        }
+        if result == -libc::ECANCELED {
+            return; // nothing went out; sent again next turn (see `received`)
+        }
+        if result > 0 {
+            req.sent += result as usize;
+            if req.sent >= req.total() {
+                let req = l.sending.take().expect("checked");
+                finished.push((req.id, Ok(())));
+            }
+            return;
+        }
+        let error = if result == 0 {
+            io::Error::from(io::ErrorKind::WriteZero)
+        } else {
+            io::Error::from_raw_os_error(-result)
+        };
+        let req = l.sending.take().expect("checked");
+        finished.push((req.id, Err(error.to_string())));
+        self.fail(link, LinkFault::Io(error), sink);
+    }
+
+    /// Marks `link` dead and shuts its socket down, which makes the kernel
+    /// finish whatever is still in flight on it. Queued sends fail at the
+    /// next turn; one in flight fails when its completion comes.
+    fn fail(&mut self, link: usize, fault: LinkFault, sink: &dyn FrameSink) {
+        let Some(l) = self.links.get_mut(link).and_then(|l| l.as_mut()) else {
+            return;
+        };
+        if l.dead.is_some() {
+            return;
+        }
+        l.dead = Some(match &fault {
+            LinkFault::Closed => "the peer closed the connection".to_string(),
+            LinkFault::Io(e) => e.to_string(),
+            LinkFault::BadFrame(r) => r.clone(),
+        });
+        let _ = shutdown(l.socket.as_raw_fd(), Shutdown::Both);
+        sink.link_failed(link, fault);
+    }
+
+    /// Sends queued on dead links, failed; called each turn so their
+    /// callers are released.
+    fn fail_queued_on_dead(&mut self, finished: &mut Vec<(u64, SendResult)>) {
+        for l in self.links.iter_mut().flatten() {
+            if let Some(reason) = &l.dead {
+                for req in l.queue.drain(..) {
+                    finished.push((req.id, Err(reason.clone())));
+                }
+                if !l.send_in_flight {
+                    if let Some(req) = l.sending.take() {
+                        finished.push((req.id, Err(reason.clone())));
+                    }
+                }
+            }
+        }
+    }
+}
+
+impl Drop for Driver {
+    fn drop(&mut self) {
+        for l in self.links.iter().flatten() {
+            let _ = shutdown(l.socket.as_raw_fd(), Shutdown::Both);
+        }
+        if self.wake_in_flight {
+            let cancel = opcode::AsyncCancel::new(tag(WAKE, 0))
+                .build()
+                .user_data(tag(CANCEL, 0));
+            // SAFETY: a cancel names no memory.
+            let _ = unsafe { self.push(&cancel) };
+        }
+        // Shut-down sockets finish their entries promptly; wait for them so
+        // the buffers can be freed, but never forever.
+        let deadline = Instant::now() + Duration::from_secs(1);
+        while self.in_flight > 0 && Instant::now() < deadline {
+            self.enter(Duration::from_millis(50));
+            let n = self.ring.completion().count();
+            self.in_flight -= n;
+        }
+        if self.in_flight > 0 {
+            // SAFETY-relevant: the kernel may still write into these, so
+            // they must outlive it: leak them.
+            std::mem::forget(std::mem::take(&mut self.links));
+            std::mem::forget(std::mem::replace(&mut self.wake_word, Box::new(0)));
+        }
+    }
+}

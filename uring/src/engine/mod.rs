@@ -1,0 +1,353 @@
+//! A framed-socket engine on one io_uring, driven by the threads that wait
+//! on it.
+//!
+//! What: every link (a connected stream socket, registered as a fixed file)
+//! always has one receive in flight, and at most one send (so bytes of two
+//! frames never interleave on a socket). Frames are a fixed-size header and
+//! a payload whose length the header announces; the [`FrameSink`] parses
+//! headers and takes whole frames. Small frames are cut out of a per-link
+//! staging buffer (one receive can carry many); a large payload is received
+//! straight into its final buffer with `MSG_WAITALL`.
+//!
+//! Why no engine thread of its own: on the machines this is tuned for
+//! (fewer cores than ranks' threads), a thread that only moves bytes between
+//! the kernel and the executor costs a wake-up per frame, which is what the
+//! portable transport already pays. Here the thread that waits for a frame
+//! (or for its send to finish) *is* the engine: it sleeps in `io_uring_enter`
+//! and the kernel wakes it with the completion. When several threads wait
+//! (several communicators, the heartbeat), one drives at a time and the
+//! others sleep on a condition variable until the driver ends its turn (an
+//! eventcount: [`FrameEngine::generation`] then [`FrameEngine::progress`]).
+//! A thread that queues work while another drives pokes an eventfd the ring
+//! always reads, so the driver ends its turn and the work goes in promptly.
+//! See docs/decisions/0007.
+
+mod driver;
+
+use crate::AlignedBuf;
+use driver::Driver;
+use std::os::fd::OwnedFd;
+use std::sync::{Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+/// Longest header an engine frames (bytes).
+pub const MAX_HEADER: usize = 64;
+
+/// What the engine needs from the protocol above it. Called by whichever
+/// thread drives, outside the engine's own locks.
+pub trait FrameSink {
+    /// The payload length a header announces, or why the header is refused
+    /// (the link is then failed with that reason).
+    fn payload_len(&self, link: usize, header: &[u8]) -> Result<usize, String>;
+    /// An empty buffer to receive a payload into (so the sink can pool them).
+    fn buffer(&self) -> AlignedBuf;
+    /// A whole frame arrived on `link`.
+    fn frame(&self, link: usize, header: &[u8], payload: AlignedBuf);
+    /// `link` is dead: the peer closed it, it was reset, or it sent a header
+    /// [`FrameSink::payload_len`] refused.
+    fn link_failed(&self, link: usize, fault: LinkFault);
+}
+
+/// Why the engine gave up on a link.
+#[derive(Debug)]
+pub enum LinkFault {
+    /// The peer closed the connection (end of stream).
+    Closed,
+    /// A receive failed.
+    Io(std::io::Error),
+    /// The sink refused a header.
+    BadFrame(String),
+}
+
+/// Sizes of an engine.
+#[derive(Clone, Debug)]
+pub struct EngineConfig {
+    /// Links are numbered `0..links`.
+    pub links: usize,
+    /// Bytes of every frame header (at most [`MAX_HEADER`]).
+    pub header_len: usize,
+    /// Per-link staging buffer for small frames; payloads that do not fit
+    /// are received in place.
+    pub staging: usize,
+}
+
+/// How a send ended.
+pub type SendResult = Result<(), String>;
+
+/// A send the driver has not finished: its bytes (borrowed or owned), and
+/// how far it got.
+pub(crate) struct SendRequest {
+    pub(crate) id: u64,
+    pub(crate) link: usize,
+    pub(crate) head: [u8; MAX_HEADER],
+    pub(crate) head_len: usize,
+    pub(crate) body: Body,
+    pub(crate) sent: usize,
+}
+
+pub(crate) enum Body {
+    /// Memory of a caller blocked in [`FrameEngine::send`] until the send
+    /// completes; `driver` is the only module that dereferences it.
+    Borrowed { ptr: *const u8, len: usize },
+    /// A control frame the engine owns until it is sent.
+    Owned(Vec<u8>),
+}
+
+impl SendRequest {
+    pub(crate) fn total(&self) -> usize {
+        self.head_len
+            + match &self.body {
+                Body::Borrowed { len, .. } => *len,
+                Body::Owned(v) => v.len(),
+            }
+    }
+}
+
+/// Work queued for the next driver turn.
+#[derive(Default)]
+struct Queued {
+    links: Vec<(usize, OwnedFd)>,
+    sends: Vec<SendRequest>,
+}
+
+struct State {
+    /// Bumped at the end of every driver turn and by [`FrameEngine::notify`].
+    generation: u64,
+    /// Some thread holds the driver (and may sleep in the kernel).
+    driving: bool,
+    next_id: u64,
+    queued: Queued,
+    /// Finished borrowed sends, collected by their callers.
+    done: Vec<(u64, SendResult)>,
+    /// Owned (control) sends not yet finished.
+    owned_pending: usize,
+}
+
+/// The engine: one ring, its links, and the turn-taking between the threads
+/// that drive it.
+pub struct FrameEngine {
+    state: Mutex<State>,
+    turn_ended: Condvar,
+    driver: Mutex<Driver>,
+    wake: nix::sys::eventfd::EventFd,
+    fixed_files: bool,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A driver turn never sleeps longer than this, so a stuck turn cannot hide
+/// queued work for long even if a poke were lost.
+const MAX_TURN: Duration = Duration::from_millis(200);
+
+impl FrameEngine {
+    /// Sets up a ring sized for `config.links` links.
+    pub fn new(config: EngineConfig) -> std::io::Result<FrameEngine> {
+        assert!(config.header_len > 0 && config.header_len <= MAX_HEADER);
+        let wake = nix::sys::eventfd::EventFd::from_flags(
+            nix::sys::eventfd::EfdFlags::EFD_CLOEXEC | nix::sys::eventfd::EfdFlags::EFD_NONBLOCK,
+        )?;
+        let driver = Driver::new(&config, &wake)?;
+        let fixed_files = driver.uses_fixed_files();
+        Ok(FrameEngine {
+            state: Mutex::new(State {
+                generation: 0,
+                driving: false,
+                next_id: 1,
+                queued: Queued::default(),
+                done: Vec::new(),
+                owned_pending: 0,
+            }),
+            turn_ended: Condvar::new(),
+            driver: Mutex::new(driver),
+            wake,
+            fixed_files,
+        })
+    }
+
+    /// Whether links are registered as fixed files (kernel support varies).
+    pub fn uses_fixed_files(&self) -> bool {
+        self.fixed_files
+    }
+
+    /// Hands a connected socket to the engine as `link`. Its receives start
+    /// with the next driver turn.
+    pub fn add_link(&self, link: usize, socket: OwnedFd) {
+        let mut st = lock(&self.state);
+        st.queued.links.push((link, socket));
+        self.poke_if_driving(&st);
+    }
+
+    /// The current generation; read it *before* checking a condition, then
+    /// pass it to [`FrameEngine::progress`] so no wake-up is lost.
+    pub fn generation(&self) -> u64 {
+        lock(&self.state).generation
+    }
+
+    /// Wakes every waiter to re-check its condition (something outside the
+    /// engine changed: an abort, a failed link, a new link).
+    pub fn notify(&self) {
+        let mut st = lock(&self.state);
+        st.generation += 1;
+        self.poke_if_driving(&st);
+        self.turn_ended.notify_all();
+    }
+
+    fn poke_if_driving(&self, st: &State) {
+        if st.driving {
+            // A full counter (never here: the driver reads it every turn)
+            // would only mean a wake-up is already pending.
+            let _ = self.wake.write(1);
+        }
+    }
+
+    /// Makes progress until something may have changed since `seen`: drives
+    /// one turn if no other thread does (sleeping in the kernel until a
+    /// completion arrives, at most until `until`), or else waits for the
+    /// current driver's turn to end.
+    pub fn progress(&self, seen: u64, until: Instant, sink: &dyn FrameSink) {
+        let st = lock(&self.state);
+        if st.generation != seen {
+            return;
+        }
+        if st.driving {
+            let wait = until
+                .saturating_duration_since(Instant::now())
+                .min(MAX_TURN);
+            let _ = self.turn_ended.wait_timeout(st, wait);
+            return;
+        }
+        let wait = until
+            .saturating_duration_since(Instant::now())
+            .min(MAX_TURN);
+        self.turn(st, wait, sink);
+    }
+
+    /// Drives one turn without sleeping, if no other thread is driving:
+    /// submits queued work and takes in what has completed. For threads
+    /// that do not wait on the engine themselves (the heartbeat).
+    pub fn tick(&self, sink: &dyn FrameSink) {
+        let st = lock(&self.state);
+        if !st.driving {
+            self.turn(st, Duration::ZERO, sink);
+        }
+    }
+
+    /// One driver turn; `st` must show nobody driving.
+    fn turn(&self, mut st: MutexGuard<'_, State>, wait: Duration, sink: &dyn FrameSink) {
+        st.driving = true;
+        let queued = std::mem::take(&mut st.queued);
+        drop(st);
+        let mut finished = Vec::new();
+        {
+            let mut driver = lock(&self.driver);
+            driver.turn(queued, wait, sink, &mut finished);
+        }
+        let mut st = lock(&self.state);
+        for (id, result) in finished {
+            match id {
+                0 => st.owned_pending -= 1,
+                _ => st.done.push((id, result)),
+            }
+        }
+        st.driving = false;
+        st.generation += 1;
+        drop(st);
+        self.turn_ended.notify_all();
+    }
+
+    /// Sends one frame (`header` then `payload`) on `link` and returns when
+    /// the kernel has taken all of it. If it has not by `give_up`,
+    /// `on_stall` runs once (it should shut the link down, which makes the
+    /// kernel finish the send with an error); the call still returns only
+    /// once the kernel is done with `payload`.
+    pub fn send(
+        &self,
+        link: usize,
+        header: &[u8],
+        payload: &[u8],
+        give_up: Instant,
+        on_stall: &mut dyn FnMut(),
+        sink: &dyn FrameSink,
+    ) -> SendResult {
+        let mut head = [0u8; MAX_HEADER];
+        head[..header.len()].copy_from_slice(header);
+        let id = {
+            let mut st = lock(&self.state);
+            let id = st.next_id;
+            st.next_id += 1;
+            st.queued.sends.push(SendRequest {
+                id,
+                link,
+                head,
+                head_len: header.len(),
+                body: Body::Borrowed {
+                    ptr: payload.as_ptr(),
+                    len: payload.len(),
+                },
+                sent: 0,
+            });
+            self.poke_if_driving(&st);
+            id
+        };
+        let mut stalled = false;
+        loop {
+            let seen = {
+                let mut st = lock(&self.state);
+                if let Some(i) = st.done.iter().position(|(d, _)| *d == id) {
+                    return st.done.swap_remove(i).1;
+                }
+                st.generation
+            };
+            let now = Instant::now();
+            let until = if stalled {
+                now + MAX_TURN
+            } else if now >= give_up {
+                stalled = true;
+                on_stall();
+                continue;
+            } else {
+                give_up
+            };
+            self.progress(seen, until, sink);
+        }
+    }
+
+    /// Queues a control frame (whole, header included) on `link`; it goes
+    /// out with the next driver turn. [`FrameEngine::flush`] waits for it.
+    pub fn send_owned(&self, link: usize, frame: Vec<u8>) {
+        let mut st = lock(&self.state);
+        st.owned_pending += 1;
+        st.queued.sends.push(SendRequest {
+            id: 0,
+            link,
+            head: [0; MAX_HEADER],
+            head_len: 0,
+            body: Body::Owned(frame),
+            sent: 0,
+        });
+        self.poke_if_driving(&st);
+    }
+
+    /// Waits (driving if needed, at most until `until`) until every control
+    /// frame queued so far has been sent or has failed.
+    pub fn flush(&self, until: Instant, sink: &dyn FrameSink) {
+        loop {
+            let seen = {
+                let st = lock(&self.state);
+                if st.owned_pending == 0 {
+                    return;
+                }
+                st.generation
+            };
+            if Instant::now() >= until {
+                return;
+            }
+            self.progress(seen, until, sink);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;
