@@ -8,10 +8,13 @@ use std::time::Duration;
 /// Which transport carries the data.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum TransportKind {
-    /// The best transport that works here (today: the portable one).
+    /// The io_uring engine where io_uring works (and links are plaintext),
+    /// else the portable transport; the log says which and why.
     Auto,
     /// Plain threads and blocking TCP sockets; runs everywhere.
     Portable,
+    /// The io_uring engine; starting fails, saying why, where it cannot run.
+    Uring,
 }
 
 impl TransportKind {
@@ -19,26 +22,48 @@ impl TransportKind {
         match value.to_ascii_lowercase().as_str() {
             "auto" | "" => Ok(TransportKind::Auto),
             "portable" | "tcp" => Ok(TransportKind::Portable),
-            "uring" => Err(Error::Rendezvous(format!(
-                "{var}=uring: {}; use {var}=portable or unset it",
-                uring_status()
-            ))),
+            "uring" | "io_uring" => Ok(TransportKind::Uring),
             other => Err(Error::Rendezvous(format!(
-                "{var}={other}: unknown transport; use auto or portable"
+                "{var}={other}: unknown transport; use auto, uring or portable"
             ))),
         }
     }
 }
 
-/// Why the io_uring transport is not running, in words for logs and errors:
-/// whether io_uring itself works here (probed), and that the engine is not
-/// part of this build yet.
+/// Whether the io_uring engine can run in this process, in words for logs
+/// and errors (probed: `kernel.io_uring_disabled`, seccomp, kernel age).
 pub fn uring_status() -> String {
     match ringwire_uring::probe() {
-        Ok(support) => {
-            format!("{support} works here, but the io_uring engine is not part of this build yet")
-        }
+        Ok(support) => format!("{support} works here"),
         Err(why) => format!("io_uring cannot run here: {why}"),
+    }
+}
+
+impl TransportKind {
+    /// Which data plane to start: `Ok(true)` for the engine, with the
+    /// reason for logs; an error when `Uring` was forced and cannot run.
+    pub(crate) fn choose(self, tls: bool) -> Result<(bool, String), Error> {
+        let probed = ringwire_uring::probe();
+        match (self, probed, tls) {
+            (TransportKind::Portable, _, _) => Ok((false, "asked for (portable)".into())),
+            (TransportKind::Uring, Err(why), _) => Err(Error::Rendezvous(format!(
+                "transport uring was asked for, but io_uring cannot run here: {why}; \
+                 use RINGWIRE_TRANSPORT=portable (or auto, which falls back)"
+            ))),
+            (TransportKind::Uring, Ok(_), true) => Err(Error::Rendezvous(
+                "transport uring was asked for with TLS, but the engine carries plaintext only \
+                 (kernel TLS is unavailable here, decision 0004): use the portable transport for TLS"
+                    .into(),
+            )),
+            (TransportKind::Auto, Ok(_), true) => Ok((
+                false,
+                "TLS is on, and TLS runs on the portable transport only".into(),
+            )),
+            (TransportKind::Auto, Err(why), _) => {
+                Ok((false, format!("io_uring cannot run here: {why}")))
+            }
+            (_, Ok(support), false) => Ok((true, format!("{support}"))),
+        }
     }
 }
 
@@ -223,13 +248,14 @@ mod tests {
             .unwrap_err();
         assert!(err.to_string().contains("RINGWIRE_TIMEOUT=soon"), "{err}");
         let err = Overrides::default()
-            .resolve(&vars(&[("RINGWIRE_TRANSPORT", "uring")]))
+            .resolve(&vars(&[("RINGWIRE_TRANSPORT", "quic")]))
             .unwrap_err();
         let msg = err.to_string();
-        assert!(
-            msg.contains("not part of this build") || msg.contains("io_uring cannot run here"),
-            "{msg}"
-        );
+        assert!(msg.contains("RINGWIRE_TRANSPORT=quic"), "{msg}");
+        let t = Overrides::default()
+            .resolve(&vars(&[("RINGWIRE_TRANSPORT", "uring")]))
+            .unwrap();
+        assert_eq!(t.transport, TransportKind::Uring);
         let err = Overrides::default()
             .resolve(&vars(&[("RINGWIRE_CHUNK_BYTES", "1")]))
             .unwrap_err();

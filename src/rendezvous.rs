@@ -203,7 +203,7 @@ impl Builder {
         self
     }
 
-    /// Which transport to use. Env: RINGWIRE_TRANSPORT=auto|portable.
+    /// Which transport to use. Env: RINGWIRE_TRANSPORT=auto|uring|portable.
     pub fn transport(mut self, kind: TransportKind) -> Builder {
         self.overrides.transport = Some(kind);
         self
@@ -284,17 +284,13 @@ impl Builder {
                 size - 1
             )));
         }
-        let transport_kind = match tunables.transport {
-            TransportKind::Auto | TransportKind::Portable => "portable",
-        };
         let security = self.resolve_security()?;
         security.warn_if_unauthenticated();
         let world = rendezvous(&self, rank, size, &tunables, &security)?;
         tracing::info!(
             rank,
             world_size = size,
-            transport = transport_kind,
-            why = %crate::config::uring_status(),
+            transport = world.transport.name(),
             "ringwire communicator ready"
         );
         Communicator::start(Arc::new(world), tunables)
@@ -458,7 +454,11 @@ fn start_transport(
     t: &Tunables,
     sec: &Security,
 ) -> Result<Box<dyn Transport>, Error> {
+    let (uring, why) = t.transport.choose(sec.tls.is_some())?;
+    let name = if uring { "uring" } else { "portable" };
+    tracing::info!(rank, transport = name, %why, "transport chosen");
     let config = TcpConfig {
+        uring,
         max_payload: t.max_frame_bytes,
         handshake_timeout: t.connect_timeout.min(Duration::from_secs(10)),
         write_timeout: t.timeout,
@@ -478,5 +478,5 @@ fn start_transport(
     };
     TcpTransport::start(listener, rank, job_id, peers, config)
         .map(|t| Box::new(t) as Box<dyn Transport>)
-        .map_err(|e| Error::io("starting the portable transport", e))
+        .map_err(|e| Error::io(format!("starting the {name} transport"), e))
 }

@@ -264,3 +264,18 @@ fn world_of_one_needs_no_store() {
     let s = c.stats();
     assert_eq!(s.ops, 2);
 }
+
+/// Every other test of this file, again on the portable transport (the
+/// default run uses the io_uring engine where it works).
+#[test]
+fn on_the_portable_transport_too() {
+    common::rerun_on_portable("on_the_portable_transport_too");
+}
+
+#[test]
+fn communicators_run_on_the_transport_asked_for() {
+    let (_store, comms) = local_group(2, |b| b);
+    for c in &comms {
+        assert_eq!(c.transport_name(), common::expected_transport());
+    }
+}

@@ -89,3 +89,10 @@ fn large_buffers_across_chunks() {
         }
     }
 }
+
+/// Every other test of this file, again on the portable transport (the
+/// default run uses the io_uring engine where it works).
+#[test]
+fn on_the_portable_transport_too() {
+    common::rerun_on_portable("on_the_portable_transport_too");
+}

@@ -238,3 +238,10 @@ fn strangers_on_a_rank_port_do_not_disturb_the_job() {
     });
     assert!(sums.iter().all(|s| s == &vec![3u8; 3]));
 }
+
+/// Every other test of this file, again on the portable transport (the
+/// default run uses the io_uring engine where it works).
+#[test]
+fn on_the_portable_transport_too() {
+    common::rerun_on_portable("on_the_portable_transport_too");
+}

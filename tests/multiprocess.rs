@@ -335,3 +335,10 @@ fn processes_sigstop_is_caught_by_heartbeats() {
     kill(pid, Signal::SIGKILL).ok();
     let _ = stopped.wait_with_output();
 }
+
+/// Every other test of this file, again on the portable transport (the
+/// default run uses the io_uring engine where it works).
+#[test]
+fn on_the_portable_transport_too() {
+    common::rerun_on_portable("on_the_portable_transport_too");
+}

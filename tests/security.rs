@@ -400,3 +400,10 @@ fn authenticated_job_keeps_working_while_strangers_hammer_its_ports() {
         stop.store(true, Ordering::Relaxed);
     });
 }
+
+/// Every other test of this file, again on the portable transport (the
+/// default run uses the io_uring engine where it works).
+#[test]
+fn on_the_portable_transport_too() {
+    common::rerun_on_portable("on_the_portable_transport_too");
+}

@@ -211,3 +211,10 @@ fn env_errors_reach_the_user_unchanged() {
         .to_string();
     assert!(e.contains("MASTER_ADDR"), "{e}");
 }
+
+/// Every other test of this file, again on the portable transport (the
+/// default run uses the io_uring engine where it works).
+#[test]
+fn on_the_portable_transport_too() {
+    common::rerun_on_portable("on_the_portable_transport_too");
+}

@@ -306,15 +306,24 @@ macro_rules! with_dtype {
 
 /// Runs this rank's part of the sweep. `Ok(false)` when results were wrong.
 fn run_rank(a: &Args) -> Result<bool, String> {
+    let uring_works = ringwire_uring::probe().is_ok();
     let transports: Vec<(&str, TransportKind)> = match a.transport {
-        TransportChoice::Portable | TransportChoice::All => {
+        TransportChoice::Portable => vec![("portable", TransportKind::Portable)],
+        TransportChoice::Uring => vec![("uring", TransportKind::Uring)],
+        TransportChoice::All if uring_works && !a.tls => vec![
+            ("uring", TransportKind::Uring),
+            ("portable", TransportKind::Portable),
+        ],
+        TransportChoice::All => {
+            eprintln!(
+                "note: measuring the portable transport only ({})",
+                if a.tls {
+                    "TLS runs on the portable transport".to_string()
+                } else {
+                    ringwire::uring_status()
+                }
+            );
             vec![("portable", TransportKind::Portable)]
-        }
-        TransportChoice::Uring => {
-            return Err(format!(
-                "--transport uring: {}; use --transport portable",
-                ringwire::uring_status()
-            ));
         }
     };
     let mut comms: Vec<(&str, Communicator)> = Vec::new();

@@ -3,55 +3,19 @@
 //! buffer what arrives), and receive the next frame a peer sent on a given
 //! communicator, with a deadline.
 //!
-//! `tcp` is the portable transport (plain threads and blocking sockets); it
-//! runs wherever TCP does and is the baseline every faster transport is
-//! measured against.
+//! `tcp` holds both transports: they share links (dialing, handshakes,
+//! security, heartbeats, aborts, inboxes) and differ in how bytes move. The
+//! portable data plane (a reader thread per link, blocking writes) runs
+//! wherever TCP does and is the baseline; the uring data plane
+//! (`ringwire_uring::FrameEngine`, driven by the waiting executor) is the
+//! default on Linux where io_uring works.
 
 pub(crate) mod tcp;
 
 use crate::wire::Header;
 use std::time::Instant;
-use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
 
-/// A received payload in 8-byte-aligned storage, so it can be viewed as a
-/// slice of any element type without copying.
-pub(crate) struct AlignedBuf {
-    words: Vec<u64>,
-    len: usize,
-}
-
-impl AlignedBuf {
-    pub(crate) fn new() -> AlignedBuf {
-        AlignedBuf {
-            words: Vec::new(),
-            len: 0,
-        }
-    }
-
-    /// Makes room for `len` bytes and returns them for filling.
-    pub(crate) fn prepare(&mut self, len: usize) -> &mut [u8] {
-        let words = len.div_ceil(8);
-        if self.words.len() < words {
-            self.words.resize(words, 0);
-        }
-        self.len = len;
-        &mut self.words.as_mut_bytes()[..len]
-    }
-
-    pub(crate) fn len(&self) -> usize {
-        self.len
-    }
-
-    pub(crate) fn capacity(&self) -> usize {
-        self.words.len() * 8
-    }
-
-    /// Views the payload as elements; `None` if the length is not a whole
-    /// number of elements.
-    pub(crate) fn as_slice<T: FromBytes + Immutable + KnownLayout>(&self) -> Option<&[T]> {
-        <[T]>::ref_from_bytes(&self.words.as_bytes()[..self.len]).ok()
-    }
-}
+pub(crate) use ringwire_uring::AlignedBuf;
 
 /// One frame received from a peer.
 pub(crate) struct Incoming {

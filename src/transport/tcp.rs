@@ -1,20 +1,26 @@
-//! The portable transport: one TCP connection per pair of ranks that talk,
-//! plain blocking sockets, one reader thread per connection.
+//! The TCP transports: one TCP connection per pair of ranks that talk.
+//! Two data planes share everything else here (dialing, handshakes,
+//! heartbeats, aborts, inboxes): the portable one (plain blocking sockets,
+//! one reader thread per connection) and the uring one (every socket on one
+//! io_uring, `ringwire_uring::FrameEngine`, driven by the thread that waits:
+//! no reader threads, one wake-up per frame).
 //!
 //! Connections are made on demand, always by the lower rank dialing the
 //! higher: every schedule is symmetric (when rank a needs b in an op, b needs
 //! a in the same op), so the higher rank simply waits for the dial. One
 //! connection carries every communicator of the process (frames name their
-//! communicator), and the reader thread files each frame into the inbox of
-//! (communicator, peer). Readers always drain their socket into inboxes, so
-//! a send never waits for the peer's executor: this is what lets each rank
-//! run its schedule strictly in order without deadlock.
+//! communicator), and the reader thread (or the engine) files each frame
+//! into the inbox of (communicator, peer). Receiving never stops while a
+//! rank waits (the engine keeps a receive posted on every link and whoever
+//! waits drives it), so a send never waits for the peer's executor: this is
+//! what lets each rank run its schedule strictly in order without deadlock.
 
 use super::{AlignedBuf, Incoming, LinkError, Transport};
 use crate::security::secret::{self, NONCE_LEN, Role};
 use crate::security::{self, Opening, Security};
 use crate::wire::handshake::security_mismatch;
 use crate::wire::{self, FrameKind, HEADER_LEN, Header, Hello, HelloAck};
+use ringwire_uring::{EngineConfig, FrameEngine, FrameSink, LinkFault};
 use std::collections::{HashMap, VecDeque};
 use std::io::{self, IoSlice, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
@@ -42,6 +48,9 @@ pub(crate) struct TcpConfig {
     /// Job secret and TLS (see `crate::security`); the handshake checks
     /// both sides use the same.
     pub(crate) security: Security,
+    /// Move bytes with the io_uring engine instead of reader threads
+    /// (plaintext links only: TLS records need the portable plane).
+    pub(crate) uring: bool,
 }
 
 enum PeerState {
@@ -92,6 +101,8 @@ struct Shared {
     handshakes: AtomicUsize,
     /// The last few refused connections: (source, reason).
     refusals: Mutex<Vec<(SocketAddr, String)>>,
+    /// The uring data plane, if it runs (links are numbered by peer rank).
+    engine: Option<FrameEngine>,
 }
 
 /// An abort as first heard of by this rank.
@@ -106,6 +117,11 @@ struct AbortNote {
 
 /// At most this many connections may be mid-handshake at once.
 const MAX_PENDING_HANDSHAKES: usize = 128;
+
+/// Per-link staging buffer of the uring plane: frames up to this size
+/// (headers, small messages, heartbeats) arrive many per receive; larger
+/// payloads are received in place.
+const STAGING_BYTES: usize = 64 << 10;
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
@@ -129,6 +145,15 @@ impl TcpTransport {
     ) -> io::Result<TcpTransport> {
         let local_addr = listener.local_addr()?;
         let world = addrs.len();
+        let engine = if config.uring {
+            Some(FrameEngine::new(EngineConfig {
+                links: world,
+                header_len: HEADER_LEN,
+                staging: STAGING_BYTES,
+            })?)
+        } else {
+            None
+        };
         let shared = Arc::new(Shared {
             me,
             world,
@@ -146,6 +171,7 @@ impl TcpTransport {
             epoch: Instant::now(),
             handshakes: AtomicUsize::new(0),
             refusals: Mutex::new(Vec::new()),
+            engine,
         });
         let s = shared.clone();
         std::thread::Builder::new()
@@ -237,6 +263,9 @@ impl Shared {
             let _guard = lock(&inbox.queue);
             inbox.arrived.notify_all();
         }
+        if let Some(engine) = &self.engine {
+            engine.notify();
+        }
     }
 
     fn now_ms(&self) -> u64 {
@@ -247,7 +276,7 @@ impl Shared {
     /// rank when `None`), wakes every op of that communicator, and floods the
     /// abort to every other linked peer once, so it reaches ranks that are
     /// not neighbours of the failure.
-    fn on_abort(self: &Arc<Self>, from: Option<usize>, comm_id: u64, abort: wire::Abort) {
+    fn on_abort(&self, from: Option<usize>, comm_id: u64, abort: wire::Abort) {
         let forwarded = Arc::new((Mutex::new(false), Condvar::new()));
         {
             let mut aborted = lock(&self.aborted);
@@ -286,6 +315,16 @@ impl Shared {
             return;
         }
         let frame = wire::encode_abort(comm_id, abort.seq, &abort);
+        if let Some(engine) = &self.engine {
+            // Queued, not awaited: this may run inside a driver's turn.
+            // `wait_forwarded` flushes.
+            for (peer, _) in links {
+                engine.send_owned(peer, frame.clone());
+            }
+            engine.notify();
+            mark_forwarded();
+            return;
+        }
         let me = self.me;
         let spawned = std::thread::Builder::new()
             .name(format!("ringwire-abort-{me}"))
@@ -307,6 +346,9 @@ impl Shared {
     /// to every peer: a program that exits right after its op failed must
     /// still warn the others first.
     fn wait_forwarded(&self, comm_id: u64, limit: Duration) {
+        if let Some(engine) = &self.engine {
+            engine.flush(Instant::now() + limit, self);
+        }
         let Some(flag) = lock(&self.aborted)
             .get(&comm_id)
             .map(|n| n.forwarded.clone())
@@ -400,6 +442,19 @@ impl Shared {
             .collect();
         for frame in known {
             writer.write_all(&frame).and_then(|()| writer.flush())?;
+        }
+        if let Some(engine) = &self.engine {
+            // The handshake read exactly its frames (no read-ahead), so the
+            // engine starts at a frame boundary.
+            drop(reader);
+            engine.add_link(peer, stream.try_clone()?.into());
+            let link = Arc::new(Link {
+                control: stream,
+                writer: Mutex::new(writer),
+            });
+            self.last_recv[peer].store(self.now_ms(), Ordering::Relaxed);
+            engine.notify();
+            return Ok(link);
         }
         let link = Arc::new(Link {
             control: stream,
@@ -931,6 +986,11 @@ fn heartbeat_loop(s: &Arc<Shared>) {
             if now.saturating_sub(s.last_send[peer].load(Ordering::Relaxed))
                 >= interval.as_millis() as u64
             {
+                if let Some(engine) = &s.engine {
+                    engine.send_owned(peer, beat.to_vec());
+                    s.last_send[peer].store(now, Ordering::Relaxed);
+                    continue;
+                }
                 // A busy writer is traffic enough; never wait for it here.
                 if let Ok(mut w) = link.writer.try_lock() {
                     if w.write_all(&beat).and_then(|()| w.flush()).is_ok() {
@@ -938,6 +998,11 @@ fn heartbeat_loop(s: &Arc<Shared>) {
                     }
                 }
             }
+        }
+        // Sends the beats and takes in what arrived, unless a waiting
+        // executor is driving the engine already.
+        if let Some(engine) = &s.engine {
+            engine.tick(&**s);
         }
     }
 }
@@ -956,7 +1021,7 @@ fn read_loop(s: &Arc<Shared>, peer: usize, mut stream: LinkReader) {
         };
         match header.kind {
             FrameKind::Data => {
-                let mut buf = lock(&s.pool).pop().unwrap_or_else(AlignedBuf::new);
+                let mut buf = lock(&s.pool).pop().unwrap_or_default();
                 if let Err(e) = stream.read_exact(buf.prepare(header.payload_len_usize())) {
                     break describe_read_error(peer, &e);
                 }
@@ -988,6 +1053,134 @@ fn read_loop(s: &Arc<Shared>, peer: usize, mut stream: LinkReader) {
     s.fail(peer, reason);
 }
 
+/// The uring plane hands frames here, whichever thread drives it; the
+/// checks and messages are the reader thread's (`read_loop`).
+impl FrameSink for Shared {
+    fn payload_len(&self, peer: usize, head: &[u8]) -> Result<usize, String> {
+        self.last_recv[peer].store(self.now_ms(), Ordering::Relaxed);
+        let header = Header::decode(head, self.config.max_payload)
+            .map_err(|e| format!("rank {peer} sent a bad frame header: {e}"))?;
+        match header.kind {
+            FrameKind::Data => Ok(header.payload_len_usize()),
+            FrameKind::Heartbeat | FrameKind::Abort => {
+                if header.payload_len > wire::MAX_CONTROL_PAYLOAD {
+                    return Err(format!("rank {peer} sent an oversized control frame"));
+                }
+                Ok(header.payload_len_usize())
+            }
+            other => Err(format!(
+                "rank {peer} sent an unexpected {} frame",
+                other.name()
+            )),
+        }
+    }
+
+    fn buffer(&self) -> AlignedBuf {
+        lock(&self.pool).pop().unwrap_or_default()
+    }
+
+    fn frame(&self, peer: usize, head: &[u8], payload: AlignedBuf) {
+        // `payload_len` accepted this header already.
+        let Ok(header) = Header::decode(head, self.config.max_payload) else {
+            return;
+        };
+        match header.kind {
+            FrameKind::Data => {
+                let inbox = self.inbox(header.comm_id, peer);
+                lock(&inbox.queue).push_back(Incoming { header, payload });
+            }
+            FrameKind::Abort => {
+                match wire::Abort::decode(payload.bytes()) {
+                    Ok(a) => self.on_abort(Some(peer), header.comm_id, a),
+                    Err(e) => self.fail(peer, format!("rank {peer} sent a bad abort frame: {e}")),
+                }
+                self.recycle_buf(payload);
+            }
+            _ => self.recycle_buf(payload),
+        }
+    }
+
+    fn link_failed(&self, peer: usize, fault: LinkFault) {
+        let reason = match fault {
+            LinkFault::Closed => describe_read_error(peer, &io::ErrorKind::UnexpectedEof.into()),
+            LinkFault::Io(e) => describe_read_error(peer, &e),
+            LinkFault::BadFrame(reason) => reason,
+        };
+        self.fail(peer, reason);
+    }
+}
+
+impl Shared {
+    fn recycle_buf(&self, buf: AlignedBuf) {
+        if buf.capacity() <= 64 << 20 {
+            let mut pool = lock(&self.pool);
+            if pool.len() < 64 {
+                pool.push(buf);
+            }
+        }
+    }
+
+    /// The uring plane's send: the engine writes the frame, and this
+    /// thread drives it (or waits for the driver) until it is out.
+    fn engine_send(
+        &self,
+        engine: &FrameEngine,
+        peer: usize,
+        header: &Header,
+        payload: &[u8],
+    ) -> Result<(), LinkError> {
+        let give_up = Instant::now() + self.config.write_timeout;
+        let mut on_stall = || {
+            self.fail(
+                peer,
+                format!("rank {peer} stopped reading (send blocked past the write timeout)"),
+            );
+        };
+        let result = engine.send(
+            peer,
+            &header.encode(),
+            payload,
+            give_up,
+            &mut on_stall,
+            self,
+        );
+        self.last_send[peer].store(self.now_ms(), Ordering::Relaxed);
+        result.map_err(|e| {
+            self.fail(peer, format!("send to rank {peer} failed: {e}"));
+            // The first reason recorded is the one that explains it.
+            LinkError::Lost(self.failure(peer).unwrap_or(e))
+        })
+    }
+
+    /// The uring plane's receive: waits for the frame, driving the engine
+    /// whenever no other thread does.
+    fn engine_recv(
+        &self,
+        engine: &FrameEngine,
+        inbox: &Inbox,
+        comm_id: u64,
+        peer: usize,
+        deadline: Instant,
+    ) -> Result<Incoming, LinkError> {
+        loop {
+            let seen = engine.generation();
+            if let Some(e) = self.aborted_error(comm_id) {
+                return Err(e);
+            }
+            if let Some(frame) = lock(&inbox.queue).pop_front() {
+                return Ok(frame);
+            }
+            if let Some(reason) = self.failure(peer) {
+                return Err(LinkError::Lost(reason));
+            }
+            if Instant::now() >= deadline {
+                return Err(LinkError::Timeout);
+            }
+            engine.progress(seen, deadline, self);
+        }
+    }
+}
+
 fn describe_read_error(peer: usize, e: &io::Error) -> String {
     match e.kind() {
         io::ErrorKind::UnexpectedEof => {
@@ -1006,6 +1199,9 @@ impl Transport for TcpTransport {
         deadline: Instant,
     ) -> Result<(), LinkError> {
         let link = self.shared.link(peer, deadline, header.comm_id)?;
+        if let Some(engine) = &self.shared.engine {
+            return self.shared.engine_send(engine, peer, header, payload);
+        }
         let result = write_frame(&mut **lock(&link.writer), header, payload);
         self.shared.last_send[peer].store(self.shared.now_ms(), Ordering::Relaxed);
         result.map_err(|e| {
@@ -1027,6 +1223,11 @@ impl Transport for TcpTransport {
         // still a frame for us: deliver queued frames before reporting.
         if let Err(e) = self.shared.link(peer, deadline, comm_id) {
             return lock(&inbox.queue).pop_front().ok_or(e);
+        }
+        if let Some(engine) = &self.shared.engine {
+            return self
+                .shared
+                .engine_recv(engine, &inbox, comm_id, peer, deadline);
         }
         let mut queue = lock(&inbox.queue);
         loop {
@@ -1054,12 +1255,7 @@ impl Transport for TcpTransport {
     }
 
     fn recycle(&self, buf: AlignedBuf) {
-        if buf.capacity() <= 64 << 20 {
-            let mut pool = lock(&self.shared.pool);
-            if pool.len() < 64 {
-                pool.push(buf);
-            }
-        }
+        self.shared.recycle_buf(buf);
     }
 
     fn abort(&self, comm_id: u64, seq: u64, reason: &str) {
@@ -1073,6 +1269,10 @@ impl Transport for TcpTransport {
     }
 
     fn name(&self) -> &'static str {
-        "portable"
+        if self.shared.engine.is_some() {
+            "uring"
+        } else {
+            "portable"
+        }
     }
 }

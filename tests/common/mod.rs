@@ -64,3 +64,41 @@ pub(crate) fn seed() -> u64 {
     eprintln!("seed {seed} (rerun with RINGWIRE_TEST_SEED={seed})");
     seed
 }
+
+/// The transport communicators of this run must use: what
+/// RINGWIRE_TRANSPORT asks for, else the engine where io_uring works.
+pub(crate) fn expected_transport() -> &'static str {
+    match std::env::var("RINGWIRE_TRANSPORT").as_deref() {
+        Ok("portable") => "portable",
+        Ok("uring") => "uring",
+        _ if ringwire_uring::probe().is_ok() => "uring",
+        _ => "portable",
+    }
+}
+
+/// Parametrises a test file over the transports: the default run uses the
+/// engine (where io_uring works), and this runs every other test of the
+/// same binary again on the portable transport, failing with its output if
+/// any fails there. Call it from one test named `this_test`.
+pub(crate) fn rerun_on_portable(this_test: &str) {
+    if std::env::var_os("RINGWIRE_TRANSPORT").is_some() {
+        return; // this *is* a parametrised run, or the user chose one transport
+    }
+    if expected_transport() == "portable" {
+        eprintln!("note: io_uring does not work here; the default run was the portable one");
+        return;
+    }
+    let exe = std::env::current_exe().expect("test binary path");
+    let out = std::process::Command::new(exe)
+        .env("RINGWIRE_TRANSPORT", "portable")
+        .args(["--skip", this_test, "--test-threads", "2"])
+        .output()
+        .expect("run the test binary again");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "these tests fail on the portable transport:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("test result: ok"), "{stdout}");
+}

@@ -130,6 +130,9 @@ impl Driver {
         let entries = (2 * config.links as u32 + 8)
             .next_power_of_two()
             .clamp(64, 8192);
+        // Cooperative task running: completions are run when a driver next
+        // enters the kernel (it always does before sleeping), instead of
+        // interrupting a thread that is busy reducing.
         let ring = IoUring::builder()
             .setup_coop_taskrun()
             .setup_cqsize(entries * 2)
