@@ -286,6 +286,9 @@ impl Builder {
         }
         let security = self.resolve_security()?;
         security.warn_if_unauthenticated();
+        // Fail before claiming a rank at the store if the transport asked
+        // for cannot run.
+        tunables.transport.choose(security.tls.is_some())?;
         let world = rendezvous(&self, rank, size, &tunables, &security)?;
         tracing::info!(
             rank,

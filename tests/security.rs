@@ -407,3 +407,28 @@ fn authenticated_job_keeps_working_while_strangers_hammer_its_ports() {
 fn on_the_portable_transport_too() {
     common::rerun_on_portable("on_the_portable_transport_too");
 }
+
+#[test]
+fn tls_runs_on_the_portable_transport_and_forcing_uring_says_why() {
+    let pki = Pki::new("job CA");
+    let tls = || sec(Some(pki.tls(TlsMode::Mutual, &pki, false)), None);
+    let store = StoreServer::bind_with("127.0.0.1:0".parse().unwrap(), tls()).unwrap();
+    let build = |kind| {
+        Communicator::builder()
+            .rank(0)
+            .world_size(1)
+            .store_addr(store.local_addr())
+            .host_store(false)
+            .security(tls())
+            .transport(kind)
+            .build()
+            .wait()
+    };
+    let auto = build(ringwire::TransportKind::Auto).unwrap();
+    assert_eq!(auto.transport_name(), "portable");
+    let err = build(ringwire::TransportKind::Uring)
+        .err()
+        .expect("TLS cannot run on the engine")
+        .to_string();
+    assert!(err.contains("TLS") && err.contains("portable"), "{err}");
+}

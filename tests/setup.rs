@@ -218,3 +218,40 @@ fn env_errors_reach_the_user_unchanged() {
 fn on_the_portable_transport_too() {
     common::rerun_on_portable("on_the_portable_transport_too");
 }
+
+/// A one-rank communicator on a standalone store, asking for `kind`.
+fn single(store: &StoreServer, kind: ringwire::TransportKind) -> Result<Communicator, Error> {
+    Communicator::builder()
+        .rank(0)
+        .world_size(1)
+        .store_addr(store.local_addr())
+        .host_store(false)
+        .transport(kind)
+        .build()
+        .wait()
+}
+
+#[test]
+fn where_io_uring_is_refused_auto_falls_back_and_forcing_uring_says_why() {
+    // As under Docker's default seccomp profile: io_uring_setup gets EPERM
+    // (on this thread and the threads it starts, so other tests still have
+    // io_uring).
+    std::thread::spawn(|| {
+        ringwire_uring::testing::refuse_io_uring_on_this_thread().unwrap();
+        let store = StoreServer::bind("127.0.0.1:0".parse().unwrap()).unwrap();
+        let auto = single(&store, ringwire::TransportKind::Auto).unwrap();
+        assert_eq!(auto.transport_name(), "portable");
+        let mut buf = vec![1.0f32; 10];
+        auto.all_reduce_slice(&mut buf, ReduceOp::Sum).unwrap();
+        let err = single(&store, ringwire::TransportKind::Uring)
+            .err()
+            .expect("uring cannot start here")
+            .to_string();
+        assert!(
+            err.contains("seccomp") && err.contains("RINGWIRE_TRANSPORT=portable"),
+            "{err}"
+        );
+    })
+    .join()
+    .unwrap();
+}

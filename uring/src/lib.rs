@@ -9,14 +9,17 @@
 //!   `docs/decisions/0007-caller-driven-engine.md`);
 //! - [`AlignedBuf`] is the payload storage both of ringwire's transports use.
 //!
-//! The crate denies `unsafe`; only `engine::driver` (the ring) allows it,
-//! with a `// SAFETY:` note on every block.
+//! The crate denies `unsafe`; only `engine::driver` (the ring) and
+//! `refuse` (a seccomp filter for tests) allow it, with a `// SAFETY:` note
+//! on every block.
 
 mod aligned;
 #[cfg(target_os = "linux")]
 mod engine;
 mod memlock;
 mod probe;
+#[cfg(target_os = "linux")]
+mod refuse;
 
 pub use aligned::AlignedBuf;
 #[cfg(target_os = "linux")]
@@ -24,3 +27,9 @@ pub use engine::{EngineConfig, FrameEngine, FrameSink, LinkFault, MAX_HEADER, Se
 
 pub use memlock::{MemlockLimit, memlock};
 pub use probe::{Support, Unavailable, probe};
+
+/// For tests: simulating hosts where io_uring is refused.
+#[cfg(target_os = "linux")]
+pub mod testing {
+    pub use crate::refuse::refuse_io_uring_on_this_thread;
+}
