@@ -427,8 +427,7 @@ fn tls_runs_on_the_portable_transport_and_forcing_uring_says_why() {
     let auto = build(ringwire::TransportKind::Auto).unwrap();
     assert_eq!(auto.transport_name(), "portable");
     let err = build(ringwire::TransportKind::Uring)
-        .err()
-        .expect("TLS cannot run on the engine")
+        .expect_err("TLS cannot run on the engine")
         .to_string();
     assert!(err.contains("TLS") && err.contains("portable"), "{err}");
 }

@@ -244,8 +244,7 @@ fn where_io_uring_is_refused_auto_falls_back_and_forcing_uring_says_why() {
         let mut buf = vec![1.0f32; 10];
         auto.all_reduce_slice(&mut buf, ReduceOp::Sum).unwrap();
         let err = single(&store, ringwire::TransportKind::Uring)
-            .err()
-            .expect("uring cannot start here")
+            .expect_err("uring cannot start here")
             .to_string();
         assert!(
             err.contains("seccomp") && err.contains("RINGWIRE_TRANSPORT=portable"),
