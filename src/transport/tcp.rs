@@ -88,7 +88,7 @@ struct Shared {
     peers: Mutex<Vec<PeerState>>,
     peers_changed: Condvar,
     inboxes: Mutex<HashMap<(u64, usize), Arc<Inbox>>>,
-    pool: Mutex<Vec<AlignedBuf>>,
+    pool: Mutex<Pool>,
     closing: AtomicBool,
     /// Communicators some rank aborted: comm id -> what it said.
     aborted: Mutex<HashMap<u64, AbortNote>>,
@@ -117,6 +117,19 @@ struct AbortNote {
 
 /// At most this many connections may be mid-handshake at once.
 const MAX_PENDING_HANDSHAKES: usize = 128;
+
+/// Received payload buffers kept for reuse, in bytes. In steady state a
+/// rank holds at most what a peer can send ahead of it (an op's frames from
+/// each peer), so with this much pooled receiving allocates nothing; beyond
+/// it buffers are freed, which bounds resident memory.
+const POOL_BYTES: usize = 256 << 20;
+
+/// Payload buffers for reuse (see `POOL_BYTES`).
+#[derive(Default)]
+struct Pool {
+    bufs: Vec<AlignedBuf>,
+    bytes: usize,
+}
 
 /// Per-link staging buffer of the uring plane: frames up to this size
 /// (headers, small messages, heartbeats) arrive many per receive; larger
@@ -163,7 +176,7 @@ impl TcpTransport {
             peers: Mutex::new((0..world).map(|_| PeerState::Absent).collect()),
             peers_changed: Condvar::new(),
             inboxes: Mutex::new(HashMap::new()),
-            pool: Mutex::new(Vec::new()),
+            pool: Mutex::new(Pool::default()),
             closing: AtomicBool::new(false),
             aborted: Mutex::new(HashMap::new()),
             last_send: (0..world).map(|_| AtomicU64::new(0)).collect(),
@@ -1021,7 +1034,7 @@ fn read_loop(s: &Arc<Shared>, peer: usize, mut stream: LinkReader) {
         };
         match header.kind {
             FrameKind::Data => {
-                let mut buf = lock(&s.pool).pop().unwrap_or_default();
+                let mut buf = s.take_buf();
                 if let Err(e) = stream.read_exact(buf.prepare(header.payload_len_usize())) {
                     break describe_read_error(peer, &e);
                 }
@@ -1076,7 +1089,7 @@ impl FrameSink for Shared {
     }
 
     fn buffer(&self) -> AlignedBuf {
-        lock(&self.pool).pop().unwrap_or_default()
+        self.take_buf()
     }
 
     fn frame(&self, peer: usize, head: &[u8], payload: AlignedBuf) {
@@ -1111,12 +1124,18 @@ impl FrameSink for Shared {
 }
 
 impl Shared {
+    fn take_buf(&self) -> AlignedBuf {
+        let mut pool = lock(&self.pool);
+        let buf = pool.bufs.pop().unwrap_or_default();
+        pool.bytes -= buf.capacity();
+        buf
+    }
+
     fn recycle_buf(&self, buf: AlignedBuf) {
-        if buf.capacity() <= 64 << 20 {
-            let mut pool = lock(&self.pool);
-            if pool.len() < 64 {
-                pool.push(buf);
-            }
+        let mut pool = lock(&self.pool);
+        if pool.bytes + buf.capacity() <= POOL_BYTES {
+            pool.bytes += buf.capacity();
+            pool.bufs.push(buf);
         }
     }
 

@@ -9,11 +9,14 @@
 //!   `docs/decisions/0007-caller-driven-engine.md`);
 //! - [`AlignedBuf`] is the payload storage both of ringwire's transports use.
 //!
-//! The crate denies `unsafe`; only `engine::driver` (the ring) and
-//! `refuse` (a seccomp filter for tests) allow it, with a `// SAFETY:` note
-//! on every block.
+//! - [`CountingAllocator`] counts heap allocations (tests, benchmarks).
+//!
+//! The crate denies `unsafe`; only `engine::driver` (the ring), `refuse` (a
+//! seccomp filter for tests) and `counting` (an allocator) allow it, with a
+//! `// SAFETY:` note on every block.
 
 mod aligned;
+mod counting;
 #[cfg(target_os = "linux")]
 mod engine;
 mod memlock;
@@ -22,6 +25,7 @@ mod probe;
 mod refuse;
 
 pub use aligned::AlignedBuf;
+pub use counting::CountingAllocator;
 #[cfg(target_os = "linux")]
 pub use engine::{EngineConfig, FrameEngine, FrameSink, LinkFault, MAX_HEADER, SendResult};
 

@@ -113,6 +113,10 @@ pub(crate) struct Driver {
     in_flight: usize,
     completions: Vec<(u64, i32)>,
     touched: Vec<usize>,
+    /// Sends finished this turn (id 0: an owned send), for the engine.
+    pub(crate) finished: Vec<(u64, SendResult)>,
+    /// The other half of the engine's double-buffered work queue.
+    pub(crate) spare: Queued,
 }
 
 // SAFETY: the raw pointers in `msghdr`/`iovec` point into this driver's own
@@ -154,6 +158,8 @@ impl Driver {
             in_flight: 0,
             completions: Vec::with_capacity(entries as usize * 2),
             touched: Vec::new(),
+            finished: Vec::new(),
+            spare: Queued::default(),
         })
     }
 
@@ -161,21 +167,26 @@ impl Driver {
         self.fixed_files
     }
 
-    /// One turn: take in `queued`, submit what can go, wait up to `wait`
-    /// for at least one completion, and handle every completion there is.
-    /// Finished sends are appended to `finished` (id 0: an owned send).
-    pub(crate) fn turn(
+    /// One turn: take in `queued` (left empty), submit what can go, wait
+    /// up to `wait` for at least one completion, and handle every
+    /// completion there is. Finished sends go to `self.finished`.
+    pub(crate) fn turn(&mut self, queued: &mut Queued, wait: Duration, sink: &dyn FrameSink) {
+        let mut finished = std::mem::take(&mut self.finished);
+        self.turn_inner(queued, wait, sink, &mut finished);
+        self.finished = finished;
+    }
+
+    fn turn_inner(
         &mut self,
-        queued: Queued,
+        queued: &mut Queued,
         wait: Duration,
         sink: &dyn FrameSink,
         finished: &mut Vec<(u64, SendResult)>,
     ) {
-        let Queued { links, sends } = queued;
-        for (link, socket) in links {
+        for (link, socket) in queued.links.drain(..) {
             self.install(link, socket);
         }
-        for req in sends {
+        for req in queued.sends.drain(..) {
             let link = req.link;
             match self.links.get_mut(link).and_then(|l| l.as_mut()) {
                 Some(l) if l.dead.is_none() => {

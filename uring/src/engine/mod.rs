@@ -105,9 +105,9 @@ impl SendRequest {
 
 /// Work queued for the next driver turn.
 #[derive(Default)]
-struct Queued {
-    links: Vec<(usize, OwnedFd)>,
-    sends: Vec<SendRequest>,
+pub(crate) struct Queued {
+    pub(crate) links: Vec<(usize, OwnedFd)>,
+    pub(crate) sends: Vec<SendRequest>,
 }
 
 struct State {
@@ -234,18 +234,18 @@ impl FrameEngine {
         }
     }
 
-    /// One driver turn; `st` must show nobody driving.
+    /// One driver turn; `st` must show nobody driving. Queues are swapped,
+    /// not re-made, so a steady stream of sends allocates nothing.
     fn turn(&self, mut st: MutexGuard<'_, State>, wait: Duration, sink: &dyn FrameSink) {
         st.driving = true;
-        let queued = std::mem::take(&mut st.queued);
         drop(st);
-        let mut finished = Vec::new();
-        {
-            let mut driver = lock(&self.driver);
-            driver.turn(queued, wait, sink, &mut finished);
-        }
+        let mut driver = lock(&self.driver);
+        let mut work = std::mem::take(&mut driver.spare);
+        std::mem::swap(&mut work, &mut lock(&self.state).queued);
+        driver.turn(&mut work, wait, sink);
+        driver.spare = work;
         let mut st = lock(&self.state);
-        for (id, result) in finished {
+        for (id, result) in driver.finished.drain(..) {
             match id {
                 0 => st.owned_pending -= 1,
                 _ => st.done.push((id, result)),
@@ -254,6 +254,7 @@ impl FrameEngine {
         st.driving = false;
         st.generation += 1;
         drop(st);
+        drop(driver);
         self.turn_ended.notify_all();
     }
 
