@@ -131,6 +131,14 @@ struct Pool {
     bytes: usize,
 }
 
+/// Payloads from this size try SEND_ZC on the uring plane, once per link:
+/// the kernel's report says whether it sent in place, and links where it
+/// copied (loopback, veth, NICs without offload; every link here) send
+/// plainly from then on. The kernel's MSG_ZEROCOPY notes put the break-even
+/// near 10 KB; this stays above it because an in-place send completes only
+/// at the notification (see decision 0007).
+const ZERO_COPY_FROM: usize = 64 << 10;
+
 /// Per-link staging buffer of the uring plane: frames up to this size
 /// (headers, small messages, heartbeats) arrive many per receive; larger
 /// payloads are received in place.
@@ -163,6 +171,7 @@ impl TcpTransport {
                 links: world,
                 header_len: HEADER_LEN,
                 staging: STAGING_BYTES,
+                zero_copy_from: Some(ZERO_COPY_FROM),
             })?)
         } else {
             None

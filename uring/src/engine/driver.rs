@@ -34,6 +34,25 @@ const SEND: u64 = 2;
 const WAKE: u64 = 3;
 const CANCEL: u64 = 4;
 
+/// `IORING_SEND_ZC_REPORT_USAGE` (sqe ioprio of a SEND_ZC) and
+/// `IORING_NOTIF_USAGE_ZC_COPIED` (in the notification's result).
+const SEND_ZC_REPORT_USAGE: u16 = 1 << 3;
+const NOTIF_USAGE_ZC_COPIED: u32 = 1 << 31;
+
+/// Whether a link's large sends go zero-copy.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum ZeroCopy {
+    /// The next large send tries SEND_ZC and asks the kernel to report.
+    Untried,
+    /// That send is in flight.
+    Probing,
+    /// The kernel sent without copying: keep using SEND_ZC.
+    On,
+    /// The kernel copied (loopback, veth, NICs without offload) or refused
+    /// SEND_ZC on this socket: plain sends.
+    Off,
+}
+
 fn tag(kind: u64, link: usize) -> u64 {
     kind | ((link as u64) << 8)
 }
@@ -67,6 +86,10 @@ struct LinkIo {
     iov: Box<[libc::iovec; 2]>,
     /// Set once the link failed; later sends fail with it at once.
     dead: Option<String>,
+    zero_copy: ZeroCopy,
+    /// A SEND_ZC's result, held until its notification (the kernel is done
+    /// with the bytes only then).
+    zc_result: Option<i32>,
 }
 
 impl LinkIo {
@@ -111,12 +134,14 @@ pub(crate) struct Driver {
     wake_in_flight: bool,
     /// Entries submitted whose completion has not been taken.
     in_flight: usize,
-    completions: Vec<(u64, i32)>,
+    completions: Vec<(u64, i32, u32)>,
     touched: Vec<usize>,
     /// Sends finished this turn (id 0: an owned send), for the engine.
     pub(crate) finished: Vec<(u64, SendResult)>,
     /// The other half of the engine's double-buffered work queue.
     pub(crate) spare: Queued,
+    /// Sends with at least this many bytes left try SEND_ZC.
+    zero_copy_from: Option<usize>,
 }
 
 // SAFETY: the raw pointers in `msghdr`/`iovec` point into this driver's own
@@ -160,11 +185,21 @@ impl Driver {
             touched: Vec::new(),
             finished: Vec::new(),
             spare: Queued::default(),
+            zero_copy_from: config.zero_copy_from,
         })
     }
 
     pub(crate) fn uses_fixed_files(&self) -> bool {
         self.fixed_files
+    }
+
+    /// Each installed link's zero-copy state.
+    pub(crate) fn zero_copy(&self) -> Vec<(usize, ZeroCopy)> {
+        self.links
+            .iter()
+            .enumerate()
+            .filter_map(|(i, l)| l.as_ref().map(|l| (i, l.zero_copy)))
+            .collect()
     }
 
     /// One turn: take in `queued` (left empty), submit what can go, wait
@@ -312,6 +347,8 @@ impl Driver {
                 }; 2],
             ),
             dead: None,
+            zero_copy: ZeroCopy::Untried,
+            zc_result: None,
         }));
     }
 
@@ -361,21 +398,33 @@ impl Driver {
             if l.sending.is_none() {
                 l.sending = l.queue.pop_front();
             }
-            if l.sending.is_some() {
+            if let Some(req) = &l.sending {
+                let left = req.total() - req.sent;
+                let zero_copy = self.zero_copy_from.is_some_and(|from| left >= from)
+                    && matches!(l.zero_copy, ZeroCopy::Untried | ZeroCopy::On);
                 l.describe_send();
                 let msg: *const libc::msghdr = &*l.msg;
                 let flags = (libc::MSG_WAITALL | libc::MSG_NOSIGNAL) as u32;
-                send = Some(
-                    match fixed {
-                        Some(i) => opcode::SendMsg::new(types::Fixed(i), msg)
-                            .flags(flags)
-                            .build(),
-                        None => opcode::SendMsg::new(types::Fd(raw), msg)
-                            .flags(flags)
-                            .build(),
-                    }
-                    .user_data(tag(SEND, link)),
-                );
+                let entry = match (zero_copy, fixed) {
+                    (false, Some(i)) => opcode::SendMsg::new(types::Fixed(i), msg)
+                        .flags(flags)
+                        .build(),
+                    (false, None) => opcode::SendMsg::new(types::Fd(raw), msg)
+                        .flags(flags)
+                        .build(),
+                    (true, Some(i)) => opcode::SendMsgZc::new(types::Fixed(i), msg)
+                        .flags(flags)
+                        .ioprio(SEND_ZC_REPORT_USAGE)
+                        .build(),
+                    (true, None) => opcode::SendMsgZc::new(types::Fd(raw), msg)
+                        .flags(flags)
+                        .ioprio(SEND_ZC_REPORT_USAGE)
+                        .build(),
+                };
+                if zero_copy && l.zero_copy == ZeroCopy::Untried {
+                    l.zero_copy = ZeroCopy::Probing;
+                }
+                send = Some(entry.user_data(tag(SEND, link)));
             }
         }
         if let Some(entry) = recv {
@@ -411,15 +460,15 @@ impl Driver {
         batch.extend(
             self.ring
                 .completion()
-                .map(|cqe| (cqe.user_data(), cqe.result())),
+                .map(|cqe| (cqe.user_data(), cqe.result(), cqe.flags())),
         );
         self.in_flight -= batch.len();
-        for &(user_data, result) in &batch {
+        for &(user_data, result, flags) in &batch {
             let link = (user_data >> 8) as usize;
             match user_data & 0xff {
                 WAKE => self.wake_in_flight = false,
                 RECV => self.received(link, result, sink),
-                SEND => self.sent(link, result, sink, finished),
+                SEND => self.sent(link, result, flags, sink, finished),
                 _ => {}
             }
             if link < self.links.len() {
@@ -526,12 +575,52 @@ impl Driver {
         &mut self,
         link: usize,
         result: i32,
+        flags: u32,
         sink: &dyn FrameSink,
         finished: &mut Vec<(u64, SendResult)>,
     ) {
         let Some(l) = self.links.get_mut(link).and_then(|l| l.as_mut()) else {
             return;
         };
+        // A SEND_ZC completes twice: its result (flagged "more"), then a
+        // notification once the kernel no longer reads the bytes. The send
+        // stays in flight until the second.
+        if io_uring::cqueue::more(flags) {
+            l.zc_result = Some(result);
+            self.in_flight += 1;
+            return;
+        }
+        let was_probing = l.zero_copy == ZeroCopy::Probing;
+        let result = if io_uring::cqueue::notif(flags) {
+            // The notification's own result carries the usage report.
+            let copied = result as u32 & NOTIF_USAGE_ZC_COPIED != 0;
+            let result = l.zc_result.take().unwrap_or(0);
+            if was_probing && result >= 0 {
+                l.zero_copy = if copied { ZeroCopy::Off } else { ZeroCopy::On };
+                tracing::debug!(
+                    link,
+                    copied,
+                    "SEND_ZC probe: the kernel {}; {} sends on this link from now on",
+                    if copied {
+                        "copied anyway"
+                    } else {
+                        "sent in place"
+                    },
+                    if copied { "plain" } else { "zero-copy" },
+                );
+            }
+            result
+        } else {
+            result
+        };
+        if was_probing && result < 0 && result != -libc::ECANCELED {
+            // This socket takes no SEND_ZC (AF_UNIX, say): nothing went
+            // out; send it plainly.
+            l.zero_copy = ZeroCopy::Off;
+            l.send_in_flight = false;
+            tracing::debug!(link, result, "SEND_ZC refused; plain sends on this link");
+            return;
+        }
         l.send_in_flight = false;
         let Some(req) = l.sending.as_mut() else {
             return;

@@ -69,6 +69,10 @@ pub struct EngineConfig {
     /// Per-link staging buffer for small frames; payloads that do not fit
     /// are received in place.
     pub staging: usize,
+    /// Sends of at least this many bytes try SEND_ZC, once per link with a
+    /// usage report: if the kernel copied anyway, the link sends plainly
+    /// from then on. `None`: plain sends only.
+    pub zero_copy_from: Option<usize>,
 }
 
 /// How a send ended.
@@ -169,6 +173,21 @@ impl FrameEngine {
     /// Whether links are registered as fixed files (kernel support varies).
     pub fn uses_fixed_files(&self) -> bool {
         self.fixed_files
+    }
+
+    /// Links whose zero-copy probe has run: `(link, true)` if SEND_ZC sends
+    /// in place on it, `false` if the kernel copied (or refused) and the
+    /// link sends plainly. Waits for a driver's turn to end.
+    pub fn zero_copy_links(&self) -> Vec<(usize, bool)> {
+        lock(&self.driver)
+            .zero_copy()
+            .into_iter()
+            .filter_map(|(link, zc)| match zc {
+                driver::ZeroCopy::On => Some((link, true)),
+                driver::ZeroCopy::Off => Some((link, false)),
+                _ => None,
+            })
+            .collect()
     }
 
     /// Hands a connected socket to the engine as `link`. Its receives start

@@ -40,6 +40,9 @@ fn engine(links: usize) -> FrameEngine {
         links,
         header_len: HEADER,
         staging: 4096,
+        // Exercised on every large send of these tests: socket pairs refuse
+        // SEND_ZC, loopback TCP copies, and both must fall back cleanly.
+        zero_copy_from: Some(64 << 10),
     })
     .expect("io_uring works on the test machines")
 }
@@ -215,4 +218,69 @@ fn owned_frames_flush() {
     let mut got = [0u8; 11];
     std::io::Read::read_exact(&mut b, &mut got).unwrap();
     assert_eq!(&got[..], &frame[..]);
+}
+
+#[test]
+fn zero_copy_is_probed_once_per_link_and_dropped_where_the_kernel_copies() {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let a = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+    let (b, _) = listener.accept().unwrap();
+    let (ea, eb) = (Arc::new(engine(1)), engine(1));
+    ea.add_link(0, a.into());
+    eb.add_link(0, b.into());
+    let n = 12;
+    let ea2 = ea.clone();
+    let t = std::thread::spawn(move || {
+        let sink = Sink::default();
+        for i in 0..n {
+            let p = payload(i * 5 + 4); // 1 MiB each
+            let far = Instant::now() + Duration::from_secs(30);
+            ea2.send(
+                0,
+                &(p.len() as u64).to_le_bytes(),
+                &p,
+                far,
+                &mut || {},
+                &sink,
+            )
+            .unwrap();
+        }
+    });
+    let sink = Sink::default();
+    wait_for(&eb, &sink, |s| lock(&s.frames).len() == n);
+    t.join().unwrap();
+    for (i, (_, p)) in lock(&sink.frames).iter().enumerate() {
+        assert!(*p == payload(i * 5 + 4), "frame {i} differs");
+    }
+    // Loopback always copies (the receiver is local), and the kernel says
+    // so in the probe's report: the link now sends plainly.
+    assert_eq!(ea.zero_copy_links(), vec![(0, false)]);
+}
+
+#[test]
+fn a_socket_that_refuses_zero_copy_falls_back_to_plain_sends() {
+    let (a, b) = UnixStream::pair().unwrap();
+    let (ea, eb) = (Arc::new(engine(1)), engine(1));
+    ea.add_link(0, a.into());
+    eb.add_link(0, b.into());
+    let ea2 = ea.clone();
+    let t = std::thread::spawn(move || {
+        let sink = Sink::default();
+        let p = payload(4);
+        let far = Instant::now() + Duration::from_secs(30);
+        ea2.send(
+            0,
+            &(p.len() as u64).to_le_bytes(),
+            &p,
+            far,
+            &mut || {},
+            &sink,
+        )
+        .unwrap();
+    });
+    let sink = Sink::default();
+    wait_for(&eb, &sink, |s| lock(&s.frames).len() == 1);
+    t.join().unwrap();
+    assert!(lock(&sink.frames)[0].1 == payload(4));
+    assert_eq!(ea.zero_copy_links(), vec![(0, false)]);
 }
