@@ -8,9 +8,9 @@
 //! about a collective fail with an error naming both sides instead of
 //! producing garbage.
 
-use crate::algo::Step;
+use crate::algo::{Action, Step};
 use crate::error::{Error, OpContext};
-use crate::transport::{LinkError, Transport};
+use crate::transport::{LinkError, Received, Transport};
 use crate::wire::{Header, OpKind};
 use crate::{DType, Element, ReduceOp};
 use std::time::{Duration, Instant};
@@ -131,10 +131,25 @@ pub(crate) fn run<T: Element>(
                 chunk,
                 action,
             } => {
-                let incoming = transport
-                    .recv(sig.comm_id, members[*peer], deadline)
-                    .map_err(|e| link_error(e, ctx, *peer, started, members))?;
-                let h = &incoming.header;
+                let dest = &mut work[range.clone()];
+                let received = match action {
+                    // Copies may land in place: no buffer, no second copy.
+                    Action::Copy => transport.recv_into(
+                        sig.comm_id,
+                        members[*peer],
+                        (sig.seq, *step, *chunk),
+                        dest.as_mut_bytes(),
+                        deadline,
+                    ),
+                    Action::Reduce => transport
+                        .recv(sig.comm_id, members[*peer], deadline)
+                        .map(Received::Frame),
+                }
+                .map_err(|e| link_error(e, ctx, *peer, started, members))?;
+                let (h, payload_len) = match &received {
+                    Received::Placed(h) => (h, h.payload_len_usize()),
+                    Received::Frame(incoming) => (&incoming.header, incoming.payload.len()),
+                };
                 let mismatch = |detail: String| Error::Mismatch {
                     ctx: ctx.clone(),
                     peer: *peer,
@@ -143,25 +158,26 @@ pub(crate) fn run<T: Element>(
                 if let Some(detail) = sig.mismatch(h, ctx.rank, *peer) {
                     return Err(mismatch(detail));
                 }
-                if (h.step, h.chunk) != (*step, *chunk)
-                    || incoming.payload.len() != range.len() * elem
-                {
+                if (h.step, h.chunk) != (*step, *chunk) || payload_len != range.len() * elem {
                     return Err(mismatch(format!(
                         "expected step {step} chunk {chunk} with {} elements, got step {} chunk {} with {} bytes \
                          (the ranks disagree on the element count or chunk size)",
                         range.len(),
                         h.step,
                         h.chunk,
-                        incoming.payload.len()
+                        payload_len
                     )));
                 }
+                traffic.received += payload_len as u64;
+                let Received::Frame(incoming) = received else {
+                    continue; // already in place
+                };
                 let Some(data) = incoming.payload.as_slice::<T>() else {
                     return Err(mismatch("payload is not a whole number of elements".into()));
                 };
                 // Copy steps ignore the operator; reducing ops always carry one.
                 let op = sig.reduce_op.unwrap_or(ReduceOp::Sum);
-                action.apply(&mut work[range.clone()], data, op);
-                traffic.received += incoming.payload.len() as u64;
+                action.apply(dest, data, op);
                 transport.recycle(incoming.payload);
             }
         }

@@ -23,6 +23,14 @@ pub(crate) struct Incoming {
     pub(crate) payload: AlignedBuf,
 }
 
+/// What [`Transport::recv_into`] got.
+pub(crate) enum Received {
+    /// The payload is already in the destination; the frame's header.
+    Placed(Header),
+    /// The frame, in a buffer of its own (to copy, then recycle).
+    Frame(Incoming),
+}
+
 /// Why a transport call failed. The executor adds the op context.
 #[derive(Debug)]
 pub(crate) enum LinkError {
@@ -52,6 +60,22 @@ pub(crate) trait Transport: Send + Sync {
     ) -> Result<(), LinkError>;
     /// The next data frame from `peer` on communicator `comm_id`.
     fn recv(&self, comm_id: u64, peer: usize, deadline: Instant) -> Result<Incoming, LinkError>;
+    /// Like `recv`, for a frame the caller knows exactly (its op `seq`,
+    /// `step` and `chunk`) and will copy into `dest` whole: a transport may
+    /// receive the payload straight into `dest` instead (the uring plane
+    /// does when the frame has not arrived yet), saving a copy. The caller
+    /// checks the header either way.
+    fn recv_into(
+        &self,
+        comm_id: u64,
+        peer: usize,
+        expected: (u64, u32, u32),
+        dest: &mut [u8],
+        deadline: Instant,
+    ) -> Result<Received, LinkError> {
+        let _ = (expected, dest);
+        self.recv(comm_id, peer, deadline).map(Received::Frame)
+    }
     /// Returns a payload buffer for reuse.
     fn recycle(&self, buf: AlignedBuf);
     /// Fails every op of communicator `comm_id` on every reachable rank:

@@ -15,12 +15,12 @@
 //! waits drives it), so a send never waits for the peer's executor: this is
 //! what lets each rank run its schedule strictly in order without deadlock.
 
-use super::{AlignedBuf, Incoming, LinkError, Transport};
+use super::{AlignedBuf, Incoming, LinkError, Received, Transport};
 use crate::security::secret::{self, NONCE_LEN, Role};
 use crate::security::{self, Opening, Security};
 use crate::wire::handshake::security_mismatch;
 use crate::wire::{self, FrameKind, HEADER_LEN, Header, Hello, HelloAck};
-use ringwire_uring::{EngineConfig, FrameEngine, FrameSink, LinkFault};
+use ringwire_uring::{EngineConfig, FrameEngine, FrameKey, FrameSink, LinkFault, Placement};
 use std::collections::{HashMap, VecDeque};
 use std::io::{self, IoSlice, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
@@ -1122,6 +1122,11 @@ impl FrameSink for Shared {
         }
     }
 
+    fn frame_key(&self, _peer: usize, head: &[u8]) -> Option<FrameKey> {
+        let h = Header::decode(head, self.config.max_payload).ok()?;
+        (h.kind == FrameKind::Data).then(|| frame_key(h.comm_id, h.seq, h.step, h.chunk))
+    }
+
     fn link_failed(&self, peer: usize, fault: LinkFault) {
         let reason = match fault {
             LinkFault::Closed => describe_read_error(peer, &io::ErrorKind::UnexpectedEof.into()),
@@ -1180,6 +1185,51 @@ impl Shared {
         })
     }
 
+    /// The uring plane's receive into `dest`: the engine places the payload
+    /// there if the frame has not arrived yet; otherwise (or on failure)
+    /// this is `engine_recv`.
+    #[allow(clippy::too_many_arguments)]
+    fn engine_recv_into(
+        &self,
+        engine: &FrameEngine,
+        inbox: &Inbox,
+        comm_id: u64,
+        peer: usize,
+        (seq, step, chunk): (u64, u32, u32),
+        dest: &mut [u8],
+        deadline: Instant,
+    ) -> Result<Received, LinkError> {
+        let mut stop = || {
+            if let Some(e) = self.aborted_error(comm_id) {
+                return Some(StopWaiting::Failed(e));
+            }
+            if !lock(&inbox.queue).is_empty() {
+                return Some(StopWaiting::Queued);
+            }
+            if let Some(reason) = self.failure(peer) {
+                return Some(StopWaiting::Failed(LinkError::Lost(reason)));
+            }
+            (Instant::now() >= deadline).then_some(StopWaiting::Failed(LinkError::Timeout))
+        };
+        if stop().is_some() {
+            // Queued already, aborted, lost or late: the plain path says which.
+            return self
+                .engine_recv(engine, inbox, comm_id, peer, deadline)
+                .map(Received::Frame);
+        }
+        let key = frame_key(comm_id, seq, step, chunk);
+        match engine.receive_in_place(peer, key, dest, deadline, self, &mut stop) {
+            Placement::Placed(head) => Header::decode(&head[..HEADER_LEN], self.config.max_payload)
+                .map(Received::Placed)
+                .map_err(|e| LinkError::Lost(format!("rank {peer} sent a bad frame header: {e}"))),
+            Placement::Stopped(StopWaiting::Queued) => self
+                .engine_recv(engine, inbox, comm_id, peer, deadline)
+                .map(Received::Frame),
+            Placement::Stopped(StopWaiting::Failed(e)) => Err(e),
+            Placement::Failed(reason) => Err(LinkError::Lost(self.failure(peer).unwrap_or(reason))),
+        }
+    }
+
     /// The uring plane's receive: waits for the frame, driving the engine
     /// whenever no other thread does.
     fn engine_recv(
@@ -1207,6 +1257,18 @@ impl Shared {
             engine.progress(seen, deadline, self);
         }
     }
+}
+
+/// One data frame's identity: communicator, op, schedule position.
+fn frame_key(comm_id: u64, seq: u64, step: u32, chunk: u32) -> FrameKey {
+    [comm_id, seq, (u64::from(step) << 32) | u64::from(chunk)]
+}
+
+/// Why a receive in place stopped waiting.
+enum StopWaiting {
+    /// The frame is in the inbox (it arrived before the request).
+    Queued,
+    Failed(LinkError),
 }
 
 fn describe_read_error(peer: usize, e: &io::Error) -> String {
@@ -1280,6 +1342,25 @@ impl Transport for TcpTransport {
                 .unwrap_or_else(|e| e.into_inner())
                 .0;
         }
+    }
+
+    fn recv_into(
+        &self,
+        comm_id: u64,
+        peer: usize,
+        expected: (u64, u32, u32),
+        dest: &mut [u8],
+        deadline: Instant,
+    ) -> Result<Received, LinkError> {
+        let Some(engine) = &self.shared.engine else {
+            return self.recv(comm_id, peer, deadline).map(Received::Frame);
+        };
+        let inbox = self.shared.inbox(comm_id, peer);
+        if let Err(e) = self.shared.link(peer, deadline, comm_id) {
+            return lock(&inbox.queue).pop_front().map(Received::Frame).ok_or(e);
+        }
+        self.shared
+            .engine_recv_into(engine, &inbox, comm_id, peer, expected, dest, deadline)
     }
 
     fn recycle(&self, buf: AlignedBuf) {

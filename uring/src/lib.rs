@@ -27,7 +27,9 @@ mod refuse;
 pub use aligned::AlignedBuf;
 pub use counting::CountingAllocator;
 #[cfg(target_os = "linux")]
-pub use engine::{EngineConfig, FrameEngine, FrameSink, LinkFault, MAX_HEADER, SendResult};
+pub use engine::{
+    EngineConfig, FrameEngine, FrameKey, FrameSink, LinkFault, MAX_HEADER, Placement, SendResult,
+};
 
 pub use memlock::{MemlockLimit, memlock};
 pub use probe::{Support, Unavailable, probe};

@@ -12,7 +12,8 @@
 #![allow(unsafe_code)]
 
 use super::{
-    Body, EngineConfig, FrameSink, LinkFault, MAX_HEADER, Queued, SendRequest, SendResult,
+    Body, EngineConfig, FrameSink, LinkFault, MAX_HEADER, Outcome, PlaceRequest, Queued,
+    SendRequest,
 };
 use crate::AlignedBuf;
 use io_uring::{IoUring, opcode, squeue, types};
@@ -27,6 +28,11 @@ use std::time::{Duration, Instant};
 // module) while the caller that owns the memory is parked in
 // `FrameEngine::send`; moving the request between threads does not touch it.
 unsafe impl Send for SendRequest {}
+
+// SAFETY: as for `SendRequest`: the pointer is written only by the kernel
+// or this module while its owner is parked in
+// `FrameEngine::receive_in_place`.
+unsafe impl Send for PlaceRequest {}
 
 /// What a completion is for: the low byte of `user_data`, the link above it.
 const RECV: u64 = 1;
@@ -60,10 +66,16 @@ fn tag(kind: u64, link: usize) -> u64 {
 enum Rx {
     /// Receiving headers and small frames into the staging buffer.
     Staging,
-    /// Receiving one large payload in place.
+    /// Receiving one large payload into a pooled buffer.
     Payload {
         head: [u8; MAX_HEADER],
         buf: AlignedBuf,
+        got: usize,
+    },
+    /// Receiving one payload straight into a waiting caller's memory.
+    Placing {
+        head: [u8; MAX_HEADER],
+        target: PlaceRequest,
         got: usize,
     },
 }
@@ -87,6 +99,8 @@ struct LinkIo {
     /// Set once the link failed; later sends fail with it at once.
     dead: Option<String>,
     zero_copy: ZeroCopy,
+    /// Callers waiting for a frame to be received into their memory.
+    targets: Vec<PlaceRequest>,
     /// A SEND_ZC's result, held until its notification (the kernel is done
     /// with the bytes only then).
     zc_result: Option<i32>,
@@ -137,7 +151,7 @@ pub(crate) struct Driver {
     completions: Vec<(u64, i32, u32)>,
     touched: Vec<usize>,
     /// Sends finished this turn (id 0: an owned send), for the engine.
-    pub(crate) finished: Vec<(u64, SendResult)>,
+    pub(crate) finished: Vec<(u64, Outcome)>,
     /// The other half of the engine's double-buffered work queue.
     pub(crate) spare: Queued,
     /// Sends with at least this many bytes left try SEND_ZC.
@@ -216,10 +230,33 @@ impl Driver {
         queued: &mut Queued,
         wait: Duration,
         sink: &dyn FrameSink,
-        finished: &mut Vec<(u64, SendResult)>,
+        finished: &mut Vec<(u64, Outcome)>,
     ) {
         for (link, socket) in queued.links.drain(..) {
             self.install(link, socket);
+        }
+        for target in queued.placements.drain(..) {
+            let link = target.link;
+            match self.links.get_mut(link).and_then(|l| l.as_mut()) {
+                Some(l) if l.dead.is_none() => l.targets.push(target),
+                Some(l) => finished.push((
+                    target.id,
+                    Outcome::Failed(l.dead.clone().unwrap_or_default()),
+                )),
+                None => finished.push((
+                    target.id,
+                    Outcome::Failed(format!("link {link} is not connected")),
+                )),
+            }
+        }
+        for id in queued.withdrawals.drain(..) {
+            // One that is being filled already completes as placed.
+            for l in self.links.iter_mut().flatten() {
+                if let Some(i) = l.targets.iter().position(|t| t.id == id) {
+                    l.targets.swap_remove(i);
+                    finished.push((id, Outcome::Withdrawn));
+                }
+            }
         }
         for req in queued.sends.drain(..) {
             let link = req.link;
@@ -228,8 +265,14 @@ impl Driver {
                     l.queue.push_back(req);
                     self.touched.push(link);
                 }
-                Some(l) => finished.push((req.id, Err(l.dead.clone().unwrap_or_default()))),
-                None => finished.push((req.id, Err(format!("link {link} is not connected")))),
+                Some(l) => finished.push((
+                    req.id,
+                    Outcome::Sent(Err(l.dead.clone().unwrap_or_default())),
+                )),
+                None => finished.push((
+                    req.id,
+                    Outcome::Sent(Err(format!("link {link} is not connected"))),
+                )),
             }
         }
         for link in 0..self.links.len() {
@@ -253,7 +296,7 @@ impl Driver {
             self.post_wake();
             self.enter(Duration::ZERO);
         }
-        self.fail_queued_on_dead(finished);
+        self.fail_dead_work(finished);
     }
 
     fn post_wake(&mut self) {
@@ -348,6 +391,7 @@ impl Driver {
             ),
             dead: None,
             zero_copy: ZeroCopy::Untried,
+            targets: Vec::new(),
             zc_result: None,
         }));
     }
@@ -379,6 +423,11 @@ impl Driver {
                     let rest = &mut buf.bytes_mut()[*got..];
                     (rest.as_mut_ptr(), rest.len(), libc::MSG_WAITALL)
                 }
+                Rx::Placing { target, got, .. } => (
+                    target.ptr.wrapping_add(*got),
+                    target.len - *got,
+                    libc::MSG_WAITALL,
+                ),
             };
             let len = len.min(u32::MAX as usize) as u32;
             recv = Some(
@@ -429,9 +478,11 @@ impl Driver {
         }
         if let Some(entry) = recv {
             // SAFETY: the receive writes into this link's boxed staging
-            // buffer or its in-place payload buffer; both are owned by the
-            // driver and neither touched nor dropped until the receive's
-            // completion is taken (or leaked, see `Drop`).
+            // buffer or its payload buffer, both owned by the driver and
+            // neither touched nor dropped until the receive's completion is
+            // taken (or leaked, see `Drop`), or into a placement target,
+            // whose caller stays in `FrameEngine::receive_in_place` until
+            // the engine reports the placement finished (see `PlaceRequest`).
             if unsafe { self.push(&entry) } {
                 self.links[link]
                     .as_mut()
@@ -454,7 +505,7 @@ impl Driver {
     }
 
     /// Takes every completion there is; false if there was none.
-    fn reap(&mut self, sink: &dyn FrameSink, finished: &mut Vec<(u64, SendResult)>) -> bool {
+    fn reap(&mut self, sink: &dyn FrameSink, finished: &mut Vec<(u64, Outcome)>) -> bool {
         let mut batch = std::mem::take(&mut self.completions);
         batch.clear();
         batch.extend(
@@ -467,7 +518,7 @@ impl Driver {
             let link = (user_data >> 8) as usize;
             match user_data & 0xff {
                 WAKE => self.wake_in_flight = false,
-                RECV => self.received(link, result, sink),
+                RECV => self.received(link, result, sink, finished),
                 SEND => self.sent(link, result, flags, sink, finished),
                 _ => {}
             }
@@ -480,7 +531,13 @@ impl Driver {
         any
     }
 
-    fn received(&mut self, link: usize, result: i32, sink: &dyn FrameSink) {
+    fn received(
+        &mut self,
+        link: usize,
+        result: i32,
+        sink: &dyn FrameSink,
+        finished: &mut Vec<(u64, Outcome)>,
+    ) {
         let header_len = self.header_len;
         let Some(l) = self.links.get_mut(link).and_then(|l| l.as_mut()) else {
             return;
@@ -492,20 +549,35 @@ impl Driver {
         // bytes reports that count instead (the kernel's
         // `io_sendrecv_fail`), so the accounting stays exact; the next turn
         // posts it again.
-        if l.dead.is_some() || result == -libc::ECANCELED {
+        if l.dead.is_none() && result == -libc::ECANCELED {
             return;
         }
-        if result <= 0 {
+        if l.dead.is_none() && result <= 0 {
             let fault = if result == 0 {
                 LinkFault::Closed
             } else {
                 LinkFault::Io(io::Error::from_raw_os_error(-result))
             };
             self.fail(link, fault, sink);
-            return;
+        }
+        let l = self.links[link].as_mut().expect("link present");
+        if l.dead.is_some() {
+            return; // a placement in progress is failed by `fail_dead_work`
         }
         let n = result as usize;
         match &mut l.rx {
+            Rx::Placing { head, target, got } => {
+                *got += n;
+                if *got == target.len {
+                    let head = *head;
+                    let Rx::Placing { target, .. } = std::mem::replace(&mut l.rx, Rx::Staging)
+                    else {
+                        unreachable!()
+                    };
+                    finished.push((target.id, Outcome::Placed(head)));
+                }
+                return;
+            }
             Rx::Payload { head, buf, got } => {
                 *got += n;
                 if *got == buf.len() {
@@ -526,7 +598,9 @@ impl Driver {
             if avail < header_len {
                 break;
             }
-            let head = &l.staging[l.start..l.start + header_len];
+            let mut head_copy = [0u8; MAX_HEADER];
+            head_copy[..header_len].copy_from_slice(&l.staging[l.start..l.start + header_len]);
+            let head = &head_copy[..header_len];
             let len = match sink.payload_len(link, head) {
                 Ok(len) => len,
                 Err(reason) => {
@@ -534,9 +608,39 @@ impl Driver {
                     break;
                 }
             };
+            let body = l.start + header_len;
+            let placed = match (l.targets.is_empty(), sink.frame_key(link, head)) {
+                (false, Some(key)) => l.targets.iter().position(|t| t.key == key && t.len == len),
+                _ => None,
+            };
+            if let Some(i) = placed {
+                // A caller waits for exactly this frame: straight into its
+                // memory, no pooled buffer, no second copy.
+                let target = l.targets.swap_remove(i);
+                let have = (avail - header_len).min(len);
+                // SAFETY: `target` names `len` bytes of a caller's memory
+                // that nothing else touches until the engine reports this
+                // placement finished (see `PlaceRequest`); `have <= len`, and
+                // the source is this link's staging buffer.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(l.staging[body..].as_ptr(), target.ptr, have)
+                };
+                if have == len {
+                    finished.push((target.id, Outcome::Placed(head_copy)));
+                    l.start += header_len + len;
+                    continue;
+                }
+                l.start = 0;
+                l.end = 0;
+                l.rx = Rx::Placing {
+                    head: head_copy,
+                    target,
+                    got: have,
+                };
+                break;
+            }
             if avail >= header_len + len {
                 let mut buf = sink.buffer();
-                let body = l.start + header_len;
                 buf.prepare(len)
                     .copy_from_slice(&l.staging[body..body + len]);
                 sink.frame(link, head, buf);
@@ -547,16 +651,13 @@ impl Driver {
                 break; // the rest of a small frame is on its way
             }
             // A large payload: take what is here, receive the rest in place.
-            let mut copy = [0u8; MAX_HEADER];
-            copy[..header_len].copy_from_slice(head);
             let mut buf = sink.buffer();
             let have = avail - header_len;
-            let body = l.start + header_len;
             buf.prepare(len)[..have].copy_from_slice(&l.staging[body..l.end]);
             l.start = 0;
             l.end = 0;
             l.rx = Rx::Payload {
-                head: copy,
+                head: head_copy,
                 buf,
                 got: have,
             };
@@ -577,7 +678,7 @@ impl Driver {
         result: i32,
         flags: u32,
         sink: &dyn FrameSink,
-        finished: &mut Vec<(u64, SendResult)>,
+        finished: &mut Vec<(u64, Outcome)>,
     ) {
         let Some(l) = self.links.get_mut(link).and_then(|l| l.as_mut()) else {
             return;
@@ -628,7 +729,7 @@ impl Driver {
         if let Some(reason) = &l.dead {
             let reason = reason.clone();
             let req = l.sending.take().expect("checked");
-            finished.push((req.id, Err(reason)));
+            finished.push((req.id, Outcome::Sent(Err(reason))));
             return;
         }
         if result == -libc::ECANCELED {
@@ -638,7 +739,7 @@ impl Driver {
             req.sent += result as usize;
             if req.sent >= req.total() {
                 let req = l.sending.take().expect("checked");
-                finished.push((req.id, Ok(())));
+                finished.push((req.id, Outcome::Sent(Ok(()))));
             }
             return;
         }
@@ -648,7 +749,7 @@ impl Driver {
             io::Error::from_raw_os_error(-result)
         };
         let req = l.sending.take().expect("checked");
-        finished.push((req.id, Err(error.to_string())));
+        finished.push((req.id, Outcome::Sent(Err(error.to_string()))));
         self.fail(link, LinkFault::Io(error), sink);
     }
 
@@ -673,15 +774,23 @@ impl Driver {
 
     /// Sends queued on dead links, failed; called each turn so their
     /// callers are released.
-    fn fail_queued_on_dead(&mut self, finished: &mut Vec<(u64, SendResult)>) {
+    fn fail_dead_work(&mut self, finished: &mut Vec<(u64, Outcome)>) {
         for l in self.links.iter_mut().flatten() {
             if let Some(reason) = &l.dead {
+                for t in l.targets.drain(..) {
+                    finished.push((t.id, Outcome::Failed(reason.clone())));
+                }
+                if !l.recv_in_flight && matches!(l.rx, Rx::Placing { .. }) {
+                    if let Rx::Placing { target, .. } = std::mem::replace(&mut l.rx, Rx::Staging) {
+                        finished.push((target.id, Outcome::Failed(reason.clone())));
+                    }
+                }
                 for req in l.queue.drain(..) {
-                    finished.push((req.id, Err(reason.clone())));
+                    finished.push((req.id, Outcome::Sent(Err(reason.clone()))));
                 }
                 if !l.send_in_flight {
                     if let Some(req) = l.sending.take() {
-                        finished.push((req.id, Err(reason.clone())));
+                        finished.push((req.id, Outcome::Sent(Err(reason.clone()))));
                     }
                 }
             }

@@ -43,6 +43,11 @@ pub trait FrameSink {
     fn buffer(&self) -> AlignedBuf;
     /// A whole frame arrived on `link`.
     fn frame(&self, link: usize, header: &[u8], payload: AlignedBuf);
+    /// What identifies this frame for [`FrameEngine::receive_in_place`]
+    /// (`None`: never placed, e.g. control frames).
+    fn frame_key(&self, _link: usize, _header: &[u8]) -> Option<FrameKey> {
+        None
+    }
     /// `link` is dead: the peer closed it, it was reset, or it sent a header
     /// [`FrameSink::payload_len`] refused.
     fn link_failed(&self, link: usize, fault: LinkFault);
@@ -78,6 +83,39 @@ pub struct EngineConfig {
 /// How a send ended.
 pub type SendResult = Result<(), String>;
 
+/// Identifies one expected frame (the sink derives it from a header).
+pub type FrameKey = [u64; 3];
+
+/// How [`FrameEngine::receive_in_place`] ended.
+#[derive(Debug)]
+pub enum Placement<S> {
+    /// The frame is in the caller's memory; its header.
+    Placed([u8; MAX_HEADER]),
+    /// `stop` asked to stop before the frame came (or it went elsewhere).
+    Stopped(S),
+    /// The link failed first.
+    Failed(String),
+}
+
+/// A caller's memory waiting for one frame. Its caller stays inside
+/// [`FrameEngine::receive_in_place`] until the engine reports the placement
+/// finished, which is what keeps `ptr` valid for the kernel.
+pub(crate) struct PlaceRequest {
+    pub(crate) id: u64,
+    pub(crate) link: usize,
+    pub(crate) key: FrameKey,
+    pub(crate) ptr: *mut u8,
+    pub(crate) len: usize,
+}
+
+/// How work the driver took ended.
+pub(crate) enum Outcome {
+    Sent(SendResult),
+    Placed([u8; MAX_HEADER]),
+    Withdrawn,
+    Failed(String),
+}
+
 /// A send the driver has not finished: its bytes (borrowed or owned), and
 /// how far it got.
 pub(crate) struct SendRequest {
@@ -112,6 +150,8 @@ impl SendRequest {
 pub(crate) struct Queued {
     pub(crate) links: Vec<(usize, OwnedFd)>,
     pub(crate) sends: Vec<SendRequest>,
+    pub(crate) placements: Vec<PlaceRequest>,
+    pub(crate) withdrawals: Vec<u64>,
 }
 
 struct State {
@@ -121,8 +161,8 @@ struct State {
     driving: bool,
     next_id: u64,
     queued: Queued,
-    /// Finished borrowed sends, collected by their callers.
-    done: Vec<(u64, SendResult)>,
+    /// Finished borrowed sends and placements, collected by their callers.
+    done: Vec<(u64, Outcome)>,
     /// Owned (control) sends not yet finished.
     owned_pending: usize,
 }
@@ -264,10 +304,10 @@ impl FrameEngine {
         driver.turn(&mut work, wait, sink);
         driver.spare = work;
         let mut st = lock(&self.state);
-        for (id, result) in driver.finished.drain(..) {
+        for (id, outcome) in driver.finished.drain(..) {
             match id {
                 0 => st.owned_pending -= 1,
-                _ => st.done.push((id, result)),
+                _ => st.done.push((id, outcome)),
             }
         }
         st.driving = false;
@@ -316,7 +356,10 @@ impl FrameEngine {
             let seen = {
                 let mut st = lock(&self.state);
                 if let Some(i) = st.done.iter().position(|(d, _)| *d == id) {
-                    return st.done.swap_remove(i).1;
+                    return match st.done.swap_remove(i).1 {
+                        Outcome::Sent(result) => result,
+                        _ => Err("the engine mixed up its work".into()),
+                    };
                 }
                 st.generation
             };
@@ -329,6 +372,68 @@ impl FrameEngine {
                 continue;
             } else {
                 give_up
+            };
+            self.progress(seen, until, sink);
+        }
+    }
+
+    /// Waits for the frame `key` on `link` and receives its payload straight
+    /// into `dest` if it is exactly `dest.len()` bytes (a frame that arrived
+    /// before the call went to the sink as usual). `stop` is asked on every
+    /// wake-up; once it answers, the engine withdraws the request, and the
+    /// call returns `Stopped` unless the frame was being received already.
+    /// Either way it returns only once the kernel no longer writes to
+    /// `dest`.
+    pub fn receive_in_place<S>(
+        &self,
+        link: usize,
+        key: FrameKey,
+        dest: &mut [u8],
+        until: Instant,
+        sink: &dyn FrameSink,
+        stop: &mut dyn FnMut() -> Option<S>,
+    ) -> Placement<S> {
+        let id = {
+            let mut st = lock(&self.state);
+            let id = st.next_id;
+            st.next_id += 1;
+            st.queued.placements.push(PlaceRequest {
+                id,
+                link,
+                key,
+                ptr: dest.as_mut_ptr(),
+                len: dest.len(),
+            });
+            self.poke_if_driving(&st);
+            id
+        };
+        let mut stopped = None;
+        loop {
+            let seen = {
+                let mut st = lock(&self.state);
+                if let Some(i) = st.done.iter().position(|(d, _)| *d == id) {
+                    return match (st.done.swap_remove(i).1, stopped) {
+                        (Outcome::Placed(head), _) => Placement::Placed(head),
+                        (_, Some(s)) => Placement::Stopped(s),
+                        (Outcome::Failed(reason), None) => Placement::Failed(reason),
+                        (_, None) => Placement::Failed("the engine mixed up its work".into()),
+                    };
+                }
+                st.generation
+            };
+            if stopped.is_none() {
+                if let Some(s) = stop() {
+                    stopped = Some(s);
+                    let mut st = lock(&self.state);
+                    st.queued.withdrawals.push(id);
+                    self.poke_if_driving(&st);
+                    continue;
+                }
+            }
+            let until = if stopped.is_some() {
+                Instant::now() + MAX_TURN
+            } else {
+                until
             };
             self.progress(seen, until, sink);
         }

@@ -29,6 +29,10 @@ impl FrameSink for Sink {
         assert_eq!(header.len(), HEADER);
         lock(&self.frames).push((link, payload.bytes().to_vec()));
     }
+    /// The toy key is the announced length.
+    fn frame_key(&self, _link: usize, header: &[u8]) -> Option<FrameKey> {
+        Some([u64::from_le_bytes(header.try_into().unwrap()), 0, 0])
+    }
     fn link_failed(&self, link: usize, fault: LinkFault) {
         eprintln!("link {link} failed: {fault:?}");
         lock(&self.failed).push((link, format!("{fault:?}")));
@@ -283,4 +287,112 @@ fn a_socket_that_refuses_zero_copy_falls_back_to_plain_sends() {
     t.join().unwrap();
     assert!(lock(&sink.frames)[0].1 == payload(4));
     assert_eq!(ea.zero_copy_links(), vec![(0, false)]);
+}
+
+fn send_one(e: &FrameEngine, p: &[u8]) {
+    let far = Instant::now() + Duration::from_secs(30);
+    e.send(
+        0,
+        &(p.len() as u64).to_le_bytes(),
+        p,
+        far,
+        &mut || {},
+        &Sink::default(),
+    )
+    .unwrap();
+}
+
+#[test]
+fn frames_are_received_in_place_when_a_caller_waits_for_them() {
+    let (a, b) = UnixStream::pair().unwrap();
+    let (ea, eb) = (Arc::new(engine(1)), engine(1));
+    ea.add_link(0, a.into());
+    eb.add_link(0, b.into());
+    let sink = Sink::default();
+    // Large (received in place after the header) and small (cut from the
+    // staging buffer) payloads; the key names each by its length.
+    for i in [4, 7, 2, 9] {
+        let p = payload(i);
+        let ea2 = ea.clone();
+        let sent = p.clone();
+        let t = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(20));
+            send_one(&ea2, &sent);
+        });
+        let mut dest = vec![0u8; p.len()];
+        let far = Instant::now() + Duration::from_secs(30);
+        let got = eb.receive_in_place(
+            0,
+            [p.len() as u64, 0, 0],
+            &mut dest,
+            far,
+            &sink,
+            &mut || None::<()>,
+        );
+        t.join().unwrap();
+        assert!(matches!(got, Placement::Placed(_)), "{i}: {got:?}");
+        assert!(dest == p, "payload {i} differs");
+    }
+    assert!(
+        lock(&sink.frames).is_empty(),
+        "placed frames must not reach the sink"
+    );
+}
+
+#[test]
+fn a_frame_that_came_first_goes_to_the_sink_and_the_caller_stops() {
+    let (a, b) = UnixStream::pair().unwrap();
+    let (ea, eb) = (engine(1), engine(1));
+    ea.add_link(0, a.into());
+    eb.add_link(0, b.into());
+    let sink = Sink::default();
+    let p = payload(3); // larger than staging, smaller than the socket buffer
+    send_one(&ea, &p);
+    wait_for(&eb, &sink, |s| lock(&s.frames).len() == 1);
+    let mut dest = vec![0u8; p.len()];
+    let far = Instant::now() + Duration::from_secs(30);
+    let got = eb.receive_in_place(
+        0,
+        [p.len() as u64, 0, 0],
+        &mut dest,
+        far,
+        &sink,
+        &mut || (!lock(&sink.frames).is_empty()).then_some("in the inbox"),
+    );
+    assert!(matches!(got, Placement::Stopped("in the inbox")), "{got:?}");
+    assert!(
+        dest.iter().all(|b| *b == 0),
+        "nothing may be written after a stop"
+    );
+    // A later frame with the same key is not placed (the request is gone).
+    send_one(&ea, &p);
+    wait_for(&eb, &sink, |s| lock(&s.frames).len() == 2);
+}
+
+#[test]
+fn a_link_that_dies_fails_a_waiting_placement() {
+    let (a, mut b) = UnixStream::pair().unwrap();
+    let e = engine(1);
+    e.add_link(0, a.into());
+    let sink = Sink::default();
+    // Half a large frame, then the peer goes away.
+    let p = payload(3);
+    std::io::Write::write_all(&mut b, &(p.len() as u64).to_le_bytes()).unwrap();
+    std::io::Write::write_all(&mut b, &p[..p.len() / 2]).unwrap();
+    let closer = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(50));
+        drop(b);
+    });
+    let mut dest = vec![0u8; p.len()];
+    let far = Instant::now() + Duration::from_secs(30);
+    let got = e.receive_in_place(
+        0,
+        [p.len() as u64, 0, 0],
+        &mut dest,
+        far,
+        &sink,
+        &mut || None::<()>,
+    );
+    closer.join().unwrap();
+    assert!(matches!(got, Placement::Failed(_)), "{got:?}");
 }
