@@ -287,6 +287,23 @@ fn list(addrs: &[SocketAddr]) -> String {
         .join(", ")
 }
 
+/// `read`, restarted when a signal interrupts it. Sockets with a timeout
+/// report an interruption as EINTR instead of restarting, and threads that
+/// drive io_uring are interrupted whenever the kernel queues completion
+/// work for them (decision 0007); `read_exact` restarts by itself, single
+/// reads (rustls's, ours) need this.
+pub(crate) fn read_restarting<R: io::Read + ?Sized>(
+    r: &mut R,
+    buf: &mut [u8],
+) -> io::Result<usize> {
+    loop {
+        match r.read(buf) {
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            other => return other,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

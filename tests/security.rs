@@ -76,6 +76,7 @@ fn group(
     rank_sec: impl Fn(usize) -> Security + Sync,
     timeout: Duration,
 ) -> (StoreServer, Vec<Result<Communicator, ringwire::Error>>) {
+    common::init_logging();
     let store = StoreServer::bind_with("127.0.0.1:0".parse().unwrap(), store_sec).unwrap();
     let addr = store.local_addr();
     let comms = std::thread::scope(|s| {
@@ -98,7 +99,13 @@ fn group(
 }
 
 fn ok(comms: Vec<Result<Communicator, ringwire::Error>>) -> Vec<Communicator> {
-    comms.into_iter().map(|c| c.expect("build")).collect()
+    let errors: Vec<String> = comms
+        .iter()
+        .enumerate()
+        .filter_map(|(rank, c)| c.as_ref().err().map(|e| format!("rank {rank}: {e}")))
+        .collect();
+    assert!(errors.is_empty(), "build failed:\n{}", errors.join("\n"));
+    comms.into_iter().map(Result::unwrap).collect()
 }
 
 /// Every rank all-reduces `n` copies of its rank + 1; checks the sums.

@@ -254,7 +254,7 @@ const RECORD: usize = 8192;
 
 impl Read for Recorder<'_> {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        let n = (&mut &*self.sock).read(buf)?;
+        let n = crate::net::read_restarting(&mut &*self.sock, buf)?;
         let keep = n.min(RECORD.saturating_sub(self.seen.len()));
         self.seen.extend_from_slice(&buf[..keep]);
         Ok(n)
@@ -543,7 +543,7 @@ impl Read for TlsReader {
             self.pending.clear();
             self.start = 0;
             self.pending.resize(READ_BATCH, 0);
-            let n = match self.sock.read(&mut self.pending) {
+            let n = match crate::net::read_restarting(&mut self.sock, &mut self.pending) {
                 Ok(n) => n,
                 Err(e) => {
                     self.pending.clear();

@@ -424,7 +424,7 @@ fn read_response_after(reader: &mut dyn Read, start: &[u8]) -> String {
         if buf.len() > 128 * 1024 {
             return "an over-long answer".into();
         }
-        match reader.read(&mut chunk) {
+        match crate::net::read_restarting(reader, &mut chunk) {
             Ok(0) => return "nothing (it closed the connection)".into(),
             Ok(n) => buf.extend_from_slice(&chunk[..n]),
             Err(e) => return security::describe_io(&e, "the store"),

@@ -102,3 +102,14 @@ pub(crate) fn rerun_on_portable(this_test: &str) {
     );
     assert!(stdout.contains("test result: ok"), "{stdout}");
 }
+
+/// Logs to stderr when RINGWIRE_TEST_LOG is set (an env-filter, e.g.
+/// `ringwire=debug`), for chasing a failure.
+pub(crate) fn init_logging() {
+    if let Ok(filter) = std::env::var("RINGWIRE_TEST_LOG") {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
+            .with_test_writer()
+            .try_init();
+    }
+}

@@ -74,8 +74,17 @@ fn kernel_at_least(release: &str, major: u32, minor: u32) -> bool {
 
 /// Probes io_uring: creates a small ring and asks the kernel which
 /// operations it supports.
+///
+/// The probe's ring is made on a thread of its own (see
+/// `engine::driver::on_a_passing_thread`), which inherits the caller's
+/// seccomp filter, so the answer is the caller's.
 #[cfg(target_os = "linux")]
 pub fn probe() -> Result<Support, Unavailable> {
+    crate::engine::on_a_passing_thread(probe_here)
+}
+
+#[cfg(target_os = "linux")]
+fn probe_here() -> Result<Support, Unavailable> {
     use io_uring::{IoUring, Probe, opcode};
     let kernel = read_trim("/proc/sys/kernel/osrelease").unwrap_or_else(|| "?".into());
     match read_trim("/proc/sys/kernel/io_uring_disabled").as_deref() {

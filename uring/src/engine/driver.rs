@@ -137,6 +137,18 @@ impl LinkIo {
     }
 }
 
+/// Runs `f` on a thread made for it. io_uring ties a ring to the task that
+/// creates it, and when the ring goes away it interrupts that task (a
+/// blocking socket read with a timeout then fails with EINTR, rustls gives
+/// up a handshake): a thread that has exited by then is not disturbed.
+pub(crate) fn on_a_passing_thread<T: Send>(f: impl FnOnce() -> T + Send) -> T {
+    std::thread::scope(|s| {
+        s.spawn(f)
+            .join()
+            .unwrap_or_else(|p| std::panic::resume_unwind(p))
+    })
+}
+
 pub(crate) struct Driver {
     ring: IoUring,
     links: Vec<Option<Box<LinkIo>>>,
@@ -176,11 +188,13 @@ impl Driver {
         // Cooperative task running: completions are run when a driver next
         // enters the kernel (it always does before sleeping), instead of
         // interrupting a thread that is busy reducing.
-        let ring = IoUring::builder()
-            .setup_coop_taskrun()
-            .setup_cqsize(entries * 2)
-            .build(entries)
-            .or_else(|_| IoUring::builder().setup_cqsize(entries * 2).build(entries))?;
+        let ring = on_a_passing_thread(move || {
+            IoUring::builder()
+                .setup_coop_taskrun()
+                .setup_cqsize(entries * 2)
+                .build(entries)
+                .or_else(|_| IoUring::builder().setup_cqsize(entries * 2).build(entries))
+        })?;
         let fixed_files = ring
             .submitter()
             .register_files_sparse(config.links.max(1) as u32)

@@ -24,6 +24,8 @@
 
 mod driver;
 
+pub(crate) use driver::on_a_passing_thread;
+
 use crate::AlignedBuf;
 use driver::Driver;
 use std::os::fd::OwnedFd;
