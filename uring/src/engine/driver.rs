@@ -294,6 +294,13 @@ impl Driver {
         }
         self.touched.clear();
         self.post_wake();
+        // Work that ended already (a withdrawn placement, a send to a dead
+        // link) must reach its caller now, not after a sleep.
+        let wait = if finished.is_empty() {
+            wait
+        } else {
+            Duration::ZERO
+        };
         self.enter(wait);
         // Take what completed; what that posts may complete at once (data
         // already queued in the socket), so go round a few times.
