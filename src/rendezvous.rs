@@ -462,6 +462,7 @@ fn start_transport(
     tracing::info!(rank, transport = name, %why, "transport chosen");
     let config = TcpConfig {
         uring,
+        uring_required: t.transport == TransportKind::Uring,
         max_payload: t.max_frame_bytes,
         handshake_timeout: t.connect_timeout.min(Duration::from_secs(10)),
         write_timeout: t.timeout,
@@ -482,4 +483,9 @@ fn start_transport(
     TcpTransport::start(listener, rank, job_id, peers, config)
         .map(|t| Box::new(t) as Box<dyn Transport>)
         .map_err(|e| Error::io(format!("starting the {name} transport"), e))
+        .inspect(|t| {
+            if t.name() != name {
+                tracing::info!(rank, transport = t.name(), "transport running");
+            }
+        })
 }

@@ -254,3 +254,66 @@ fn where_io_uring_is_refused_auto_falls_back_and_forcing_uring_says_why() {
     .join()
     .unwrap();
 }
+
+/// Set in the child process of the test below.
+const AS_NOBODY: &str = "RINGWIRE_TEST_AS_NOBODY";
+
+#[test]
+fn as_an_unprivileged_user_the_engine_runs_within_the_locked_memory_limit() {
+    // For users without CAP_IPC_LOCK the kernel charges io_uring rings to
+    // RLIMIT_MEMLOCK (the engine registers no buffers: decision 0007).
+    // Shown as `nobody` in a child process (CI runs as root, whose
+    // CAP_IPC_LOCK would hide the limit): with systemd's default 8 MiB the
+    // engine runs; with none, auto falls back to the portable transport and
+    // forcing uring fails naming the limit and how to raise it.
+    if std::env::var_os(AS_NOBODY).is_some() {
+        use nix::sys::resource::{Resource, setrlimit};
+        use nix::unistd::{Gid, Uid, User, setgid, setuid};
+        if Uid::effective().is_root() {
+            let nobody = User::from_name("nobody").unwrap().expect("user nobody");
+            setgid(Gid::from_raw(nobody.gid.as_raw())).unwrap();
+            setuid(nobody.uid).unwrap();
+        }
+        assert!(!Uid::effective().is_root());
+        // systemd's default for users; rings are charged to the user across
+        // processes and freed asynchronously, so far less is flaky.
+        setrlimit(Resource::RLIMIT_MEMLOCK, 8 << 20, 8 << 20).expect("set RLIMIT_MEMLOCK");
+        let (_store, comms) =
+            common::local_group(2, |b| b.transport(ringwire::TransportKind::Uring));
+        let sums = on_all(&comms, |c| {
+            let mut v = vec![c.rank() as f32 + 1.0; 300_000];
+            c.all_reduce_slice(&mut v, ReduceOp::Sum).unwrap();
+            (c.transport_name(), v.iter().all(|x| *x == 3.0))
+        });
+        assert_eq!(sums, vec![("uring", true), ("uring", true)]);
+        drop(comms);
+
+        setrlimit(Resource::RLIMIT_MEMLOCK, 0, 0).expect("lower RLIMIT_MEMLOCK");
+        let store = StoreServer::bind("127.0.0.1:0".parse().unwrap()).unwrap();
+        let auto = single(&store, ringwire::TransportKind::Auto).unwrap();
+        assert_eq!(auto.transport_name(), "portable");
+        drop(auto);
+        let store = StoreServer::bind("127.0.0.1:0".parse().unwrap()).unwrap();
+        let err = single(&store, ringwire::TransportKind::Uring)
+            .expect_err("no ring fits in no locked memory")
+            .to_string();
+        assert!(
+            err.contains("RLIMIT_MEMLOCK is 0 KiB") && err.contains("ulimit -l"),
+            "{err}"
+        );
+        return;
+    }
+    let name = "as_an_unprivileged_user_the_engine_runs_within_the_locked_memory_limit";
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .env(AS_NOBODY, "1")
+        .args(["--exact", name, "--nocapture", "--test-threads", "1"])
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "{text}");
+    assert!(text.contains("1 passed"), "{text}");
+}

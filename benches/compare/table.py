@@ -12,7 +12,13 @@ import json
 import os
 import sys
 
-PEERS = [("ringwire", "ringwire"), ("mpi", "Open MPI"), ("gloo", "gloo")]
+# (key, column name, file prefix, ringwire transport or None)
+PEERS = [
+    ("ringwire", "ringwire (uring)", "ringwire", "uring"),
+    ("portable", "ringwire (portable)", "ringwire", "portable"),
+    ("mpi", "Open MPI", "mpi", None),
+    ("gloo", "gloo", "gloo", None),
+]
 
 
 def human(n: int) -> str:
@@ -22,14 +28,14 @@ def human(n: int) -> str:
     return f"{n} B"
 
 
-def load(path):
+def load(out, prefix, p, transport):
     try:
-        with open(path) as f:
+        with open(os.path.join(out, f"{prefix}-p{p}.json")) as f:
             d = json.load(f)
     except (OSError, ValueError):
         return None
-    rows = [r for r in d.get("rows", []) if r.get("transport", "portable") == "portable"]
-    return {r["size_bytes"]: r for r in rows}
+    rows = [r for r in d.get("rows", []) if transport is None or r.get("transport") == transport]
+    return {r["size_bytes"]: r for r in rows} or None
 
 
 def main():
@@ -52,24 +58,24 @@ def main():
             print(f"before p={p}: {meta[f'load p{p}']}")
     print()
     head = ["ranks", "size"]
-    for _, name in PEERS:
+    for _, name, _, _ in PEERS:
         head += [f"{name} time (us)", f"{name} busbw (GB/s)"]
     head += ["ringwire / best peer (busbw)"]
     print("| " + " | ".join(head) + " |")
     print("|" + "|".join(["---:"] * len(head)) + "|")
-    wrong_total = {k: 0 for k, _ in PEERS}
+    wrong_total = {k: 0 for k, _, _, _ in PEERS}
     missing = []
     for p in ranks:
         data = {}
-        for key, _ in PEERS:
-            data[key] = load(os.path.join(out, f"{key}-p{p}.json"))
+        for key, _, prefix, transport in PEERS:
+            data[key] = load(out, prefix, p, transport)
             if data[key] is None:
                 missing.append(f"{key} p={p}")
         sizes = sorted({s for d in data.values() if d for s in d})
         for s in sizes:
             cells = [str(p), human(s)]
             bw = {}
-            for key, _ in PEERS:
+            for key, _, _, _ in PEERS:
                 r = (data[key] or {}).get(s)
                 if r is None:
                     cells += ["n/a", "n/a"]
@@ -89,20 +95,20 @@ def main():
     print()
     print("Median op time (us), same runs:")
     print()
-    print("| ranks | size | " + " | ".join(f"{name} p50 (us)" for _, name in PEERS) + " |")
+    print("| ranks | size | " + " | ".join(f"{name} p50 (us)" for _, name, _, _ in PEERS) + " |")
     print("|" + "|".join(["---:"] * (2 + len(PEERS))) + "|")
     for p in ranks:
-        data = {key: load(os.path.join(out, f"{key}-p{p}.json")) for key, _ in PEERS}
+        data = {key: load(out, prefix, p, t) for key, _, prefix, t in PEERS}
         for s in sorted({s for d in data.values() if d for s in d}):
             cells = [str(p), human(s)]
-            for key, _ in PEERS:
+            for key, _, _, _ in PEERS:
                 r = (data[key] or {}).get(s)
                 cells.append(f"{r['p50_us']:.1f}" if r and r.get("p50_us") is not None else "n/a")
             print("| " + " | ".join(cells) + " |")
     print()
-    print("wrong elements: " + ", ".join(f"{name} {wrong_total[k]}" for k, name in PEERS))
-    print("ratio: ringwire busbw / the better of Open MPI and gloo at that size (> 1: ringwire faster;"
-          " equals best peer time / ringwire time)")
+    print("wrong elements: " + ", ".join(f"{name} {wrong_total[k]}" for k, name, _, _ in PEERS))
+    print("ratio: ringwire (uring) busbw / the better of Open MPI and gloo at that size (> 1: ringwire"
+          " faster; equals best peer time / ringwire time)")
     others = [f"{k[len('others '):]} {v}" for k, v in meta.items() if k.startswith("others ")]
     if others:
         print("CPU other processes used during each library's sweep (cores; the machine has "

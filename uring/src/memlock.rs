@@ -1,9 +1,11 @@
 //! RLIMIT_MEMLOCK: how much memory this user may register with the kernel.
 //!
-//! Registered (fixed) buffers count against it, summed over every process
-//! of the user on the host (8 MiB by default for non-root users; root's
-//! CAP_IPC_LOCK hides the limit). The engine sizes its buffer pool from this
-//! and falls back to unregistered I/O when registration is refused.
+//! For users without CAP_IPC_LOCK the kernel charges io_uring rings (and
+//! registered buffers, which the engine does not use: decision 0007) to it,
+//! summed over the user's processes (8 MiB by default for non-root users on
+//! systemd hosts, 64 KiB on older ones; root's CAP_IPC_LOCK hides it). A
+//! ring it cannot afford fails with ENOMEM; the probe and the engine then
+//! say which limit it was and how to raise it.
 
 /// The soft and hard limits in bytes (`None`: unlimited).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

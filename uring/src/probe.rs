@@ -106,6 +106,7 @@ fn probe_here() -> Result<Support, Unavailable> {
                  or kernel.io_uring_disabled=1 without membership in kernel.io_uring_group: {e}"
             ),
             Some(38) => format!("this kernel ({kernel}) has no io_uring (ENOSYS)"),
+            Some(12) => memlock_refusal(&e),
             _ => format!("io_uring_setup failed: {e}"),
         },
     })?;
@@ -124,6 +125,17 @@ fn probe_here() -> Result<Support, Unavailable> {
         recv_multishot: probe.is_supported(opcode::Recv::CODE) && kernel_at_least(&kernel, 6, 0),
         kernel,
     })
+}
+
+/// The words for a ring the kernel would not allocate: for users without
+/// CAP_IPC_LOCK, io_uring charges its rings to RLIMIT_MEMLOCK.
+pub(crate) fn memlock_refusal(e: &std::io::Error) -> String {
+    let advice =
+        crate::memlock().map_or_else(|_| "RLIMIT_MEMLOCK unreadable".into(), |m| m.advice());
+    format!(
+        "io_uring_setup failed ({e}): the kernel charges io_uring rings to the locked-memory limit \
+         of users without CAP_IPC_LOCK, and it is too low; {advice}"
+    )
 }
 
 /// io_uring exists only on Linux.

@@ -168,6 +168,8 @@ pub(crate) struct Driver {
     pub(crate) spare: Queued,
     /// Sends with at least this many bytes left try SEND_ZC.
     zero_copy_from: Option<usize>,
+    /// How long a driver polls before it sleeps.
+    spin: Duration,
 }
 
 // SAFETY: the raw pointers in `msghdr`/`iovec` point into this driver's own
@@ -194,6 +196,10 @@ impl Driver {
                 .setup_cqsize(entries * 2)
                 .build(entries)
                 .or_else(|_| IoUring::builder().setup_cqsize(entries * 2).build(entries))
+        })
+        .map_err(|e| match e.raw_os_error() {
+            Some(libc::ENOMEM) => io::Error::new(e.kind(), crate::probe::memlock_refusal(&e)),
+            _ => e,
         })?;
         let fixed_files = ring
             .submitter()
@@ -214,6 +220,7 @@ impl Driver {
             finished: Vec::new(),
             spare: Queued::default(),
             zero_copy_from: config.zero_copy_from,
+            spin: config.spin,
         })
     }
 
@@ -343,7 +350,19 @@ impl Driver {
     /// Submits, and sleeps up to `wait` for a completion unless one is
     /// already there.
     fn enter(&mut self, wait: Duration) {
-        let ready = !self.ring.completion().is_empty();
+        let mut ready = !self.ring.completion().is_empty();
+        if !ready && !wait.is_zero() && !self.spin.is_zero() {
+            // Poll before sleeping: each enter runs this thread's pending
+            // completion work, so a frame that lands within the spin is
+            // taken without a sleep and a wake-up.
+            let start = Instant::now();
+            let _ = self.ring.submit();
+            while !ready && start.elapsed() < self.spin.min(wait) {
+                std::hint::spin_loop();
+                let _ = self.ring.submit();
+                ready = !self.ring.completion().is_empty();
+            }
+        }
         let result = if wait.is_zero() || ready {
             self.ring.submit()
         } else {

@@ -80,6 +80,10 @@ pub struct EngineConfig {
     /// usage report: if the kernel copied anyway, the link sends plainly
     /// from then on. `None`: plain sends only.
     pub zero_copy_from: Option<usize>,
+    /// A driver polls this long for a completion before it sleeps. Worth it
+    /// only while this process's waiting thread has a core to itself: zero
+    /// when ranks outnumber cores.
+    pub spin: Duration,
 }
 
 /// How a send ended.

@@ -47,6 +47,7 @@ fn engine(links: usize) -> FrameEngine {
         // Exercised on every large send of these tests: socket pairs refuse
         // SEND_ZC, loopback TCP copies, and both must fall back cleanly.
         zero_copy_from: Some(64 << 10),
+        spin: Duration::from_micros(20),
     })
     .expect("io_uring works on the test machines")
 }
