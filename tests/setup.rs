@@ -269,24 +269,31 @@ fn as_an_unprivileged_user_the_engine_runs_within_the_locked_memory_limit() {
     if std::env::var_os(AS_NOBODY).is_some() {
         use nix::sys::resource::{Resource, setrlimit};
         use nix::unistd::{Gid, Uid, User, setgid, setuid};
+        // systemd's default for users (set while still root, who may raise
+        // it); rings are charged to the user across processes and freed
+        // asynchronously, so far less is flaky. A non-root developer whose
+        // hard limit is lower keeps their limit and tests the refusal only.
+        let roomy = setrlimit(Resource::RLIMIT_MEMLOCK, 8 << 20, 8 << 20).is_ok();
         if Uid::effective().is_root() {
             let nobody = User::from_name("nobody").unwrap().expect("user nobody");
             setgid(Gid::from_raw(nobody.gid.as_raw())).unwrap();
             setuid(nobody.uid).unwrap();
         }
         assert!(!Uid::effective().is_root());
-        // systemd's default for users; rings are charged to the user across
-        // processes and freed asynchronously, so far less is flaky.
-        setrlimit(Resource::RLIMIT_MEMLOCK, 8 << 20, 8 << 20).expect("set RLIMIT_MEMLOCK");
-        let (_store, comms) =
-            common::local_group(2, |b| b.transport(ringwire::TransportKind::Uring));
-        let sums = on_all(&comms, |c| {
-            let mut v = vec![c.rank() as f32 + 1.0; 300_000];
-            c.all_reduce_slice(&mut v, ReduceOp::Sum).unwrap();
-            (c.transport_name(), v.iter().all(|x| *x == 3.0))
-        });
-        assert_eq!(sums, vec![("uring", true), ("uring", true)]);
-        drop(comms);
+        if roomy {
+            let (_store, comms) =
+                common::local_group(2, |b| b.transport(ringwire::TransportKind::Uring));
+            let sums = on_all(&comms, |c| {
+                let mut v = vec![c.rank() as f32 + 1.0; 300_000];
+                c.all_reduce_slice(&mut v, ReduceOp::Sum).unwrap();
+                (c.transport_name(), v.iter().all(|x| *x == 3.0))
+            });
+            assert_eq!(sums, vec![("uring", true), ("uring", true)]);
+        } else {
+            eprintln!(
+                "note: the hard RLIMIT_MEMLOCK is below 8 MiB here; only the refusal is tested"
+            );
+        }
 
         setrlimit(Resource::RLIMIT_MEMLOCK, 0, 0).expect("lower RLIMIT_MEMLOCK");
         let store = StoreServer::bind("127.0.0.1:0".parse().unwrap()).unwrap();

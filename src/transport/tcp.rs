@@ -1208,8 +1208,9 @@ impl Shared {
         self.last_send[peer].store(self.now_ms(), Ordering::Relaxed);
         result.map_err(|e| {
             self.fail(peer, format!("send to rank {peer} failed: {e}"));
-            // The first reason recorded is the one that explains it.
-            LinkError::Lost(self.failure(peer).unwrap_or(e))
+            // An abort, or else the first reason recorded, explains it.
+            self.aborted_error(header.comm_id)
+                .unwrap_or_else(|| LinkError::Lost(self.failure(peer).unwrap_or(e)))
         })
     }
 
@@ -1254,7 +1255,11 @@ impl Shared {
                 .engine_recv(engine, inbox, comm_id, peer, deadline)
                 .map(Received::Frame),
             Placement::Stopped(StopWaiting::Failed(e)) => Err(e),
-            Placement::Failed(reason) => Err(LinkError::Lost(self.failure(peer).unwrap_or(reason))),
+            // A peer that aborted and then exited: its abort came first on
+            // the link and explains more than the closed connection.
+            Placement::Failed(reason) => Err(self
+                .aborted_error(comm_id)
+                .unwrap_or_else(|| LinkError::Lost(self.failure(peer).unwrap_or(reason)))),
         }
     }
 
