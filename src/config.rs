@@ -77,6 +77,8 @@ pub(crate) struct Tunables {
     pub(crate) max_frame_bytes: u32,
     pub(crate) socket_buffer: Option<usize>,
     pub(crate) transport: TransportKind,
+    /// The uring plane polls this long before sleeping (RINGWIRE_SPIN_US).
+    pub(crate) spin: Duration,
     pub(crate) heartbeat_timeout: Duration,
     pub(crate) debug_checks: bool,
     pub(crate) flight_recorder_ops: usize,
@@ -178,6 +180,7 @@ impl Overrides {
                 None => TransportKind::Auto,
             },
         };
+        let spin = Duration::from_micros(env_number(lookup, "RINGWIRE_SPIN_US")?.unwrap_or(0));
         let heartbeat_timeout = match self.heartbeat_timeout {
             Some(t) => t,
             None => env_seconds(lookup, "RINGWIRE_HEARTBEAT_TIMEOUT")?
@@ -210,6 +213,7 @@ impl Overrides {
             max_frame_bytes: (chunk_bytes as u32).max(64 << 20),
             socket_buffer,
             transport,
+            spin,
             heartbeat_timeout,
             debug_checks,
             flight_recorder_ops,
@@ -256,6 +260,14 @@ mod tests {
             .resolve(&vars(&[("RINGWIRE_TRANSPORT", "uring")]))
             .unwrap();
         assert_eq!(t.transport, TransportKind::Uring);
+        let err = Overrides::default()
+            .resolve(&vars(&[("RINGWIRE_SPIN_US", "soon")]))
+            .unwrap_err();
+        assert!(err.to_string().contains("RINGWIRE_SPIN_US=soon"), "{err}");
+        let t = Overrides::default()
+            .resolve(&vars(&[("RINGWIRE_SPIN_US", "40")]))
+            .unwrap();
+        assert_eq!(t.spin, Duration::from_micros(40));
         let err = Overrides::default()
             .resolve(&vars(&[("RINGWIRE_CHUNK_BYTES", "1")]))
             .unwrap_err();

@@ -463,6 +463,7 @@ fn start_transport(
     let config = TcpConfig {
         uring,
         uring_required: t.transport == TransportKind::Uring,
+        spin: t.spin,
         max_payload: t.max_frame_bytes,
         handshake_timeout: t.connect_timeout.min(Duration::from_secs(10)),
         write_timeout: t.timeout,

@@ -54,6 +54,11 @@ pub(crate) struct TcpConfig {
     /// If the engine cannot start, fail (the user asked for it) instead of
     /// falling back to the portable plane with a warning.
     pub(crate) uring_required: bool,
+    /// How long the uring plane polls for a completion before sleeping
+    /// (RINGWIRE_SPIN_US, default 0). Polling saves a sleep and a wake-up
+    /// per frame only while every waiting thread has a core to itself;
+    /// measured on 2 cores with 2 ranks it was erratic (decision 0007).
+    pub(crate) spin: Duration,
 }
 
 enum PeerState {
@@ -142,19 +147,6 @@ struct Pool {
 /// at the notification (see decision 0007).
 const ZERO_COPY_FROM: usize = 64 << 10;
 
-/// How long the uring plane polls for a completion before sleeping:
-/// RINGWIRE_SPIN_US, default 0. Polling saves a sleep and a wake-up per
-/// frame only while every waiting thread has a core to itself; measured on
-/// 2 cores with 2 ranks it gave 18-118 us for an 8-byte all-reduce against
-/// 33-43 us without (decision 0007), so it is opt-in, for hosts with cores
-/// to spare.
-fn spin_budget() -> Duration {
-    std::env::var("RINGWIRE_SPIN_US")
-        .ok()
-        .and_then(|v| v.parse::<u64>().ok())
-        .map_or(Duration::ZERO, Duration::from_micros)
-}
-
 /// Per-link staging buffer of the uring plane: frames up to this size
 /// (headers, small messages, heartbeats) arrive many per receive; larger
 /// payloads are received in place.
@@ -189,7 +181,7 @@ impl TcpTransport {
                 header_len: HEADER_LEN,
                 staging: STAGING_BYTES,
                 zero_copy_from: Some(ZERO_COPY_FROM),
-                spin: spin_budget(),
+                spin: config.spin,
             }) {
                 Ok(engine) => Some(engine),
                 Err(e) if config.uring_required => return Err(e),
