@@ -339,10 +339,7 @@ impl FrameEngine {
     ) -> SendResult {
         let mut head = [0u8; MAX_HEADER];
         head[..header.len()].copy_from_slice(header);
-        let id = {
-            let mut st = lock(&self.state);
-            let id = st.next_id;
-            st.next_id += 1;
+        let id = self.queue(|st, id| {
             st.queued.sends.push(SendRequest {
                 id,
                 link,
@@ -353,21 +350,14 @@ impl FrameEngine {
                     len: payload.len(),
                 },
                 sent: 0,
-            });
-            self.poke_if_driving(&st);
-            id
-        };
+            })
+        });
         let mut stalled = false;
         loop {
-            let seen = {
-                let mut st = lock(&self.state);
-                if let Some(i) = st.done.iter().position(|(d, _)| *d == id) {
-                    return match st.done.swap_remove(i).1 {
-                        Outcome::Sent(result) => result,
-                        _ => Err("the engine mixed up its work".into()),
-                    };
-                }
-                st.generation
+            let seen = match self.take_done(id) {
+                Ok(Outcome::Sent(result)) => return result,
+                Ok(_) => return Err("the engine mixed up its work".into()),
+                Err(generation) => generation,
             };
             let now = Instant::now();
             let until = if stalled {
@@ -399,33 +389,26 @@ impl FrameEngine {
         sink: &dyn FrameSink,
         stop: &mut dyn FnMut() -> Option<S>,
     ) -> Placement<S> {
-        let id = {
-            let mut st = lock(&self.state);
-            let id = st.next_id;
-            st.next_id += 1;
+        let id = self.queue(|st, id| {
             st.queued.placements.push(PlaceRequest {
                 id,
                 link,
                 key,
                 ptr: dest.as_mut_ptr(),
                 len: dest.len(),
-            });
-            self.poke_if_driving(&st);
-            id
-        };
+            })
+        });
         let mut stopped = None;
         loop {
-            let seen = {
-                let mut st = lock(&self.state);
-                if let Some(i) = st.done.iter().position(|(d, _)| *d == id) {
-                    return match (st.done.swap_remove(i).1, stopped) {
-                        (Outcome::Placed(head), _) => Placement::Placed(head),
-                        (_, Some(s)) => Placement::Stopped(s),
-                        (Outcome::Failed(reason), None) => Placement::Failed(reason),
-                        (_, None) => Placement::Failed("the engine mixed up its work".into()),
-                    };
+            let seen = match (self.take_done(id), stopped) {
+                (Ok(Outcome::Placed(head)), _) => return Placement::Placed(head),
+                (Ok(_), Some(s)) => return Placement::Stopped(s),
+                (Ok(Outcome::Failed(reason)), None) => return Placement::Failed(reason),
+                (Ok(_), None) => return Placement::Failed("the engine mixed up its work".into()),
+                (Err(generation), s) => {
+                    stopped = s;
+                    generation
                 }
-                st.generation
             };
             if stopped.is_none() {
                 if let Some(s) = stop() {
@@ -442,6 +425,27 @@ impl FrameEngine {
                 until
             };
             self.progress(seen, until, sink);
+        }
+    }
+
+    /// Queues work under a fresh id (`push` adds it to the queue) and wakes
+    /// the driver if one sleeps.
+    fn queue(&self, push: impl FnOnce(&mut State, u64)) -> u64 {
+        let mut st = lock(&self.state);
+        let id = st.next_id;
+        st.next_id += 1;
+        push(&mut st, id);
+        self.poke_if_driving(&st);
+        id
+    }
+
+    /// The outcome of work `id` if it is done, else the generation to wait
+    /// past (read under the same lock, so no wake-up is lost).
+    fn take_done(&self, id: u64) -> Result<Outcome, u64> {
+        let mut st = lock(&self.state);
+        match st.done.iter().position(|(d, _)| *d == id) {
+            Some(i) => Ok(st.done.swap_remove(i).1),
+            None => Err(st.generation),
         }
     }
 

@@ -94,16 +94,7 @@ fn two_threads_share_each_engine_sending_and_receiving_at_once() {
         threads.push(std::thread::spawn(move || {
             for i in 0..n {
                 let p = payload(i);
-                let far = Instant::now() + Duration::from_secs(30);
-                e2.send(
-                    link,
-                    &(p.len() as u64).to_le_bytes(),
-                    &p,
-                    far,
-                    &mut || {},
-                    &*sink2,
-                )
-                .unwrap();
+                send_one(&e2, link, &p, &*sink2);
             }
         }));
         let (e2, sink2) = (e.clone(), sink.clone());
@@ -136,16 +127,7 @@ fn one_driver_sees_every_frame_in_order() {
         let sink = Sink::default();
         for i in 0..n {
             let p = payload(i);
-            let far = Instant::now() + Duration::from_secs(30);
-            eb2.send(
-                0,
-                &(p.len() as u64).to_le_bytes(),
-                &p,
-                far,
-                &mut || {},
-                &sink,
-            )
-            .unwrap();
+            send_one(&eb2, 0, &p, &sink);
         }
     });
     let sink = Sink::default();
@@ -239,16 +221,7 @@ fn zero_copy_is_probed_once_per_link_and_dropped_where_the_kernel_copies() {
         let sink = Sink::default();
         for i in 0..n {
             let p = payload(i * 5 + 4); // 1 MiB each
-            let far = Instant::now() + Duration::from_secs(30);
-            ea2.send(
-                0,
-                &(p.len() as u64).to_le_bytes(),
-                &p,
-                far,
-                &mut || {},
-                &sink,
-            )
-            .unwrap();
+            send_one(&ea2, 0, &p, &sink);
         }
     });
     let sink = Sink::default();
@@ -272,16 +245,7 @@ fn a_socket_that_refuses_zero_copy_falls_back_to_plain_sends() {
     let t = std::thread::spawn(move || {
         let sink = Sink::default();
         let p = payload(4);
-        let far = Instant::now() + Duration::from_secs(30);
-        ea2.send(
-            0,
-            &(p.len() as u64).to_le_bytes(),
-            &p,
-            far,
-            &mut || {},
-            &sink,
-        )
-        .unwrap();
+        send_one(&ea2, 0, &p, &sink);
     });
     let sink = Sink::default();
     wait_for(&eb, &sink, |s| lock(&s.frames).len() == 1);
@@ -290,15 +254,17 @@ fn a_socket_that_refuses_zero_copy_falls_back_to_plain_sends() {
     assert_eq!(ea.zero_copy_links(), vec![(0, false)]);
 }
 
-fn send_one(e: &FrameEngine, p: &[u8]) {
+/// Sends `p` on `link` as one frame, waiting until the kernel has it.
+/// `sink` takes the frames that arrive while this thread drives.
+fn send_one(e: &FrameEngine, link: usize, p: &[u8], sink: &dyn FrameSink) {
     let far = Instant::now() + Duration::from_secs(30);
     e.send(
-        0,
+        link,
         &(p.len() as u64).to_le_bytes(),
         p,
         far,
         &mut || {},
-        &Sink::default(),
+        sink,
     )
     .unwrap();
 }
@@ -318,7 +284,7 @@ fn frames_are_received_in_place_when_a_caller_waits_for_them() {
         let sent = p.clone();
         let t = std::thread::spawn(move || {
             std::thread::sleep(Duration::from_millis(20));
-            send_one(&ea2, &sent);
+            send_one(&ea2, 0, &sent, &Sink::default());
         });
         let mut dest = vec![0u8; p.len()];
         let far = Instant::now() + Duration::from_secs(30);
@@ -348,7 +314,7 @@ fn a_frame_that_came_first_goes_to_the_sink_and_the_caller_stops() {
     eb.add_link(0, b.into());
     let sink = Sink::default();
     let p = payload(3); // larger than staging, smaller than the socket buffer
-    send_one(&ea, &p);
+    send_one(&ea, 0, &p, &sink);
     wait_for(&eb, &sink, |s| lock(&s.frames).len() == 1);
     let mut dest = vec![0u8; p.len()];
     let far = Instant::now() + Duration::from_secs(30);
@@ -366,7 +332,7 @@ fn a_frame_that_came_first_goes_to_the_sink_and_the_caller_stops() {
         "nothing may be written after a stop"
     );
     // A later frame with the same key is not placed (the request is gone).
-    send_one(&ea, &p);
+    send_one(&ea, 0, &p, &sink);
     wait_for(&eb, &sink, |s| lock(&s.frames).len() == 2);
 }
 
