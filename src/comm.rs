@@ -11,19 +11,19 @@ use crate::buffer::{Buffer, CollectiveBuffer};
 use crate::config::Tunables;
 use crate::error::{Error, OpContext};
 use crate::exec::{self, OpSignature, Traffic};
-use crate::pending::{PendingCollective, pending};
+use crate::pending::{PendingCollective, pending_in};
 use crate::recorder::{FlightRecorder, OpRecord};
 use crate::rendezvous::World;
+use crate::runner::{Help, Runner};
 use crate::stats::{Stats, StatsRecorder};
 use crate::wire::OpKind;
 use crate::{Element, ReduceOp};
 use std::collections::HashMap;
-use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-type Job = Box<dyn FnOnce(&Executor) + Send>;
+type Job = crate::runner::Job<Executor>;
 
 /// What the executor thread owns.
 struct Executor {
@@ -39,7 +39,6 @@ struct Executor {
 }
 
 struct Queue {
-    sender: Option<mpsc::Sender<Job>>,
     next_seq: u64,
     /// Point-to-point sequence numbers per (peer, is_send).
     p2p_seq: HashMap<(usize, bool), u64>,
@@ -53,6 +52,7 @@ struct Inner {
     members: Arc<Vec<usize>>,
     tunables: Tunables,
     queue: Mutex<Queue>,
+    runner: Arc<Runner<Executor>>,
     failed: Arc<Mutex<Option<String>>>,
     stats: Arc<StatsRecorder>,
     recorder: Arc<FlightRecorder>,
@@ -65,10 +65,16 @@ impl Drop for Inner {
         // Closing the queue lets the executor finish what was submitted (each
         // op bounded by its timeout) and exit; joining it means no thread
         // outlives the communicator.
-        lock(&self.queue).sender = None;
+        self.runner.close();
         if let Some(handle) = lock(&self.executor).take() {
             let _ = handle.join();
         }
+    }
+}
+
+impl crate::runner::Context for Executor {
+    fn idle(&self) {
+        self.world.transport.release();
     }
 }
 
@@ -157,8 +163,7 @@ impl Communicator {
         let failed = Arc::new(Mutex::new(None));
         let stats = Arc::new(StatsRecorder::default());
         let recorder = Arc::new(FlightRecorder::new(tunables.flight_recorder_ops));
-        let (sender, receiver) = mpsc::channel::<Job>();
-        let executor = Executor {
+        let runner = Arc::new(Runner::new(Executor {
             world: world.clone(),
             rank,
             comm_id,
@@ -168,14 +173,12 @@ impl Communicator {
             stats: stats.clone(),
             recorder: recorder.clone(),
             size: members.len(),
-        };
+        }));
+        let spin = tunables.spin;
+        let executor = runner.clone();
         let handle = std::thread::Builder::new()
             .name(format!("ringwire-exec-{}", world.rank))
-            .spawn(move || {
-                for job in receiver {
-                    job(&executor);
-                }
-            })
+            .spawn(move || executor.executor_loop(spin))
             .map_err(|e| Error::io("starting the executor thread", e))?;
         let timeout = tunables.timeout;
         Ok(Communicator {
@@ -186,8 +189,8 @@ impl Communicator {
                 comm_id,
                 members,
                 tunables,
+                runner,
                 queue: Mutex::new(Queue {
-                    sender: Some(sender),
                     next_seq: 0,
                     p2p_seq: HashMap::new(),
                 }),
@@ -288,7 +291,8 @@ impl Communicator {
         p2p: Option<(usize, bool)>,
         job: impl FnOnce(&mut Ctx<'_>) -> Result<R, Error> + Send + 'static,
     ) -> PendingCollective<R> {
-        let (handle, completer) = pending(plan.kind);
+        let helper: Arc<dyn Help> = self.inner.runner.clone();
+        let (handle, completer) = pending_in(plan.kind, self.inner.tunables.spin, Some(helper));
         let mut queue = lock(&self.inner.queue);
         let seq = match p2p {
             None => {
@@ -318,6 +322,8 @@ impl Communicator {
             plan.count * plan.dtype.size() as u64,
             peer,
         );
+        let urgent =
+            plan.count * plan.dtype.size() as u64 >= self.inner.tunables.small_message_bytes as u64;
         let task: Job = Box::new(move |ex: &Executor| {
             if let Some(first) = lock(&ex.state).clone() {
                 ex.recorder.ended(
@@ -406,14 +412,10 @@ impl Communicator {
             }
             completer.complete(result);
         });
-        match &queue.sender {
-            Some(sender) => {
-                if let Err(mpsc::SendError(task)) = sender.send(task) {
-                    drop(task);
-                }
-            }
-            None => drop(task),
-        }
+        // Large ops start on the executor at once; a small one is usually
+        // run by its waiter (see `runner`).
+        self.inner.runner.push(task, urgent);
+        drop(queue);
         handle
     }
 

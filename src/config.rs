@@ -77,7 +77,8 @@ pub(crate) struct Tunables {
     pub(crate) max_frame_bytes: u32,
     pub(crate) socket_buffer: Option<usize>,
     pub(crate) transport: TransportKind,
-    /// The uring plane polls this long before sleeping (RINGWIRE_SPIN_US).
+    /// Waiters poll this long before sleeping (RINGWIRE_SPIN_US): a caller
+    /// in `wait`, the executor between jobs, the uring plane for a frame.
     pub(crate) spin: Duration,
     pub(crate) heartbeat_timeout: Duration,
     pub(crate) debug_checks: bool,
@@ -93,6 +94,12 @@ pub const DEFAULT_CHUNK_BYTES: usize = 1 << 20;
 /// at or above it the ring (bandwidth-bound); broadcast switches from the
 /// tree to the pipelined chain at the same size.
 pub const DEFAULT_SMALL_MESSAGE_BYTES: usize = 64 << 10;
+
+/// How long a waiting thread polls (yielding its core between polls)
+/// before it sleeps: long enough to cover a small op's round trip between
+/// local ranks, so a steady stream of small ops runs without a sleep and a
+/// wake-up per frame (decision 0008).
+pub const DEFAULT_SPIN: Duration = Duration::from_micros(50);
 
 /// A link silent this long (no data, no heartbeat) is declared dead.
 pub const DEFAULT_HEARTBEAT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -180,7 +187,8 @@ impl Overrides {
                 None => TransportKind::Auto,
             },
         };
-        let spin = Duration::from_micros(env_number(lookup, "RINGWIRE_SPIN_US")?.unwrap_or(0));
+        let spin =
+            env_number(lookup, "RINGWIRE_SPIN_US")?.map_or(DEFAULT_SPIN, Duration::from_micros);
         let heartbeat_timeout = match self.heartbeat_timeout {
             Some(t) => t,
             None => env_seconds(lookup, "RINGWIRE_HEARTBEAT_TIMEOUT")?
@@ -238,6 +246,7 @@ mod tests {
         assert_eq!(t.connect_timeout, Duration::from_millis(2500));
         assert_eq!(t.small_message_bytes, 4096);
         assert_eq!(t.chunk_bytes, DEFAULT_CHUNK_BYTES);
+        assert_eq!(t.spin, DEFAULT_SPIN);
         let o = Overrides {
             small_message_bytes: Some(10),
             ..Overrides::default()

@@ -11,9 +11,12 @@
 //! nothing leaks, and nothing waits for the handle.
 
 use crate::error::Error;
+use crate::runner::Help;
 use crate::wire::OpKind;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::AtomicUsize;
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
@@ -27,6 +30,10 @@ enum Slot<R> {
 struct Shared<R> {
     slot: Mutex<Slot<R>>,
     done: Condvar,
+    /// Threads asleep on `done`; changed and read under `slot`'s lock.
+    sleepers: AtomicUsize,
+    /// How long `wait` polls before it sleeps.
+    spin: Duration,
 }
 
 impl<R> Shared<R> {
@@ -63,14 +70,17 @@ impl<R> Drop for Completer<R> {
 }
 
 fn fill<R>(shared: &Shared<R>, result: Result<R, Error>) {
-    let waker = {
+    let (waker, sleepers) = {
         let mut slot = shared.lock();
-        match std::mem::replace(&mut *slot, Slot::Done(result)) {
+        let waker = match std::mem::replace(&mut *slot, Slot::Done(result)) {
             Slot::Running(waker) => waker,
             _ => None,
-        }
+        };
+        (waker, shared.sleepers.load(Relaxed))
     };
-    shared.done.notify_all();
+    if sleepers > 0 {
+        shared.done.notify_all();
+    }
     if let Some(w) = waker {
         w.wake();
     }
@@ -84,6 +94,8 @@ fn fill<R>(shared: &Shared<R>, result: Result<R, Error>) {
 #[must_use = "a collective runs anyway, but its result (and buffer) is lost unless awaited"]
 pub struct PendingCollective<R> {
     shared: Arc<Shared<R>>,
+    /// The queue the op waits in, so `wait` can run it (see `runner`).
+    helper: Option<Arc<dyn Help>>,
 }
 
 impl<R> std::fmt::Debug for PendingCollective<R> {
@@ -95,13 +107,26 @@ impl<R> std::fmt::Debug for PendingCollective<R> {
 }
 
 pub(crate) fn pending<R>(op: OpKind) -> (PendingCollective<R>, Completer<R>) {
+    pending_in(op, Duration::ZERO, None)
+}
+
+/// A handle for an op queued in `helper`, whose `wait` runs queued jobs
+/// while nobody else does and polls for `spin` before it sleeps.
+pub(crate) fn pending_in<R>(
+    op: OpKind,
+    spin: Duration,
+    helper: Option<Arc<dyn Help>>,
+) -> (PendingCollective<R>, Completer<R>) {
     let shared = Arc::new(Shared {
         slot: Mutex::new(Slot::Running(None)),
         done: Condvar::new(),
+        sleepers: Default::default(),
+        spin,
     });
     (
         PendingCollective {
             shared: shared.clone(),
+            helper,
         },
         Completer {
             shared: Some(shared),
@@ -120,12 +145,25 @@ impl<R> PendingCollective<R> {
 
     /// True once the result is available (`wait` will not block).
     pub fn is_completed(&self) -> bool {
-        !matches!(*self.shared.lock(), Slot::Running(_))
+        let done = self.done();
+        if !done {
+            self.kick();
+        }
+        done
+    }
+
+    /// Makes sure the executor runs the op soon, for callers that poll
+    /// instead of waiting.
+    fn kick(&self) {
+        if let Some(helper) = &self.helper {
+            helper.kick();
+        }
     }
 
     /// Blocks the calling thread until the collective ends. The collective's
     /// own timeout bounds the wait.
     pub fn wait(self) -> Result<R, Error> {
+        self.help_then_poll(self.shared.spin);
         let mut slot = self.shared.lock();
         loop {
             match std::mem::replace(&mut *slot, Slot::Taken) {
@@ -133,19 +171,49 @@ impl<R> PendingCollective<R> {
                 Slot::Taken => return Err(Error::ResultTaken),
                 running @ Slot::Running(_) => {
                     *slot = running;
+                    self.shared.sleepers.fetch_add(1, Relaxed);
                     slot = self
                         .shared
                         .done
                         .wait(slot)
                         .unwrap_or_else(|e| e.into_inner());
+                    self.shared.sleepers.fetch_sub(1, Relaxed);
                 }
             }
         }
     }
 
+    /// Runs queued jobs of the op's communicator on this thread while none
+    /// runs elsewhere (this op's and any before it), then polls for the
+    /// `spin`; returns when the op is done or sleeping is all that is left.
+    /// See `runner` for why.
+    fn help_then_poll(&self, spin: Duration) {
+        let Some(helper) = &self.helper else {
+            return;
+        };
+        let mut helped = false;
+        let mut progress = || {
+            while !self.done() && helper.help() {
+                helped = true;
+            }
+            self.done().then_some(())
+        };
+        if progress().is_none() {
+            crate::spin::poll_for(spin, &mut progress);
+        }
+        if helped {
+            helper.done_helping();
+        }
+    }
+
+    fn done(&self) -> bool {
+        !matches!(*self.shared.lock(), Slot::Running(_))
+    }
+
     /// Waits at most `timeout`; `None` if the collective is still running (the
     /// handle stays usable), `Some(result)` once it ended.
     pub fn wait_timeout(&mut self, timeout: Duration) -> Option<Result<R, Error>> {
+        self.help_then_poll(self.shared.spin.min(timeout));
         let deadline = Instant::now() + timeout;
         let mut slot = self.shared.lock();
         loop {
@@ -158,12 +226,14 @@ impl<R> PendingCollective<R> {
                     if now >= deadline {
                         return None;
                     }
+                    self.shared.sleepers.fetch_add(1, Relaxed);
                     slot = self
                         .shared
                         .done
                         .wait_timeout(slot, deadline - now)
                         .unwrap_or_else(|e| e.into_inner())
                         .0;
+                    self.shared.sleepers.fetch_sub(1, Relaxed);
                 }
             }
         }
@@ -180,6 +250,8 @@ impl<R> Future for PendingCollective<R> {
             Slot::Taken => Poll::Ready(Err(Error::ResultTaken)),
             Slot::Running(_) => {
                 *slot = Slot::Running(Some(cx.waker().clone()));
+                drop(slot);
+                self.kick();
                 Poll::Pending
             }
         }

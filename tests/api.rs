@@ -163,6 +163,33 @@ fn dropped_pending_neither_leaks_nor_desyncs() {
 }
 
 #[test]
+fn small_ops_nobody_blocks_on_still_run() {
+    // A blocked waiter runs small ops itself; these never block: rank 0
+    // only polls `is_completed`, rank 1 drops its handles and then only
+    // watches the stats, so the executor must start every op on its own.
+    let (_store, comms) = local_group(2, |b| b);
+    on_all(&comms, |c| {
+        let until = Instant::now() + Duration::from_secs(60);
+        for i in 0..20 {
+            let op = c.all_reduce(vec![i as f32; 4], ReduceOp::Sum);
+            if c.rank() == 0 {
+                while !op.is_completed() {
+                    assert!(Instant::now() < until, "op {i} never ran");
+                    std::thread::yield_now();
+                }
+                assert_eq!(op.wait().unwrap(), vec![2.0 * i as f32; 4]);
+            } else {
+                drop(op);
+                while c.stats().ops < i + 1 {
+                    assert!(Instant::now() < until, "op {i} never ran");
+                    std::thread::sleep(Duration::from_micros(100));
+                }
+            }
+        }
+    });
+}
+
+#[test]
 fn bad_arguments_fail_at_once_with_the_op_named() {
     let (_store, comms) = local_group(1, |b| b);
     let c = &comms[0];

@@ -85,4 +85,8 @@ pub(crate) trait Transport: Send + Sync {
     fn listen_addr(&self) -> std::net::SocketAddr;
     /// A short name for logs (`portable`, `uring`).
     fn name(&self) -> &'static str;
+    /// The calling thread stops waiting on the transport for now (its ops
+    /// are done): it must leave no kernel work behind that would later run
+    /// in it (the uring plane withdraws the receives its turns posted).
+    fn release(&self) {}
 }

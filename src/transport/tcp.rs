@@ -390,6 +390,7 @@ impl Shared {
     fn wait_forwarded(&self, comm_id: u64, limit: Duration) {
         if let Some(engine) = &self.engine {
             engine.flush(Instant::now() + limit, self);
+            engine.release(self);
         }
         let Some(flag) = lock(&self.aborted)
             .get(&comm_id)
@@ -1045,6 +1046,7 @@ fn heartbeat_loop(s: &Arc<Shared>) {
         // executor is driving the engine already.
         if let Some(engine) = &s.engine {
             engine.tick(&**s);
+            engine.release(&**s);
         }
     }
 }
@@ -1407,6 +1409,12 @@ impl Transport for TcpTransport {
             "uring"
         } else {
             "portable"
+        }
+    }
+
+    fn release(&self) {
+        if let Some(engine) = &self.shared.engine {
+            engine.release(&*self.shared);
         }
     }
 }

@@ -21,6 +21,7 @@ use nix::sys::socket::{Shutdown, shutdown};
 use std::collections::VecDeque;
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
+use std::thread::ThreadId;
 use std::time::{Duration, Instant};
 
 // SAFETY: a `SendRequest` is plain data except for `Body::Borrowed`'s
@@ -90,10 +91,14 @@ struct LinkIo {
     end: usize,
     rx: Rx,
     recv_in_flight: bool,
+    /// The thread whose turn posted the receive in flight: the kernel runs
+    /// its completion work in that thread.
+    recv_owner: Option<ThreadId>,
     queue: VecDeque<SendRequest>,
     /// The send being written; it stays here (not moved) while in flight.
     sending: Option<SendRequest>,
     send_in_flight: bool,
+    send_owner: Option<ThreadId>,
     msg: Box<libc::msghdr>,
     iov: Box<[libc::iovec; 2]>,
     /// Set once the link failed; later sends fail with it at once.
@@ -158,6 +163,9 @@ pub(crate) struct Driver {
     wake_fd: RawFd,
     wake_word: Box<u64>,
     wake_in_flight: bool,
+    wake_owner: Option<ThreadId>,
+    /// The thread driving the current turn.
+    me: Option<ThreadId>,
     /// Entries submitted whose completion has not been taken.
     in_flight: usize,
     completions: Vec<(u64, i32, u32)>,
@@ -214,6 +222,8 @@ impl Driver {
             wake_fd: wake.as_fd().as_raw_fd(),
             wake_word: Box::new(0),
             wake_in_flight: false,
+            wake_owner: None,
+            me: None,
             in_flight: 0,
             completions: Vec::with_capacity(entries as usize * 2),
             touched: Vec::new(),
@@ -241,6 +251,7 @@ impl Driver {
     /// up to `wait` for at least one completion, and handle every
     /// completion there is. Finished sends go to `self.finished`.
     pub(crate) fn turn(&mut self, queued: &mut Queued, wait: Duration, sink: &dyn FrameSink) {
+        self.me = Some(std::thread::current().id());
         let mut finished = std::mem::take(&mut self.finished);
         self.turn_inner(queued, wait, sink, &mut finished);
         self.finished = finished;
@@ -327,6 +338,63 @@ impl Driver {
         self.fail_dead_work(finished);
     }
 
+    /// Withdraws every entry this thread's turns put in flight (receives,
+    /// plain sends, the eventfd read) and waits, at most a second, until the
+    /// kernel has finished them. Nothing is posted again: the next turn of
+    /// whichever thread drives does that. Bytes a cancelled entry had moved
+    /// are accounted as usual (see `received`), so no frame is torn.
+    ///
+    /// Why: the kernel runs an entry's completion work in the thread that
+    /// submitted it, interrupting that thread's own timed system calls
+    /// (EINTR) or, while it runs user code, leaving the completion until its
+    /// next kernel entry. A thread that stops waiting on the engine (a
+    /// caller whose op is done, an idle executor) must leave nothing behind.
+    pub(crate) fn release(&mut self, sink: &dyn FrameSink) {
+        let me = Some(std::thread::current().id());
+        self.me = me;
+        let mut finished = std::mem::take(&mut self.finished);
+        let mut cancels = Vec::new();
+        for (link, l) in self.links.iter().enumerate() {
+            let Some(l) = l else { continue };
+            if l.recv_in_flight && l.recv_owner == me {
+                cancels.push(tag(RECV, link));
+            }
+            // A SEND_ZC is left alone: its notification must still come.
+            if l.send_in_flight
+                && l.send_owner == me
+                && matches!(l.zero_copy, ZeroCopy::Untried | ZeroCopy::Off)
+            {
+                cancels.push(tag(SEND, link));
+            }
+        }
+        if self.wake_in_flight && self.wake_owner == me {
+            cancels.push(tag(WAKE, 0));
+        }
+        let mine = |d: &Driver, what: u64| {
+            let link = (what >> 8) as usize;
+            match what & 0xff {
+                WAKE => d.wake_in_flight && d.wake_owner == me,
+                RECV => d.links[link].as_ref().is_some_and(|l| l.recv_in_flight),
+                _ => d.links[link].as_ref().is_some_and(|l| l.send_in_flight),
+            }
+        };
+        for &what in &cancels {
+            let cancel = opcode::AsyncCancel::new(what)
+                .build()
+                .user_data(tag(CANCEL, 0));
+            // SAFETY: a cancel names no memory.
+            let _ = unsafe { self.push(&cancel) };
+        }
+        let deadline = Instant::now() + Duration::from_secs(1);
+        while cancels.iter().any(|&what| mine(self, what)) && Instant::now() < deadline {
+            self.enter(Duration::from_millis(10));
+            self.reap(sink, &mut finished);
+            self.touched.clear();
+        }
+        self.fail_dead_work(&mut finished);
+        self.finished = finished;
+    }
+
     fn post_wake(&mut self) {
         if self.wake_in_flight {
             return;
@@ -344,6 +412,7 @@ impl Driver {
         // `FrameEngine`).
         if unsafe { self.push(&entry) } {
             self.wake_in_flight = true;
+            self.wake_owner = self.me;
         }
     }
 
@@ -358,7 +427,7 @@ impl Driver {
             let start = Instant::now();
             let _ = self.ring.submit();
             while !ready && start.elapsed() < self.spin.min(wait) {
-                std::hint::spin_loop();
+                std::thread::yield_now();
                 let _ = self.ring.submit();
                 ready = !self.ring.completion().is_empty();
             }
@@ -418,9 +487,11 @@ impl Driver {
             end: 0,
             rx: Rx::Staging,
             recv_in_flight: false,
+            recv_owner: None,
             queue: VecDeque::new(),
             sending: None,
             send_in_flight: false,
+            send_owner: None,
             // SAFETY: `msghdr` is plain old data; all-zero is its empty value.
             msg: Box::new(unsafe { std::mem::zeroed() }),
             iov: Box::new(
@@ -524,10 +595,9 @@ impl Driver {
             // whose caller stays in `FrameEngine::receive_in_place` until
             // the engine reports the placement finished (see `PlaceRequest`).
             if unsafe { self.push(&entry) } {
-                self.links[link]
-                    .as_mut()
-                    .expect("link present")
-                    .recv_in_flight = true;
+                let l = self.links[link].as_mut().expect("link present");
+                l.recv_in_flight = true;
+                l.recv_owner = self.me;
             }
         }
         if let Some(entry) = send {
@@ -536,10 +606,9 @@ impl Driver {
             // the completion is taken; its bytes are owned by the request or
             // borrowed from a caller parked until then (see `SendRequest`).
             if unsafe { self.push(&entry) } {
-                self.links[link]
-                    .as_mut()
-                    .expect("link present")
-                    .send_in_flight = true;
+                let l = self.links[link].as_mut().expect("link present");
+                l.send_in_flight = true;
+                l.send_owner = self.me;
             }
         }
     }

@@ -171,6 +171,9 @@ struct State {
     done: Vec<(u64, Outcome)>,
     /// Owned (control) sends not yet finished.
     owned_pending: usize,
+    /// Threads asleep on `turn_ended` (a notify with none is a wasted
+    /// system call, and turns end several times per op).
+    sleepers: usize,
 }
 
 /// The engine: one ring, its links, and the turn-taking between the threads
@@ -208,6 +211,7 @@ impl FrameEngine {
                 queued: Queued::default(),
                 done: Vec::new(),
                 owned_pending: 0,
+                sleepers: 0,
             }),
             turn_ended: Condvar::new(),
             driver: Mutex::new(driver),
@@ -256,7 +260,25 @@ impl FrameEngine {
         let mut st = lock(&self.state);
         st.generation += 1;
         self.poke_if_driving(&st);
-        self.turn_ended.notify_all();
+        self.wake_sleepers(st);
+    }
+
+    /// Sleeps until a turn ends (or `wait` passes).
+    fn sleep(&self, mut st: MutexGuard<'_, State>, wait: Duration) {
+        st.sleepers += 1;
+        let mut st = self
+            .turn_ended
+            .wait_timeout(st, wait)
+            .map_or_else(|e| e.into_inner().0, |r| r.0);
+        st.sleepers -= 1;
+    }
+
+    fn wake_sleepers(&self, st: MutexGuard<'_, State>) {
+        let any = st.sleepers > 0;
+        drop(st);
+        if any {
+            self.turn_ended.notify_all();
+        }
     }
 
     fn poke_if_driving(&self, st: &State) {
@@ -280,7 +302,7 @@ impl FrameEngine {
             let wait = until
                 .saturating_duration_since(Instant::now())
                 .min(MAX_TURN);
-            let _ = self.turn_ended.wait_timeout(st, wait);
+            self.sleep(st, wait);
             return;
         }
         let wait = until
@@ -299,16 +321,40 @@ impl FrameEngine {
         }
     }
 
+    /// Withdraws what the calling thread's turns left in flight, so the
+    /// kernel never runs completion work in it once it returns to code that
+    /// is not ringwire's (see `Driver::release`). Call it when a thread
+    /// stops waiting on the engine. Waits for another driver's turn to end.
+    pub fn release(&self, sink: &dyn FrameSink) {
+        loop {
+            let st = lock(&self.state);
+            if !st.driving {
+                self.drive(st, |driver| driver.release(sink));
+                return;
+            }
+            self.poke_if_driving(&st);
+            self.sleep(st, MAX_TURN);
+        }
+    }
+
     /// One driver turn; `st` must show nobody driving. Queues are swapped,
     /// not re-made, so a steady stream of sends allocates nothing.
-    fn turn(&self, mut st: MutexGuard<'_, State>, wait: Duration, sink: &dyn FrameSink) {
+    fn turn(&self, st: MutexGuard<'_, State>, wait: Duration, sink: &dyn FrameSink) {
+        self.drive(st, |driver| {
+            let mut work = std::mem::take(&mut driver.spare);
+            std::mem::swap(&mut work, &mut lock(&self.state).queued);
+            driver.turn(&mut work, wait, sink);
+            driver.spare = work;
+        });
+    }
+
+    /// Runs `f` with the driver (`st` must show nobody driving), then hands
+    /// out what finished and ends the turn.
+    fn drive(&self, mut st: MutexGuard<'_, State>, f: impl FnOnce(&mut Driver)) {
         st.driving = true;
         drop(st);
         let mut driver = lock(&self.driver);
-        let mut work = std::mem::take(&mut driver.spare);
-        std::mem::swap(&mut work, &mut lock(&self.state).queued);
-        driver.turn(&mut work, wait, sink);
-        driver.spare = work;
+        f(&mut driver);
         let mut st = lock(&self.state);
         for (id, outcome) in driver.finished.drain(..) {
             match id {
@@ -318,9 +364,8 @@ impl FrameEngine {
         }
         st.driving = false;
         st.generation += 1;
-        drop(st);
         drop(driver);
-        self.turn_ended.notify_all();
+        self.wake_sleepers(st);
     }
 
     /// Sends one frame (`header` then `payload`) on `link` and returns when

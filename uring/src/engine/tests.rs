@@ -363,3 +363,95 @@ fn a_link_that_dies_fails_a_waiting_placement() {
     closer.join().unwrap();
     assert!(matches!(got, Placement::Failed(_)), "{got:?}");
 }
+
+/// What a timed blocking read on an unrelated socket returns in a thread
+/// that drove the engine (posting the link's receive) and then, if
+/// `release`, released it, while a frame arrives on the link.
+fn timed_read_after_driving(release: bool) -> std::io::ErrorKind {
+    use std::io::{Read, Write};
+    let (a, mut b) = UnixStream::pair().unwrap();
+    let e = Arc::new(engine(1));
+    let sink = Arc::new(Sink::default());
+    e.add_link(0, a.into());
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+    let thread = {
+        let (e, sink) = (e.clone(), sink.clone());
+        std::thread::spawn(move || {
+            e.tick(&*sink); // this thread's turn posts the link's receive
+            if release {
+                e.release(&*sink);
+            }
+            let (mut c, _d) = UnixStream::pair().unwrap();
+            c.set_read_timeout(Some(Duration::from_millis(300)))
+                .unwrap();
+            ready_tx.send(()).unwrap();
+            c.read(&mut [0u8; 1]).unwrap_err().kind()
+        })
+    };
+    ready_rx.recv().unwrap();
+    std::thread::sleep(Duration::from_millis(50));
+    let payload = [7u8; 10];
+    b.write_all(&(payload.len() as u64).to_le_bytes()).unwrap();
+    b.write_all(&payload).unwrap();
+    let kind = thread.join().unwrap();
+    // Whoever drives next takes the frame in.
+    wait_for(&e, &sink, |s| lock(&s.frames).len() == 1);
+    assert_eq!(lock(&sink.frames)[0].1, payload);
+    kind
+}
+
+#[test]
+fn a_released_thread_is_not_interrupted_by_later_completions() {
+    // The hazard: the kernel runs a receive's completion work in the thread
+    // that submitted it, waking it out of its own timed system calls.
+    assert_eq!(
+        timed_read_after_driving(false),
+        std::io::ErrorKind::Interrupted,
+        "control: without release the driving thread's read is interrupted"
+    );
+    // Released: the read times out as it would in any other thread.
+    assert!(matches!(
+        timed_read_after_driving(true),
+        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+    ));
+}
+
+#[test]
+fn release_keeps_a_partly_received_payload_whole() {
+    // A large payload arrives in pieces; the receiving thread releases
+    // after every short turn, so its receive, mid-payload, is cancelled
+    // with the count it had moved and posted again by the next turn.
+    use std::io::Write;
+    let (a, mut b) = UnixStream::pair().unwrap();
+    let e = Arc::new(engine(1));
+    let sink = Arc::new(Sink::default());
+    e.add_link(0, a.into());
+    let p = payload(4); // 1 MiB: received in place
+    let mut frame = (p.len() as u64).to_le_bytes().to_vec();
+    frame.extend_from_slice(&p);
+    let writer = std::thread::spawn(move || {
+        for piece in frame.chunks(100_000) {
+            b.write_all(piece).unwrap();
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        b
+    });
+    let until = Instant::now() + Duration::from_secs(30);
+    let mut turns = 0;
+    while lock(&sink.frames).is_empty() {
+        assert!(Instant::now() < until, "timed out");
+        e.progress(
+            e.generation(),
+            Instant::now() + Duration::from_millis(1),
+            &*sink,
+        );
+        e.release(&*sink);
+        turns += 1;
+    }
+    let _b = writer.join().unwrap();
+    assert!(turns > 1);
+    let frames = lock(&sink.frames);
+    assert_eq!(frames.len(), 1);
+    assert!(frames[0].1 == p, "the payload arrived torn");
+    assert!(lock(&sink.failed).is_empty());
+}

@@ -1,0 +1,369 @@
+//! The communicator's job queue, run in submission order by its executor
+//! thread or by a thread that waits for one of the jobs.
+//!
+//! Why waiters run jobs: a collective handed to another thread costs a
+//! wake-up to start it and one to report it done. For small messages those
+//! wake-ups are most of the op's time (decision 0008), so a thread blocked
+//! in `PendingCollective::wait` takes the oldest queued job itself when no
+//! job is running (one at a time, oldest first, so the op order every rank
+//! relies on is unchanged).
+//!
+//! Why small jobs do not wake the executor: the wake-up would be wasted when
+//! a waiter runs the job. While the communicator is busy the executor polls
+//! the queue every [`HOT_POLL`] instead, so a small op nobody waits for
+//! still starts within that time (overlap with compute keeps working), and
+//! a waiter that awaits (`.await`, `is_completed`) rather than blocks kicks
+//! the executor at once. Large jobs always wake it.
+
+use std::collections::VecDeque;
+use std::sync::{Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+/// A queued job; gets the shared context `C`.
+pub(crate) type Job<C> = Box<dyn FnOnce(&C) + Send>;
+
+/// How often a busy communicator's idle executor looks for jobs nobody
+/// woke it for.
+pub(crate) const HOT_POLL: Duration = Duration::from_millis(1);
+/// How long after the last job the executor keeps polling before it sleeps
+/// until woken.
+const HOT_WINDOW: Duration = Duration::from_millis(100);
+
+/// What jobs run with.
+pub(crate) trait Context: Send + Sync {
+    /// The calling thread stops running jobs for now.
+    fn idle(&self);
+}
+
+/// What the executor thread is doing, for whoever queues a job.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum ExecutorIs {
+    /// Running a job or about to look at the queue: needs no wake-up.
+    Busy,
+    /// In a timed wait: looks at the queue within [`HOT_POLL`].
+    Polling,
+    /// Asleep until woken.
+    Asleep,
+}
+
+struct Jobs<C> {
+    queue: VecDeque<Job<C>>,
+    /// A thread is running a job (at most one at a time).
+    running: bool,
+    /// No more jobs will come; the executor exits once the queue is empty.
+    closed: bool,
+    executor: ExecutorIs,
+    last_activity: Instant,
+}
+
+/// Jobs and the context they run with.
+pub(crate) struct Runner<C> {
+    jobs: Mutex<Jobs<C>>,
+    /// The executor sleeps on it.
+    wake_executor: Condvar,
+    context: C,
+}
+
+/// What a waiting handle needs from its runner, without its type.
+pub(crate) trait Help: Send + Sync {
+    /// Runs the oldest queued job on this thread if no job is running;
+    /// whether it ran one.
+    fn help(&self) -> bool;
+    /// The calling thread stops helping (after `help` ran something):
+    /// release what it holds and hand remaining jobs to the executor.
+    fn done_helping(&self);
+    /// Make sure the executor will run queued jobs soon (for waiters that
+    /// do not run jobs themselves).
+    fn kick(&self);
+}
+
+impl<C: Context> Runner<C> {
+    pub(crate) fn new(context: C) -> Runner<C> {
+        Runner {
+            jobs: Mutex::new(Jobs {
+                queue: VecDeque::new(),
+                running: false,
+                closed: false,
+                executor: ExecutorIs::Busy,
+                last_activity: Instant::now(),
+            }),
+            wake_executor: Condvar::new(),
+            context,
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Jobs<C>> {
+        self.jobs.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Queues `job`. `urgent` jobs wake the executor; others only if it
+    /// is not polling. False (and the job is dropped, which fails its
+    /// handle) once the runner is closed.
+    pub(crate) fn push(&self, job: Job<C>, urgent: bool) -> bool {
+        let mut jobs = self.lock();
+        if jobs.closed {
+            return false;
+        }
+        jobs.queue.push_back(job);
+        jobs.last_activity = Instant::now();
+        let wake = match jobs.executor {
+            ExecutorIs::Busy => false,
+            ExecutorIs::Polling => urgent,
+            ExecutorIs::Asleep => true,
+        };
+        drop(jobs);
+        if wake {
+            self.wake_executor.notify_one();
+        }
+        true
+    }
+
+    /// Lets the executor finish the queue and exit.
+    pub(crate) fn close(&self) {
+        self.lock().closed = true;
+        self.wake_executor.notify_one();
+    }
+
+    /// Takes the oldest job if none runs.
+    fn take(jobs: &mut Jobs<C>) -> Option<Job<C>> {
+        if jobs.running {
+            return None;
+        }
+        let job = jobs.queue.pop_front()?;
+        jobs.running = true;
+        Some(job)
+    }
+
+    fn run(&self, job: Job<C>) {
+        /// Frees the queue even if the job panics (on a waiter's thread
+        /// the panic reaches the waiter; the queue must not stay blocked).
+        struct Finish<'a, C: Context>(&'a Runner<C>);
+        impl<C: Context> Drop for Finish<'_, C> {
+            fn drop(&mut self) {
+                let mut jobs = self.0.lock();
+                jobs.running = false;
+                jobs.last_activity = Instant::now();
+                // A closing runner's executor waits for the last job.
+                let wake = jobs.closed && jobs.executor != ExecutorIs::Busy;
+                drop(jobs);
+                if wake {
+                    self.0.wake_executor.notify_one();
+                }
+            }
+        }
+        let _finish = Finish(self);
+        job(&self.context);
+    }
+
+    /// The executor thread's loop: runs jobs until closed and drained.
+    /// Polls for `spin` after each job before it sleeps.
+    pub(crate) fn executor_loop(&self, spin: Duration) {
+        let mut ran = false;
+        loop {
+            let job = match crate::spin::poll_for(spin, || Self::take(&mut self.lock())) {
+                Some(job) => job,
+                None => {
+                    if std::mem::take(&mut ran) {
+                        self.context.idle();
+                    }
+                    let mut jobs = self.lock();
+                    loop {
+                        if let Some(job) = Self::take(&mut jobs) {
+                            break job;
+                        }
+                        if jobs.closed && jobs.queue.is_empty() && !jobs.running {
+                            return;
+                        }
+                        let hot = jobs.last_activity.elapsed() < HOT_WINDOW;
+                        jobs.executor = if hot {
+                            ExecutorIs::Polling
+                        } else {
+                            ExecutorIs::Asleep
+                        };
+                        jobs = if hot {
+                            self.wake_executor
+                                .wait_timeout(jobs, HOT_POLL)
+                                .map_or_else(|e| e.into_inner().0, |r| r.0)
+                        } else {
+                            self.wake_executor
+                                .wait(jobs)
+                                .unwrap_or_else(|e| e.into_inner())
+                        };
+                        jobs.executor = ExecutorIs::Busy;
+                    }
+                }
+            };
+            self.run(job);
+            ran = true;
+        }
+    }
+}
+
+impl<C: Context> Help for Runner<C> {
+    fn help(&self) -> bool {
+        let job = Self::take(&mut self.lock());
+        match job {
+            Some(job) => {
+                self.run(job);
+                true
+            }
+            None => false,
+        }
+    }
+
+    fn done_helping(&self) {
+        self.context.idle();
+        self.kick();
+    }
+
+    fn kick(&self) {
+        let jobs = self.lock();
+        let waiting = !jobs.queue.is_empty() && !jobs.running && jobs.executor != ExecutorIs::Busy;
+        drop(jobs);
+        if waiting {
+            self.wake_executor.notify_one();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::thread::ThreadId;
+
+    #[derive(Default)]
+    struct Log {
+        ran: Mutex<Vec<(usize, ThreadId)>>,
+        idles: AtomicUsize,
+    }
+
+    impl Context for Log {
+        fn idle(&self) {
+            self.idles.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    fn job(i: usize) -> Job<Log> {
+        Box::new(move |log: &Log| {
+            log.ran
+                .lock()
+                .unwrap()
+                .push((i, std::thread::current().id()))
+        })
+    }
+
+    fn ran(runner: &Runner<Log>) -> Vec<usize> {
+        runner
+            .context
+            .ran
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|r| r.0)
+            .collect()
+    }
+
+    #[test]
+    fn a_waiter_runs_queued_jobs_oldest_first_on_its_own_thread() {
+        // No executor thread: only the helping caller can run them.
+        let runner = Runner::new(Log::default());
+        for i in 0..3 {
+            assert!(runner.push(job(i), false));
+        }
+        assert!(runner.help());
+        assert!(runner.help());
+        runner.done_helping();
+        assert_eq!(ran(&runner), [0, 1]);
+        let me = std::thread::current().id();
+        assert!(runner.context.ran.lock().unwrap().iter().all(|r| r.1 == me));
+        assert_eq!(runner.context.idles.load(Ordering::SeqCst), 1);
+        assert!(runner.help());
+        assert!(!runner.help(), "the queue is empty");
+        assert_eq!(ran(&runner), [0, 1, 2]);
+    }
+
+    #[test]
+    fn jobs_nobody_waits_for_run_on_the_executor_in_order() {
+        let runner = Arc::new(Runner::new(Log::default()));
+        let executor = {
+            let runner = runner.clone();
+            std::thread::spawn(move || runner.executor_loop(Duration::ZERO))
+        };
+        // Small jobs, some while the executor sleeps, some while it polls:
+        // none is waited for, all must run, in order, on the executor.
+        for i in 0..50 {
+            assert!(runner.push(job(i), false));
+            if i % 10 == 0 {
+                std::thread::sleep(Duration::from_millis(3));
+            }
+        }
+        // Without a close (which would wake it) or a waiter's kick.
+        let until = Instant::now() + Duration::from_secs(20);
+        while ran(&runner).len() < 50 && Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert_eq!(ran(&runner), (0..50).collect::<Vec<_>>());
+        runner.close();
+        executor.join().unwrap();
+        let me = std::thread::current().id();
+        assert!(runner.context.ran.lock().unwrap().iter().all(|r| r.1 != me));
+        assert!(runner.context.idles.load(Ordering::SeqCst) >= 1);
+        assert!(!runner.push(job(99), true), "a closed runner takes no jobs");
+    }
+
+    #[test]
+    fn waiters_and_the_executor_never_run_two_jobs_at_once() {
+        let running = Arc::new(AtomicUsize::new(0));
+        let runner = Arc::new(Runner::new(Log::default()));
+        let executor = {
+            let runner = runner.clone();
+            std::thread::spawn(move || runner.executor_loop(Duration::from_micros(20)))
+        };
+        let helpers: Vec<_> = (0..3)
+            .map(|_| {
+                let runner = runner.clone();
+                std::thread::spawn(move || {
+                    for _ in 0..200 {
+                        runner.help();
+                    }
+                    runner.done_helping();
+                })
+            })
+            .collect();
+        for i in 0..300 {
+            let running = running.clone();
+            let inner = job(i);
+            runner.push(
+                Box::new(move |log: &Log| {
+                    assert_eq!(
+                        running.fetch_add(1, Ordering::SeqCst),
+                        0,
+                        "two jobs at once"
+                    );
+                    inner(log);
+                    running.fetch_sub(1, Ordering::SeqCst);
+                }),
+                i % 7 == 0,
+            );
+        }
+        for h in helpers {
+            h.join().unwrap();
+        }
+        runner.close();
+        executor.join().unwrap();
+        assert_eq!(ran(&runner), (0..300).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn a_panicking_job_does_not_block_the_queue() {
+        let runner = Runner::new(Log::default());
+        runner.push(Box::new(|_: &Log| panic!("job failed")), false);
+        runner.push(job(1), false);
+        let caught = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| runner.help()));
+        assert!(caught.is_err());
+        assert!(runner.help(), "the next job still runs");
+        assert_eq!(ran(&runner), [1]);
+    }
+}
