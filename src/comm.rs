@@ -23,8 +23,6 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-type Job = crate::runner::Job<Executor>;
-
 /// What the executor thread owns.
 struct Executor {
     world: Arc<World>,
@@ -36,6 +34,9 @@ struct Executor {
     stats: Arc<StatsRecorder>,
     recorder: Arc<FlightRecorder>,
     size: usize,
+    /// The schedule of the op running now, kept between ops (one op runs
+    /// at a time per communicator).
+    steps: Mutex<Vec<Step>>,
 }
 
 struct Queue {
@@ -143,6 +144,151 @@ impl Ctx<'_> {
     fn chunk<T: Element>(&self) -> usize {
         (self.ex.tunables.chunk_bytes / size_of::<T>()).max(1)
     }
+
+    /// Builds the op's schedule (`build` gets an empty step list and the
+    /// chunk length) in the executor's reused list and runs it on `work`:
+    /// no allocation once the list has grown.
+    fn run_schedule<T: Element>(
+        &mut self,
+        work: &mut [T],
+        build: impl FnOnce(&mut Vec<Step>, usize),
+    ) -> Result<(), Error> {
+        let mut steps = std::mem::take(&mut *lock(&self.ex.steps));
+        steps.clear();
+        build(&mut steps, self.chunk::<T>());
+        let result = self.run(&steps, work);
+        *lock(&self.ex.steps) = steps;
+        result
+    }
+
+    fn rank_and_size(&self) -> (usize, usize) {
+        (self.ex.rank, self.ex.size)
+    }
+
+    fn small<T: Element>(&self, work: &[T]) -> bool {
+        size_of_val(work) < self.ex.tunables.small_message_bytes
+    }
+}
+
+// ---- op bodies over borrowed slices: shared by the queued (owned-buffer)
+// forms and the blocking slice forms run in place ----
+
+fn invalid(op: OpKind, detail: String) -> Error {
+    Error::InvalidArgument { op, detail }
+}
+
+fn all_reduce_body<T: Element>(
+    cx: &mut Ctx<'_>,
+    data: &mut [T],
+    op: ReduceOp,
+) -> Result<(), Error> {
+    let (rank, size) = cx.rank_and_size();
+    let (n, small) = (data.len(), cx.small(data));
+    cx.run_schedule(data, |steps, chunk| {
+        if small {
+            algo::all_reduce_doubling(steps, rank, size, n, chunk)
+        } else {
+            algo::all_reduce_ring(steps, rank, size, n, chunk)
+        }
+    })?;
+    if op == ReduceOp::Avg {
+        T::finish_avg(data, size);
+    }
+    Ok(())
+}
+
+fn broadcast_body<T: Element>(cx: &mut Ctx<'_>, data: &mut [T], root: usize) -> Result<(), Error> {
+    let (rank, size) = cx.rank_and_size();
+    let (n, small) = (data.len(), cx.small(data));
+    cx.run_schedule(data, |steps, chunk| {
+        if small {
+            algo::broadcast_tree(steps, rank, size, root, n, chunk)
+        } else {
+            algo::broadcast_chain(steps, rank, size, root, n, chunk)
+        }
+    })
+}
+
+fn reduce_body<T: Element>(
+    cx: &mut Ctx<'_>,
+    data: &mut [T],
+    root: usize,
+    op: ReduceOp,
+) -> Result<(), Error> {
+    let (rank, size) = cx.rank_and_size();
+    let n = data.len();
+    let build = |steps: &mut Vec<Step>, chunk| algo::reduce_tree(steps, rank, size, root, n, chunk);
+    if rank == root {
+        cx.run_schedule(data, build)?;
+        if op == ReduceOp::Avg {
+            T::finish_avg(data, size);
+        }
+    } else {
+        // Partial sums pass through; the caller's buffer comes back as it was.
+        cx.run_schedule(&mut data.to_vec(), build)?;
+    }
+    Ok(())
+}
+
+fn all_gather_body<T: Element>(
+    cx: &mut Ctx<'_>,
+    input: &[T],
+    output: &mut [T],
+) -> Result<(), Error> {
+    let (rank, size) = cx.rank_and_size();
+    let n = input.len();
+    output[rank * n..(rank + 1) * n].copy_from_slice(input);
+    cx.run_schedule(output, |steps, chunk| {
+        algo::all_gather_ring(steps, rank, size, n, chunk)
+    })
+}
+
+fn reduce_scatter_body<T: Element>(
+    cx: &mut Ctx<'_>,
+    input: &[T],
+    output: &mut [T],
+    op: ReduceOp,
+) -> Result<(), Error> {
+    let (rank, size) = cx.rank_and_size();
+    let n = input.len();
+    // The ring reduces in place: work on a copy so the input comes back as it was.
+    let mut work = input.to_vec();
+    cx.run_schedule(&mut work, |steps, chunk| {
+        algo::reduce_scatter_ring(steps, rank, size, n, chunk)
+    })?;
+    output.copy_from_slice(&work[algo::block(n, size, rank)]);
+    if op == ReduceOp::Avg {
+        T::finish_avg(output, size);
+    }
+    Ok(())
+}
+
+fn all_to_all_body<T: Element>(
+    cx: &mut Ctx<'_>,
+    input: &[T],
+    send_counts: &[usize],
+    output: &mut [T],
+    recv_counts: &[usize],
+) -> Result<(), Error> {
+    let rank = cx.ex.rank;
+    let (ins, outs) = (input.len(), output.len());
+    // One work buffer: the input, then the output (see `algo::all_to_all_v`).
+    let mut work = Vec::with_capacity(ins + outs);
+    work.extend_from_slice(input);
+    work.resize(ins + outs, T::default());
+    let own_in: usize = send_counts[..rank].iter().sum();
+    let own_out: usize = ins + recv_counts[..rank].iter().sum::<usize>();
+    work.copy_within(own_in..own_in + send_counts[rank], own_out);
+    cx.run_schedule(&mut work, |steps, chunk| {
+        algo::all_to_all_v(steps, rank, send_counts, recv_counts, chunk)
+    })?;
+    output.copy_from_slice(&work[ins..]);
+    Ok(())
+}
+
+fn barrier_body(cx: &mut Ctx<'_>) -> Result<(), Error> {
+    let (rank, size) = cx.rank_and_size();
+    cx.run_schedule::<u8>(&mut [], |steps, _| algo::barrier(steps, rank, size))
 }
 
 impl Communicator {
@@ -173,6 +319,7 @@ impl Communicator {
             stats: stats.clone(),
             recorder: recorder.clone(),
             size: members.len(),
+            steps: Mutex::new(Vec::new()),
         }));
         let spin = tunables.spin;
         let executor = runner.clone();
@@ -279,10 +426,6 @@ impl Communicator {
         lock(&self.inner.failed).clone()
     }
 
-    fn invalid<R>(&self, op: OpKind, detail: String) -> PendingCollective<R> {
-        PendingCollective::ready(Err(Error::InvalidArgument { op, detail }))
-    }
-
     /// Queues `job`; `p2p` gives (peer, is_send) for point-to-point ops,
     /// which count their sequence numbers per peer pair.
     fn submit<R: Send + 'static>(
@@ -293,7 +436,41 @@ impl Communicator {
     ) -> PendingCollective<R> {
         let helper: Arc<dyn Help> = self.inner.runner.clone();
         let (handle, completer) = pending_in(plan.kind, self.inner.tunables.spin, Some(helper));
+        // Large ops start on the executor at once; a small one is usually
+        // run by its waiter (see `runner`).
+        let urgent =
+            plan.count * plan.dtype.size() as u64 >= self.inner.tunables.small_message_bytes as u64;
         let mut queue = lock(&self.inner.queue);
+        let ticket = self.ticket(&mut queue, plan, p2p);
+        // Under the queue lock, so jobs queue in sequence order.
+        self.inner.runner.push(
+            Box::new(move |ex: &Executor| completer.complete(execute(ex, ticket, job))),
+            urgent,
+        );
+        handle
+    }
+
+    /// Runs `job` on the calling thread right away if this communicator has
+    /// nothing queued or running (the blocking forms: no job box, no
+    /// handle, and the caller's slices are used in place); `None`, without
+    /// calling `job`, if it is busy.
+    fn run_now<R>(
+        &self,
+        plan: OpPlan,
+        p2p: Option<(usize, bool)>,
+        job: impl FnOnce(&mut Ctx<'_>) -> Result<R, Error>,
+    ) -> Option<Result<R, Error>> {
+        let mut queue = lock(&self.inner.queue);
+        let claim = self.inner.runner.claim()?;
+        let ticket = self.ticket(&mut queue, plan, p2p);
+        drop(queue);
+        let result = execute(claim.context(), ticket, job);
+        drop(claim);
+        Some(result)
+    }
+
+    /// Numbers an op (under the queue lock) and records it as queued.
+    fn ticket(&self, queue: &mut Queue, plan: OpPlan, p2p: Option<(usize, bool)>) -> Ticket {
         let seq = match p2p {
             None => {
                 queue.next_seq += 1;
@@ -305,14 +482,6 @@ impl Communicator {
                 *s
             }
         };
-        let op = OpContext {
-            op: plan.kind,
-            seq,
-            dtype: plan.dtype.name(),
-            count: plan.count,
-            rank: self.inner.rank,
-        };
-        let timeout = self.timeout;
         let peer = p2p.map(|(p, _)| p);
         self.inner.recorder.queued(
             plan.kind,
@@ -322,101 +491,12 @@ impl Communicator {
             plan.count * plan.dtype.size() as u64,
             peer,
         );
-        let urgent =
-            plan.count * plan.dtype.size() as u64 >= self.inner.tunables.small_message_bytes as u64;
-        let task: Job = Box::new(move |ex: &Executor| {
-            if let Some(first) = lock(&ex.state).clone() {
-                ex.recorder.ended(
-                    plan.kind,
-                    seq,
-                    peer,
-                    Some("not run: communicator failed".into()),
-                );
-                completer.complete(Err(Error::Failed { first }));
-                return;
-            }
-            ex.recorder.started(plan.kind, seq, peer);
-            let span = tracing::debug_span!(
-                "collective",
-                op = %plan.kind,
-                seq,
-                rank = ex.rank,
-                bytes = plan.count * plan.dtype.size() as u64
-            );
-            let _entered = span.enter();
-            let mut ctx = Ctx {
-                ex,
-                sig: OpSignature {
-                    comm_id: ex.comm_id,
-                    seq,
-                    op: plan.kind,
-                    dtype: plan.dtype,
-                    reduce_op: plan.reduce_op,
-                    root: plan.root,
-                    count: plan.uniform_count.then_some(plan.count),
-                },
-                op: op.clone(),
-                started: Instant::now(),
-                timeout,
-                traffic: Traffic::default(),
-            };
-            let mut result = match (ex.tunables.debug_checks && peer.is_none())
-                .then(|| check_signature(&mut ctx, &plan))
-            {
-                Some(Err(e)) => Err(e),
-                _ => job(&mut ctx),
-            };
-            if let Err(Error::Timeout {
-                ctx: op_ctx,
-                peer,
-                waited,
-                ..
-            }) = result
-            {
-                let detail = who_is_missing(ex, seq);
-                result = Err(Error::Timeout {
-                    ctx: op_ctx,
-                    peer,
-                    waited,
-                    detail,
-                });
-            } else if result.as_ref().is_err_and(Error::is_fatal) {
-                // Ranks that failed otherwise did reach the op: say so, for
-                // the ranks that time out.
-                report_progress(ex, seq);
-            }
-            ex.recorder.ended(
-                plan.kind,
-                seq,
-                peer,
-                result.as_ref().err().map(ToString::to_string),
-            );
-            match &result {
-                Ok(_) => {
-                    ex.stats.record(ctx.started.elapsed(), ctx.traffic);
-                    tracing::debug!(
-                        elapsed_us = ctx.started.elapsed().as_micros() as u64,
-                        "done"
-                    );
-                }
-                Err(e) => {
-                    tracing::error!(error = %e, "collective failed");
-                    if e.is_fatal() {
-                        lock(&ex.state).get_or_insert_with(|| e.to_string());
-                        // Tell every rank, not only the neighbours of the
-                        // failure, so none waits for its timeout.
-                        ex.world.transport.abort(ex.comm_id, seq, &e.to_string());
-                        dump_flight_record(ex);
-                    }
-                }
-            }
-            completer.complete(result);
-        });
-        // Large ops start on the executor at once; a small one is usually
-        // run by its waiter (see `runner`).
-        self.inner.runner.push(task, urgent);
-        drop(queue);
-        handle
+        Ticket {
+            plan,
+            seq,
+            peer,
+            timeout: self.timeout,
+        }
     }
 
     fn plan<T: Element>(&self, kind: OpKind, count: usize) -> OpPlan {
@@ -453,23 +533,17 @@ impl Communicator {
         mut buf: B,
         op: ReduceOp,
     ) -> PendingCollective<B> {
-        let n = buf.as_slice().len();
-        let mut plan = self.plan::<T>(OpKind::AllReduce, n);
-        plan.reduce_op = Some(op);
-        let (rank, size) = (self.inner.rank, self.inner.size);
+        let plan = self.all_reduce_plan::<T>(buf.as_slice().len(), op);
         self.submit(plan, None, move |cx| {
-            let chunk = cx.chunk::<T>();
-            let steps = if size_of_val(buf.as_slice()) < cx.ex.tunables.small_message_bytes {
-                algo::all_reduce_doubling(rank, size, n, chunk)
-            } else {
-                algo::all_reduce_ring(rank, size, n, chunk)
-            };
-            cx.run(&steps, buf.as_mut_slice())?;
-            if op == ReduceOp::Avg {
-                T::finish_avg(buf.as_mut_slice(), size);
-            }
+            all_reduce_body(cx, buf.as_mut_slice(), op)?;
             Ok(buf)
         })
+    }
+
+    fn all_reduce_plan<T: Element>(&self, n: usize, op: ReduceOp) -> OpPlan {
+        let mut plan = self.plan::<T>(OpKind::AllReduce, n);
+        plan.reduce_op = Some(op);
+        plan
     }
 
     /// Copies `root`'s buffer into every rank's buffer (all ranks pass a
@@ -479,23 +553,21 @@ impl Communicator {
         mut buf: B,
         root: usize,
     ) -> PendingCollective<B> {
-        if let Err(e) = self.check_root(OpKind::Broadcast, root) {
-            return PendingCollective::ready(Err(e));
-        }
-        let n = buf.as_slice().len();
-        let mut plan = self.plan::<T>(OpKind::Broadcast, n);
-        plan.root = root as u32;
-        let (rank, size) = (self.inner.rank, self.inner.size);
+        let plan = match self.broadcast_plan::<T>(buf.as_slice().len(), root) {
+            Ok(plan) => plan,
+            Err(e) => return PendingCollective::ready(Err(e)),
+        };
         self.submit(plan, None, move |cx| {
-            let chunk = cx.chunk::<T>();
-            let steps = if size_of_val(buf.as_slice()) < cx.ex.tunables.small_message_bytes {
-                algo::broadcast_tree(rank, size, root, n, chunk)
-            } else {
-                algo::broadcast_chain(rank, size, root, n, chunk)
-            };
-            cx.run(&steps, buf.as_mut_slice())?;
+            broadcast_body(cx, buf.as_mut_slice(), root)?;
             Ok(buf)
         })
+    }
+
+    fn broadcast_plan<T: Element>(&self, n: usize, root: usize) -> Result<OpPlan, Error> {
+        self.check_root(OpKind::Broadcast, root)?;
+        let mut plan = self.plan::<T>(OpKind::Broadcast, n);
+        plan.root = root as u32;
+        Ok(plan)
     }
 
     /// Reduces every rank's buffer into `root`'s. Other ranks' buffers come
@@ -506,27 +578,27 @@ impl Communicator {
         root: usize,
         op: ReduceOp,
     ) -> PendingCollective<B> {
-        if let Err(e) = self.check_root(OpKind::Reduce, root) {
-            return PendingCollective::ready(Err(e));
-        }
-        let n = buf.as_slice().len();
+        let plan = match self.reduce_plan::<T>(buf.as_slice().len(), root, op) {
+            Ok(plan) => plan,
+            Err(e) => return PendingCollective::ready(Err(e)),
+        };
+        self.submit(plan, None, move |cx| {
+            reduce_body(cx, buf.as_mut_slice(), root, op)?;
+            Ok(buf)
+        })
+    }
+
+    fn reduce_plan<T: Element>(
+        &self,
+        n: usize,
+        root: usize,
+        op: ReduceOp,
+    ) -> Result<OpPlan, Error> {
+        self.check_root(OpKind::Reduce, root)?;
         let mut plan = self.plan::<T>(OpKind::Reduce, n);
         plan.root = root as u32;
         plan.reduce_op = Some(op);
-        let (rank, size) = (self.inner.rank, self.inner.size);
-        self.submit(plan, None, move |cx| {
-            let steps = algo::reduce_tree(rank, size, root, n, cx.chunk::<T>());
-            if rank == root {
-                cx.run(&steps, buf.as_mut_slice())?;
-                if op == ReduceOp::Avg {
-                    T::finish_avg(buf.as_mut_slice(), size);
-                }
-            } else {
-                let mut scratch = buf.as_slice().to_vec();
-                cx.run(&steps, &mut scratch)?;
-            }
-            Ok(buf)
-        })
+        Ok(plan)
     }
 
     /// Gathers every rank's `input` into `output`, in rank order:
@@ -536,24 +608,29 @@ impl Communicator {
         input: B,
         mut output: O,
     ) -> PendingCollective<(B, O)> {
-        let (n, size, rank) = (input.as_slice().len(), self.inner.size, self.inner.rank);
-        if output.as_slice().len() != n * size {
-            return self.invalid(
-                OpKind::AllGather,
-                format!(
-                    "output has {} elements but must have input length {n} x world size {size} = {}",
-                    output.as_slice().len(),
-                    n * size
-                ),
-            );
-        }
-        self.submit(self.plan::<T>(OpKind::AllGather, n), None, move |cx| {
-            let out = output.as_mut_slice();
-            out[rank * n..(rank + 1) * n].copy_from_slice(input.as_slice());
-            let steps = algo::all_gather_ring(rank, size, n, cx.chunk::<T>());
-            cx.run(&steps, out)?;
+        let plan = match self.all_gather_plan::<T>(input.as_slice().len(), output.as_slice().len())
+        {
+            Ok(plan) => plan,
+            Err(e) => return PendingCollective::ready(Err(e)),
+        };
+        self.submit(plan, None, move |cx| {
+            all_gather_body(cx, input.as_slice(), output.as_mut_slice())?;
             Ok((input, output))
         })
+    }
+
+    fn all_gather_plan<T: Element>(&self, n: usize, out: usize) -> Result<OpPlan, Error> {
+        let size = self.inner.size;
+        if out != n * size {
+            return Err(invalid(
+                OpKind::AllGather,
+                format!(
+                    "output has {out} elements but must have input length {n} x world size {size} = {}",
+                    n * size
+                ),
+            ));
+        }
+        Ok(self.plan::<T>(OpKind::AllGather, n))
     }
 
     /// Reduces `input` across ranks and leaves block `rank()` of the result
@@ -566,31 +643,36 @@ impl Communicator {
         mut output: O,
         op: ReduceOp,
     ) -> PendingCollective<(B, O)> {
-        let (n, size, rank) = (input.as_slice().len(), self.inner.size, self.inner.rank);
-        let mine = algo::block(n, size, rank);
-        if output.as_slice().len() != mine.len() {
-            return self.invalid(
+        let (n, out) = (input.as_slice().len(), output.as_slice().len());
+        let plan = match self.reduce_scatter_plan::<T>(n, out, op) {
+            Ok(plan) => plan,
+            Err(e) => return PendingCollective::ready(Err(e)),
+        };
+        self.submit(plan, None, move |cx| {
+            reduce_scatter_body(cx, input.as_slice(), output.as_mut_slice(), op)?;
+            Ok((input, output))
+        })
+    }
+
+    fn reduce_scatter_plan<T: Element>(
+        &self,
+        n: usize,
+        out: usize,
+        op: ReduceOp,
+    ) -> Result<OpPlan, Error> {
+        let (size, rank) = (self.inner.size, self.inner.rank);
+        let mine = algo::block(n, size, rank).len();
+        if out != mine {
+            return Err(invalid(
                 OpKind::ReduceScatter,
                 format!(
-                    "output has {} elements but rank {rank}'s block of {n} over {size} ranks has {}",
-                    output.as_slice().len(),
-                    mine.len()
+                    "output has {out} elements but rank {rank}'s block of {n} over {size} ranks has {mine}"
                 ),
-            );
+            ));
         }
         let mut plan = self.plan::<T>(OpKind::ReduceScatter, n);
         plan.reduce_op = Some(op);
-        self.submit(plan, None, move |cx| {
-            let mut work = input.as_slice().to_vec();
-            let steps = algo::reduce_scatter_ring(rank, size, n, cx.chunk::<T>());
-            cx.run(&steps, &mut work)?;
-            let out = output.as_mut_slice();
-            out.copy_from_slice(&work[mine]);
-            if op == ReduceOp::Avg {
-                T::finish_avg(out, size);
-            }
-            Ok((input, output))
-        })
+        Ok(plan)
     }
 
     /// The length of rank `rank`'s block when `len` elements are
@@ -608,19 +690,26 @@ impl Communicator {
         input: B,
         output: O,
     ) -> PendingCollective<(B, O)> {
-        let (n, size) = (input.as_slice().len(), self.inner.size);
-        if n % size != 0 || output.as_slice().len() != n {
-            return self.invalid(
+        let (n, out) = (input.as_slice().len(), output.as_slice().len());
+        match self.even_counts(n, out) {
+            Ok(counts) => self.all_to_all_v(input, &counts, output, &counts),
+            Err(e) => PendingCollective::ready(Err(e)),
+        }
+    }
+
+    /// The per-rank counts of an even all-to-all.
+    fn even_counts(&self, n: usize, out: usize) -> Result<Vec<usize>, Error> {
+        let size = self.inner.size;
+        if n % size != 0 || out != n {
+            return Err(invalid(
                 OpKind::AllToAll,
                 format!(
-                    "input has {n} elements and output {}: both must be equal and divisible by the world size {size} \
-                     (use all_to_all_v for uneven splits)",
-                    output.as_slice().len()
+                    "input has {n} elements and output {out}: both must be equal and divisible by the world size {size} \
+                     (use all_to_all_v for uneven splits)"
                 ),
-            );
+            ));
         }
-        let counts = vec![n / size; size];
-        self.all_to_all_v(input, &counts, output, &counts)
+        Ok(vec![n / size; size])
     }
 
     /// All-to-all with uneven splits: `send_counts[j]` elements of `input`
@@ -634,56 +723,61 @@ impl Communicator {
         mut output: O,
         recv_counts: &[usize],
     ) -> PendingCollective<(B, O)> {
-        let (size, rank) = (self.inner.size, self.inner.rank);
         let (ins, outs) = (input.as_slice().len(), output.as_slice().len());
+        let plan = match self.all_to_all_plan::<T>(ins, send_counts, outs, recv_counts) {
+            Ok(plan) => plan,
+            Err(e) => return PendingCollective::ready(Err(e)),
+        };
+        let (send_counts, recv_counts) = (send_counts.to_vec(), recv_counts.to_vec());
+        self.submit(plan, None, move |cx| {
+            all_to_all_body(
+                cx,
+                input.as_slice(),
+                &send_counts,
+                output.as_mut_slice(),
+                &recv_counts,
+            )?;
+            Ok((input, output))
+        })
+    }
+
+    fn all_to_all_plan<T: Element>(
+        &self,
+        ins: usize,
+        send_counts: &[usize],
+        outs: usize,
+        recv_counts: &[usize],
+    ) -> Result<OpPlan, Error> {
+        let (size, rank) = (self.inner.size, self.inner.rank);
+        let bad = |detail: String| Err(invalid(OpKind::AllToAll, detail));
         if send_counts.len() != size || recv_counts.len() != size {
-            return self.invalid(
-                OpKind::AllToAll,
-                format!("send_counts and recv_counts need one entry per rank ({size})"),
-            );
+            return bad(format!(
+                "send_counts and recv_counts need one entry per rank ({size})"
+            ));
         }
         let (sum_send, sum_recv) = (
             send_counts.iter().sum::<usize>(),
             recv_counts.iter().sum::<usize>(),
         );
         if sum_send != ins || sum_recv != outs {
-            return self.invalid(
-                OpKind::AllToAll,
-                format!("send_counts sum to {sum_send} (input has {ins}); recv_counts sum to {sum_recv} (output has {outs})"),
-            );
+            return bad(format!(
+                "send_counts sum to {sum_send} (input has {ins}); recv_counts sum to {sum_recv} (output has {outs})"
+            ));
         }
         if send_counts[rank] != recv_counts[rank] {
-            return self.invalid(
-                OpKind::AllToAll,
-                format!(
-                    "this rank sends itself {} elements but expects {}",
-                    send_counts[rank], recv_counts[rank]
-                ),
-            );
+            return bad(format!(
+                "this rank sends itself {} elements but expects {}",
+                send_counts[rank], recv_counts[rank]
+            ));
         }
         let mut plan = self.plan::<T>(OpKind::AllToAll, ins);
         plan.uniform_count = false;
-        let (send_counts, recv_counts) = (send_counts.to_vec(), recv_counts.to_vec());
-        self.submit(plan, None, move |cx| {
-            let mut work = Vec::with_capacity(ins + outs);
-            work.extend_from_slice(input.as_slice());
-            work.resize(ins + outs, T::default());
-            let own_in: usize = send_counts[..rank].iter().sum();
-            let own_out: usize = ins + recv_counts[..rank].iter().sum::<usize>();
-            work.copy_within(own_in..own_in + send_counts[rank], own_out);
-            let steps = algo::all_to_all_v(rank, &send_counts, &recv_counts, cx.chunk::<T>());
-            cx.run(&steps, &mut work)?;
-            output.as_mut_slice().copy_from_slice(&work[ins..]);
-            Ok((input, output))
-        })
+        Ok(plan)
     }
 
     /// Completes on each rank once every rank has entered the barrier.
     pub fn barrier(&self) -> PendingCollective<()> {
-        let (rank, size) = (self.inner.rank, self.inner.size);
-        self.submit(self.plan::<u8>(OpKind::Barrier, 0), None, move |cx| {
-            cx.run::<u8>(&algo::barrier(rank, size), &mut [])
-        })
+        self.submit(self.plan::<u8>(OpKind::Barrier, 0), None, barrier_body)
     }
 
     /// Sends `buf` to rank `peer`, which must call [`Communicator::recv`]
@@ -702,7 +796,9 @@ impl Communicator {
             self.plan::<T>(OpKind::SendRecv, n),
             Some((peer, true)),
             move |cx| {
-                cx.run(&algo::send(peer, n, cx.chunk::<T>()), buf.as_mut_slice())?;
+                cx.run_schedule(buf.as_mut_slice(), |steps, chunk| {
+                    algo::send(steps, peer, n, chunk)
+                })?;
                 Ok(buf)
             },
         )
@@ -724,7 +820,9 @@ impl Communicator {
             self.plan::<T>(OpKind::SendRecv, n),
             Some((peer, false)),
             move |cx| {
-                cx.run(&algo::recv(peer, n, cx.chunk::<T>()), buf.as_mut_slice())?;
+                cx.run_schedule(buf.as_mut_slice(), |steps, chunk| {
+                    algo::recv(steps, peer, n, chunk)
+                })?;
                 Ok(buf)
             },
         )
@@ -744,9 +842,18 @@ impl Communicator {
     }
 
     // ---- blocking forms over borrowed slices ----
+    //
+    // When nothing else of this communicator is queued or running (the
+    // usual case for blocking code), the op runs right here on the caller's
+    // slices: no copies in or out, no allocation. Otherwise it queues
+    // behind the others on copies of the slices.
 
-    /// Blocking [`Communicator::all_reduce`] on a borrowed slice (copies in and out).
+    /// Blocking [`Communicator::all_reduce`] on a borrowed slice.
     pub fn all_reduce_slice<T: Element>(&self, data: &mut [T], op: ReduceOp) -> Result<(), Error> {
+        let plan = self.all_reduce_plan::<T>(data.len(), op);
+        if let Some(done) = self.run_now(plan, None, |cx| all_reduce_body(cx, data, op)) {
+            return done;
+        }
         let out = self.all_reduce(data.to_vec(), op).wait()?;
         data.copy_from_slice(&out);
         Ok(())
@@ -754,6 +861,10 @@ impl Communicator {
 
     /// Blocking [`Communicator::broadcast`] on a borrowed slice.
     pub fn broadcast_slice<T: Element>(&self, data: &mut [T], root: usize) -> Result<(), Error> {
+        let plan = self.broadcast_plan::<T>(data.len(), root)?;
+        if let Some(done) = self.run_now(plan, None, |cx| broadcast_body(cx, data, root)) {
+            return done;
+        }
         let out = self.broadcast(data.to_vec(), root).wait()?;
         data.copy_from_slice(&out);
         Ok(())
@@ -766,6 +877,10 @@ impl Communicator {
         root: usize,
         op: ReduceOp,
     ) -> Result<(), Error> {
+        let plan = self.reduce_plan::<T>(data.len(), root, op)?;
+        if let Some(done) = self.run_now(plan, None, |cx| reduce_body(cx, data, root, op)) {
+            return done;
+        }
         let out = self.reduce(data.to_vec(), root, op).wait()?;
         data.copy_from_slice(&out);
         Ok(())
@@ -773,6 +888,10 @@ impl Communicator {
 
     /// Blocking [`Communicator::all_gather`] on borrowed slices.
     pub fn all_gather_slice<T: Element>(&self, input: &[T], output: &mut [T]) -> Result<(), Error> {
+        let plan = self.all_gather_plan::<T>(input.len(), output.len())?;
+        if let Some(done) = self.run_now(plan, None, |cx| all_gather_body(cx, input, output)) {
+            return done;
+        }
         let (_, out) = self
             .all_gather(input.to_vec(), vec![T::default(); output.len()])
             .wait()?;
@@ -787,6 +906,12 @@ impl Communicator {
         output: &mut [T],
         op: ReduceOp,
     ) -> Result<(), Error> {
+        let plan = self.reduce_scatter_plan::<T>(input.len(), output.len(), op)?;
+        if let Some(done) =
+            self.run_now(plan, None, |cx| reduce_scatter_body(cx, input, output, op))
+        {
+            return done;
+        }
         let (_, out) = self
             .reduce_scatter(input.to_vec(), vec![T::default(); output.len()], op)
             .wait()?;
@@ -796,6 +921,13 @@ impl Communicator {
 
     /// Blocking [`Communicator::all_to_all`] on borrowed slices.
     pub fn all_to_all_slice<T: Element>(&self, input: &[T], output: &mut [T]) -> Result<(), Error> {
+        let counts = self.even_counts(input.len(), output.len())?;
+        let plan = self.all_to_all_plan::<T>(input.len(), &counts, output.len(), &counts)?;
+        if let Some(done) = self.run_now(plan, None, |cx| {
+            all_to_all_body(cx, input, &counts, output, &counts)
+        }) {
+            return done;
+        }
         let (_, out) = self
             .all_to_all(input.to_vec(), vec![T::default(); output.len()])
             .wait()?;
@@ -850,6 +982,122 @@ impl Communicator {
 /// RINGWIRE_DEBUG=detail: before each collective, the ranks all-gather the
 /// op's signature and compare, so a mismatch is named precisely (kind, type,
 /// count, reduce op, root) before any data moves.
+/// A numbered op, ready to run.
+struct Ticket {
+    plan: OpPlan,
+    seq: u64,
+    peer: Option<usize>,
+    timeout: Duration,
+}
+
+/// Runs one op on the calling thread (the executor, or a caller running it
+/// itself) with everything around it: the failed-communicator check, the
+/// flight record, the span, debug signature checks, stats, and on failure
+/// who is missing, the abort flood and the flight-record dump.
+fn execute<R>(
+    ex: &Executor,
+    ticket: Ticket,
+    job: impl FnOnce(&mut Ctx<'_>) -> Result<R, Error>,
+) -> Result<R, Error> {
+    let Ticket {
+        plan,
+        seq,
+        peer,
+        timeout,
+    } = ticket;
+    if let Some(first) = lock(&ex.state).clone() {
+        ex.recorder.ended(
+            plan.kind,
+            seq,
+            peer,
+            Some("not run: communicator failed".into()),
+        );
+        return Err(Error::Failed { first });
+    }
+    ex.recorder.started(plan.kind, seq, peer);
+    let span = tracing::debug_span!(
+        "collective",
+        op = %plan.kind,
+        seq,
+        rank = ex.rank,
+        bytes = plan.count * plan.dtype.size() as u64
+    );
+    let _entered = span.enter();
+    let mut ctx = Ctx {
+        ex,
+        sig: OpSignature {
+            comm_id: ex.comm_id,
+            seq,
+            op: plan.kind,
+            dtype: plan.dtype,
+            reduce_op: plan.reduce_op,
+            root: plan.root,
+            count: plan.uniform_count.then_some(plan.count),
+        },
+        op: OpContext {
+            op: plan.kind,
+            seq,
+            dtype: plan.dtype.name(),
+            count: plan.count,
+            rank: ex.rank,
+        },
+        started: Instant::now(),
+        timeout,
+        traffic: Traffic::default(),
+    };
+    let mut result = match (ex.tunables.debug_checks && peer.is_none())
+        .then(|| check_signature(&mut ctx, &plan))
+    {
+        Some(Err(e)) => Err(e),
+        _ => job(&mut ctx),
+    };
+    if let Err(Error::Timeout {
+        ctx: op_ctx,
+        peer,
+        waited,
+        ..
+    }) = result
+    {
+        let detail = who_is_missing(ex, seq);
+        result = Err(Error::Timeout {
+            ctx: op_ctx,
+            peer,
+            waited,
+            detail,
+        });
+    } else if result.as_ref().is_err_and(Error::is_fatal) {
+        // Ranks that failed otherwise did reach the op: say so, for the
+        // ranks that time out.
+        report_progress(ex, seq);
+    }
+    ex.recorder.ended(
+        plan.kind,
+        seq,
+        peer,
+        result.as_ref().err().map(ToString::to_string),
+    );
+    match &result {
+        Ok(_) => {
+            ex.stats.record(ctx.started.elapsed(), ctx.traffic);
+            tracing::debug!(
+                elapsed_us = ctx.started.elapsed().as_micros() as u64,
+                "done"
+            );
+        }
+        Err(e) => {
+            tracing::error!(error = %e, "collective failed");
+            if e.is_fatal() {
+                lock(&ex.state).get_or_insert_with(|| e.to_string());
+                // Tell every rank, not only the neighbours of the failure,
+                // so none waits for its timeout.
+                ex.world.transport.abort(ex.comm_id, seq, &e.to_string());
+                dump_flight_record(ex);
+            }
+        }
+    }
+    result
+}
+
 fn check_signature(cx: &mut Ctx<'_>, plan: &OpPlan) -> Result<(), Error> {
     let ex = cx.ex;
     let (rank, size) = (ex.rank, ex.size);
@@ -878,7 +1126,7 @@ fn check_signature(cx: &mut Ctx<'_>, plan: &OpPlan) -> Result<(), Error> {
         root: 0,
         count: Some(mine.len() as u64),
     };
-    let steps = algo::all_gather_ring(rank, size, mine.len(), mine.len());
+    let steps = algo::schedule(|o| algo::all_gather_ring(o, rank, size, mine.len(), mine.len()));
     exec::run(
         &*ex.world.transport,
         &ex.members,

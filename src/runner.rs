@@ -155,6 +155,18 @@ impl<C: Context> Runner<C> {
         job(&self.context);
     }
 
+    /// Claims the right to run a job on the calling thread now, if nothing
+    /// is queued or running; the claim ends (and the thread releases what
+    /// it holds) when the returned guard drops.
+    pub(crate) fn claim(&self) -> Option<Claim<'_, C>> {
+        let mut jobs = self.lock();
+        if jobs.running || !jobs.queue.is_empty() {
+            return None;
+        }
+        jobs.running = true;
+        Some(Claim(self))
+    }
+
     /// The executor thread's loop: runs jobs until closed and drained.
     /// Polls for `spin` after each job before it sleeps.
     pub(crate) fn executor_loop(&self, spin: Duration) {
@@ -196,6 +208,26 @@ impl<C: Context> Runner<C> {
             self.run(job);
             ran = true;
         }
+    }
+}
+
+/// A job slot taken by [`Runner::claim`].
+pub(crate) struct Claim<'a, C: Context>(&'a Runner<C>);
+
+impl<C: Context> Claim<'_, C> {
+    pub(crate) fn context(&self) -> &C {
+        &self.0.context
+    }
+}
+
+impl<C: Context> Drop for Claim<'_, C> {
+    fn drop(&mut self) {
+        let runner = self.0;
+        let mut jobs = runner.lock();
+        jobs.running = false;
+        jobs.last_activity = Instant::now();
+        drop(jobs);
+        runner.done_helping();
     }
 }
 

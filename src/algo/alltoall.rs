@@ -10,55 +10,45 @@ use super::{Action, Step};
 /// perfect matching and no link carries two steps at once. This rank's own
 /// block is a copy the caller makes.
 pub fn all_to_all_v(
+    out: &mut Vec<Step>,
     rank: usize,
     send_counts: &[usize],
     recv_counts: &[usize],
     chunk: usize,
-) -> Vec<Step> {
+) {
     let world = send_counts.len();
     debug_assert_eq!(world, recv_counts.len());
-    let offsets = |counts: &[usize], base: usize| {
-        let mut acc = base;
-        counts
-            .iter()
-            .map(|&c| {
-                let r = acc..acc + c;
-                acc += c;
-                r
-            })
-            .collect::<Vec<_>>()
+    // Block j of `counts`, placed after `base`.
+    let block = |counts: &[usize], base: usize, j: usize| {
+        let start = base + counts[..j].iter().sum::<usize>();
+        start..start + counts[j]
     };
     let input_len: usize = send_counts.iter().sum();
-    let sends = offsets(send_counts, 0);
-    let recvs = offsets(recv_counts, input_len);
-    let mut out = Vec::new();
     for k in 1..world {
         let to = (rank + k) % world;
         let from = (rank + world - k) % world;
-        super::push_sends(&mut out, to, sends[to].clone(), chunk, k as u32);
+        super::push_sends(out, to, block(send_counts, 0, to), chunk, k as u32);
         super::push_recvs(
-            &mut out,
+            out,
             from,
-            recvs[from].clone(),
+            block(recv_counts, input_len, from),
             chunk,
             k as u32,
             Action::Copy,
         );
     }
-    out
 }
 
 /// Equal-split all-to-all: `per_peer` elements to and from every rank.
-pub fn all_to_all(rank: usize, world: usize, per_peer: usize, chunk: usize) -> Vec<Step> {
+pub fn all_to_all(out: &mut Vec<Step>, rank: usize, world: usize, per_peer: usize, chunk: usize) {
     let counts = vec![per_peer; world];
-    all_to_all_v(rank, &counts, &counts, chunk)
+    all_to_all_v(out, rank, &counts, &counts, chunk);
 }
 
 /// Dissemination barrier: in round k rank r signals r+2^k and waits for
 /// r-2^k; after ceil(log2 p) rounds every rank has transitively heard from
 /// every other. Frames are empty (work buffer of length zero).
-pub fn barrier(rank: usize, world: usize) -> Vec<Step> {
-    let mut out = Vec::new();
+pub fn barrier(out: &mut Vec<Step>, rank: usize, world: usize) {
     let mut dist = 1;
     let mut round = 0;
     while dist < world {
@@ -78,19 +68,14 @@ pub fn barrier(rank: usize, world: usize) -> Vec<Step> {
         dist <<= 1;
         round += 1;
     }
-    out
 }
 
 /// Point-to-point send of `len` elements to `peer`.
-pub fn send(peer: usize, len: usize, chunk: usize) -> Vec<Step> {
-    let mut out = Vec::new();
-    super::push_sends(&mut out, peer, 0..len, chunk, 0);
-    out
+pub fn send(out: &mut Vec<Step>, peer: usize, len: usize, chunk: usize) {
+    super::push_sends(out, peer, 0..len, chunk, 0);
 }
 
 /// Point-to-point receive of `len` elements from `peer`.
-pub fn recv(peer: usize, len: usize, chunk: usize) -> Vec<Step> {
-    let mut out = Vec::new();
-    super::push_recvs(&mut out, peer, 0..len, chunk, 0, Action::Copy);
-    out
+pub fn recv(out: &mut Vec<Step>, peer: usize, len: usize, chunk: usize) {
+    super::push_recvs(out, peer, 0..len, chunk, 0, Action::Copy);
 }

@@ -9,35 +9,32 @@ use super::{Action, Step, chunks};
 /// Work buffer: the user's buffer. Chunks pipeline down the tree: an inner
 /// rank forwards chunk c to its children as soon as it has it.
 pub fn broadcast_tree(
+    out: &mut Vec<Step>,
     rank: usize,
     world: usize,
     root: usize,
     len: usize,
     chunk: usize,
-) -> Vec<Step> {
-    let mut out = Vec::new();
+) {
     if world <= 1 {
-        return out;
+        return;
     }
     let vr = (rank + world - root) % world;
     let real = |v: usize| (v + root) % world;
-    let mut mask = 1;
+    let mut top = 1;
     let mut parent = None;
-    while mask < world {
-        if vr & mask != 0 {
-            parent = Some(real(vr - mask));
+    while top < world {
+        if vr & top != 0 {
+            parent = Some(real(vr - top));
             break;
         }
-        mask <<= 1;
+        top <<= 1;
     }
-    let mut children = Vec::new();
-    mask >>= 1;
-    while mask > 0 {
-        if vr + mask < world {
-            children.push(real(vr + mask));
-        }
-        mask >>= 1;
-    }
+    // Children: vr + m for every power of two m below `top`, largest first.
+    let children = std::iter::successors(Some(top >> 1), |m| Some(m >> 1))
+        .take_while(|&m| m > 0)
+        .filter(move |&m| vr + m < world)
+        .map(move |m| real(vr + m));
     for (c, r) in chunks(0..len, chunk).enumerate() {
         if let Some(p) = parent {
             out.push(Step::Recv {
@@ -48,7 +45,7 @@ pub fn broadcast_tree(
                 action: Action::Copy,
             });
         }
-        for &child in &children {
+        for child in children.clone() {
             out.push(Step::Send {
                 peer: child,
                 range: r.clone(),
@@ -57,21 +54,20 @@ pub fn broadcast_tree(
             });
         }
     }
-    out
 }
 
 /// Pipelined chain broadcast of `len` elements from `root`. Work buffer: the
 /// user's buffer.
 pub fn broadcast_chain(
+    out: &mut Vec<Step>,
     rank: usize,
     world: usize,
     root: usize,
     len: usize,
     chunk: usize,
-) -> Vec<Step> {
-    let mut out = Vec::new();
+) {
     if world <= 1 {
-        return out;
+        return;
     }
     let vr = (rank + world - root) % world;
     let prev = (rank + world - 1) % world;
@@ -95,5 +91,4 @@ pub fn broadcast_chain(
             });
         }
     }
-    out
 }

@@ -12,10 +12,15 @@ use super::{Action, Step};
 
 /// Recursive-doubling all-reduce of `len` elements. Work buffer: the user's
 /// buffer. `chunk` only cuts frames; it does not change the algorithm.
-pub fn all_reduce_doubling(rank: usize, world: usize, len: usize, chunk: usize) -> Vec<Step> {
-    let mut out = Vec::new();
+pub fn all_reduce_doubling(
+    out: &mut Vec<Step>,
+    rank: usize,
+    world: usize,
+    len: usize,
+    chunk: usize,
+) {
     if world <= 1 || len == 0 {
-        return out;
+        return;
     }
     let pow2 = 1usize << (usize::BITS - 1 - world.leading_zeros());
     let rem = world - pow2;
@@ -24,10 +29,10 @@ pub fn all_reduce_doubling(rank: usize, world: usize, len: usize, chunk: usize) 
     // Fold the extra ranks into their odd neighbours.
     let new_rank = if rank < 2 * rem {
         if rank % 2 == 0 {
-            super::push_sends(&mut out, rank + 1, all.clone(), chunk, step);
+            super::push_sends(out, rank + 1, all.clone(), chunk, step);
             None
         } else {
-            super::push_recvs(&mut out, rank - 1, all.clone(), chunk, step, Action::Reduce);
+            super::push_recvs(out, rank - 1, all.clone(), chunk, step, Action::Reduce);
             Some(rank / 2)
         }
     } else {
@@ -39,8 +44,8 @@ pub fn all_reduce_doubling(rank: usize, world: usize, len: usize, chunk: usize) 
         let mut mask = 1;
         while mask < pow2 {
             let partner = real(v ^ mask);
-            super::push_sends(&mut out, partner, all.clone(), chunk, step);
-            super::push_recvs(&mut out, partner, all.clone(), chunk, step, Action::Reduce);
+            super::push_sends(out, partner, all.clone(), chunk, step);
+            super::push_recvs(out, partner, all.clone(), chunk, step, Action::Reduce);
             mask <<= 1;
             step += 1;
         }
@@ -50,10 +55,9 @@ pub fn all_reduce_doubling(rank: usize, world: usize, len: usize, chunk: usize) 
     // Unfold: odd ranks return the result.
     if rank < 2 * rem {
         if rank % 2 == 0 {
-            super::push_recvs(&mut out, rank + 1, all, chunk, step, Action::Copy);
+            super::push_recvs(out, rank + 1, all, chunk, step, Action::Copy);
         } else {
-            super::push_sends(&mut out, rank - 1, all, chunk, step);
+            super::push_sends(out, rank - 1, all, chunk, step);
         }
     }
-    out
 }

@@ -1,5 +1,7 @@
 //! Collective algorithms as schedules: pure functions from (rank, world size,
-//! element count, chunk size) to the ordered list of steps that rank takes.
+//! element count, chunk size) to the ordered list of steps that rank takes,
+//! appended to a caller's `Vec<Step>` (so an executor reuses one list and
+//! building a schedule allocates nothing once it has grown).
 //!
 //! No sockets, no clocks, no threads: a schedule is data, so every algorithm is
 //! tested against a reference by the in-memory simulator in [`sim`] and the same
@@ -102,6 +104,13 @@ pub fn chunks(range: Range<usize>, chunk: usize) -> impl Iterator<Item = Range<u
     (start..end)
         .step_by(chunk)
         .map(move |s| s..(s + chunk).min(end))
+}
+
+/// Runs `build` on an empty step list and returns it (tests, tools).
+pub fn schedule(build: impl FnOnce(&mut Vec<Step>)) -> Vec<Step> {
+    let mut out = Vec::new();
+    build(&mut out);
+    out
 }
 
 /// Pushes sends of every chunk of `range` to `peer`.

@@ -6,29 +6,35 @@ use super::{Action, Step, chunks};
 
 /// Binomial-tree reduce of `len` elements to `root`. Work buffer: a scratch
 /// copy of the input on every rank (the root's holds the result afterwards).
-pub fn reduce_tree(rank: usize, world: usize, root: usize, len: usize, chunk: usize) -> Vec<Step> {
-    let mut out = Vec::new();
+pub fn reduce_tree(
+    out: &mut Vec<Step>,
+    rank: usize,
+    world: usize,
+    root: usize,
+    len: usize,
+    chunk: usize,
+) {
     if world <= 1 {
-        return out;
+        return;
     }
     let vr = (rank + world - root) % world;
     let real = |v: usize| (v + root) % world;
-    let mut children = Vec::new();
     let mut parent = None;
-    let mut mask = 1;
-    while mask < world {
-        if vr & mask == 0 {
-            if vr | mask < world {
-                children.push(real(vr | mask));
-            }
-        } else {
-            parent = Some(real(vr & !mask));
+    let mut top = 1;
+    while top < world {
+        if vr & top != 0 {
+            parent = Some(real(vr & !top));
             break;
         }
-        mask <<= 1;
+        top <<= 1;
     }
+    // Children: vr | m for every power of two m below `top`, smallest first.
+    let children = std::iter::successors(Some(1usize), |m| Some(m << 1))
+        .take_while(move |&m| m < top)
+        .filter(move |&m| vr | m < world)
+        .map(move |m| real(vr | m));
     for (c, r) in chunks(0..len, chunk).enumerate() {
-        for &child in &children {
+        for child in children.clone() {
             out.push(Step::Recv {
                 peer: child,
                 range: r.clone(),
@@ -46,5 +52,4 @@ pub fn reduce_tree(rank: usize, world: usize, root: usize, len: usize, chunk: us
             });
         }
     }
-    out
 }

@@ -22,17 +22,25 @@ struct RingStep {
 /// later step and chunk "receive chunk c of the previous step, then send chunk
 /// c of this one", then the receives of the last step. Step g's send block is
 /// always step g-1's receive block, so chunk c can go on as soon as it lands.
-fn pipelined(rank: usize, world: usize, chunk: usize, ring: &[RingStep]) -> Vec<Step> {
+/// `ring(g)` is step g of `count`.
+fn pipelined(
+    out: &mut Vec<Step>,
+    rank: usize,
+    world: usize,
+    chunk: usize,
+    count: usize,
+    ring: impl Fn(usize) -> RingStep,
+) {
     let right = (rank + 1) % world;
     let left = (rank + world - 1) % world;
-    let mut out = Vec::new();
-    let Some(first) = ring.first() else {
-        return out;
-    };
-    super::push_sends(&mut out, right, first.send.clone(), chunk, 0);
-    for g in 1..ring.len() {
-        debug_assert_eq!(ring[g].send, ring[g - 1].recv);
-        let prev = &ring[g - 1];
+    if count == 0 {
+        return;
+    }
+    super::push_sends(out, right, ring(0).send, chunk, 0);
+    let mut prev = ring(0);
+    for g in 1..count {
+        let this = ring(g);
+        debug_assert_eq!(this.send, prev.recv);
         for (c, r) in chunks(prev.recv.clone(), chunk).enumerate() {
             out.push(Step::Recv {
                 peer: left,
@@ -48,77 +56,85 @@ fn pipelined(rank: usize, world: usize, chunk: usize, ring: &[RingStep]) -> Vec<
                 chunk: c as u32,
             });
         }
+        prev = this;
     }
-    let last = ring.len() - 1;
-    super::push_recvs(
-        &mut out,
-        left,
-        ring[last].recv.clone(),
-        chunk,
-        last as u32,
-        ring[last].action,
-    );
-    out
+    super::push_recvs(out, left, prev.recv, chunk, (count - 1) as u32, prev.action);
 }
 
 fn modp(x: isize, world: usize) -> usize {
     x.rem_euclid(world as isize) as usize
 }
 
-fn reduce_scatter_steps(
+/// Step `s` of the reduce-scatter phase (p-1 steps).
+fn reduce_scatter_step(
     rank: usize,
     world: usize,
     blocks: &dyn Fn(usize) -> Range<usize>,
-) -> Vec<RingStep> {
-    let r = rank as isize;
-    (0..world.saturating_sub(1) as isize)
-        .map(|s| RingStep {
-            send: blocks(modp(r - s - 1, world)),
-            recv: blocks(modp(r - s - 2, world)),
-            action: Action::Reduce,
-        })
-        .collect()
+    s: usize,
+) -> RingStep {
+    let (r, s) = (rank as isize, s as isize);
+    RingStep {
+        send: blocks(modp(r - s - 1, world)),
+        recv: blocks(modp(r - s - 2, world)),
+        action: Action::Reduce,
+    }
 }
 
-fn all_gather_steps(
+/// Step `s` of the all-gather phase (p-1 steps).
+fn all_gather_step(
     rank: usize,
     world: usize,
     blocks: &dyn Fn(usize) -> Range<usize>,
-) -> Vec<RingStep> {
-    let r = rank as isize;
-    (0..world.saturating_sub(1) as isize)
-        .map(|s| RingStep {
-            send: blocks(modp(r - s, world)),
-            recv: blocks(modp(r - s - 1, world)),
-            action: Action::Copy,
-        })
-        .collect()
+    s: usize,
+) -> RingStep {
+    let (r, s) = (rank as isize, s as isize);
+    RingStep {
+        send: blocks(modp(r - s, world)),
+        recv: blocks(modp(r - s - 1, world)),
+        action: Action::Copy,
+    }
 }
 
 /// Ring all-reduce of `len` elements. Work buffer: the user's buffer.
-pub fn all_reduce_ring(rank: usize, world: usize, len: usize, chunk: usize) -> Vec<Step> {
+pub fn all_reduce_ring(out: &mut Vec<Step>, rank: usize, world: usize, len: usize, chunk: usize) {
     let blocks = |i| block(len, world, i);
-    let mut ring = reduce_scatter_steps(rank, world, &blocks);
-    ring.extend(all_gather_steps(rank, world, &blocks));
-    pipelined(rank, world, chunk, &ring)
+    let phase = world.saturating_sub(1);
+    pipelined(out, rank, world, chunk, 2 * phase, |g| {
+        if g < phase {
+            reduce_scatter_step(rank, world, &blocks, g)
+        } else {
+            all_gather_step(rank, world, &blocks, g - phase)
+        }
+    });
 }
 
 /// Ring reduce-scatter of `len` elements. Work buffer: a copy of the input;
 /// afterwards `block(len, world, rank)` of it holds this rank's result.
-pub fn reduce_scatter_ring(rank: usize, world: usize, len: usize, chunk: usize) -> Vec<Step> {
+pub fn reduce_scatter_ring(
+    out: &mut Vec<Step>,
+    rank: usize,
+    world: usize,
+    len: usize,
+    chunk: usize,
+) {
     let blocks = |i| block(len, world, i);
-    pipelined(
-        rank,
-        world,
-        chunk,
-        &reduce_scatter_steps(rank, world, &blocks),
-    )
+    pipelined(out, rank, world, chunk, world.saturating_sub(1), |g| {
+        reduce_scatter_step(rank, world, &blocks, g)
+    });
 }
 
 /// Ring all-gather of `per_rank` elements from each rank. Work buffer: the
 /// output (`per_rank * world` elements) with this rank's input already copied
 /// to `rank * per_rank..`.
-pub fn all_gather_ring(rank: usize, world: usize, per_rank: usize, chunk: usize) -> Vec<Step> {
+pub fn all_gather_ring(
+    out: &mut Vec<Step>,
+    rank: usize,
+    world: usize,
+    per_rank: usize,
+    chunk: usize,
+) {
     let blocks = |i: usize| i * per_rank..(i + 1) * per_rank;
-    pipelined(rank, world, chunk, &all_gather_steps(rank, world, &blocks))
+    pipelined(out, rank, world, chunk, world.saturating_sub(1), |g| {
+        all_gather_step(rank, world, &blocks, g)
+    });
 }

@@ -137,12 +137,13 @@ mod tests {
                         for (name, algo) in [
                             (
                                 "ring",
-                                all_reduce_ring as fn(usize, usize, usize, usize) -> Vec<Step>,
+                                all_reduce_ring as fn(&mut Vec<Step>, usize, usize, usize, usize),
                             ),
                             ("doubling", all_reduce_doubling),
                         ] {
-                            let scheds: Vec<_> =
-                                (0..world).map(|r| algo(r, world, len, chunk)).collect();
+                            let scheds: Vec<_> = (0..world)
+                                .map(|r| schedule(|o| algo(o, r, world, len, chunk)))
+                                .collect();
                             let mut works = inputs.clone();
                             run(&scheds, &mut works, op).unwrap_or_else(|e| {
                                 panic!("seed {seed}: {name} p={world} n={len} {op}: {e:?}")
@@ -193,7 +194,7 @@ mod tests {
                         .collect();
                     let reference = reference_reduce(&inputs, ReduceOp::Sum);
                     let scheds: Vec<_> = (0..world)
-                        .map(|r| reduce_scatter_ring(r, world, len, chunk))
+                        .map(|r| schedule(|o| reduce_scatter_ring(o, r, world, len, chunk)))
                         .collect();
                     let mut works = inputs.clone();
                     run(&scheds, &mut works, ReduceOp::Sum).unwrap();
@@ -227,7 +228,7 @@ mod tests {
                         })
                         .collect();
                     let scheds: Vec<_> = (0..world)
-                        .map(|r| all_gather_ring(r, world, per, chunk))
+                        .map(|r| schedule(|o| all_gather_ring(o, r, world, per, chunk)))
                         .collect();
                     run(&scheds, &mut works, ReduceOp::Sum).unwrap();
                     assert!(
@@ -251,11 +252,11 @@ mod tests {
                             .map(|_| random_data(&mut rng, len, ReduceOp::Sum))
                             .collect();
                         for algo in [
-                            broadcast_tree as fn(usize, usize, usize, usize, usize) -> Vec<Step>,
+                            broadcast_tree as fn(&mut Vec<Step>, usize, usize, usize, usize, usize),
                             broadcast_chain,
                         ] {
                             let scheds: Vec<_> = (0..world)
-                                .map(|r| algo(r, world, root, len, chunk))
+                                .map(|r| schedule(|o| algo(o, r, world, root, len, chunk)))
                                 .collect();
                             let mut works = inputs.clone();
                             run(&scheds, &mut works, ReduceOp::Sum).unwrap();
@@ -266,7 +267,7 @@ mod tests {
                         }
                         let reference = reference_reduce(&inputs, ReduceOp::Max);
                         let scheds: Vec<_> = (0..world)
-                            .map(|r| reduce_tree(r, world, root, len, chunk))
+                            .map(|r| schedule(|o| reduce_tree(o, r, world, root, len, chunk)))
                             .collect();
                         let mut works = inputs.clone();
                         run(&scheds, &mut works, ReduceOp::Max).unwrap();
@@ -302,7 +303,9 @@ mod tests {
                     let mut w = mine.concat();
                     w.resize(w.len() + out_len, 0);
                     works.push(w);
-                    scheds.push(all_to_all_v(i, &counts[i], &recv_counts, chunk));
+                    scheds.push(schedule(|o| {
+                        all_to_all_v(o, i, &counts[i], &recv_counts, chunk)
+                    }));
                     blocks.push(mine);
                 }
                 run(&scheds, &mut works, ReduceOp::Sum).unwrap();
@@ -324,11 +327,16 @@ mod tests {
     #[test]
     fn barrier_and_p2p_complete() {
         for world in 1..=9 {
-            let scheds: Vec<_> = (0..world).map(|r| barrier(r, world)).collect();
+            let scheds: Vec<_> = (0..world)
+                .map(|r| schedule(|o| barrier(o, r, world)))
+                .collect();
             let mut works = vec![Vec::<u8>::new(); world];
             run(&scheds, &mut works, ReduceOp::Sum).unwrap();
         }
-        let scheds = vec![send(1, 10, 3), recv(0, 10, 3)];
+        let scheds = vec![
+            schedule(|o| send(o, 1, 10, 3)),
+            schedule(|o| recv(o, 0, 10, 3)),
+        ];
         let mut works = vec![(0..10u8).collect::<Vec<_>>(), vec![0u8; 10]];
         run(&scheds, &mut works, ReduceOp::Sum).unwrap();
         assert_eq!(works[0], works[1]);
@@ -337,14 +345,20 @@ mod tests {
     #[test]
     fn simulator_reports_deadlock_and_mismatch() {
         // Both ranks wait first: a deadlock the simulator must name.
-        let scheds = vec![recv(1, 4, 4), recv(0, 4, 4)];
+        let scheds = vec![
+            schedule(|o| recv(o, 1, 4, 4)),
+            schedule(|o| recv(o, 0, 4, 4)),
+        ];
         let mut works = vec![vec![0u8; 4]; 2];
         assert!(matches!(
             run(&scheds, &mut works, ReduceOp::Sum),
             Err(super::SimError::Deadlock(_))
         ));
         // Lengths disagree: the receiver must notice.
-        let scheds = vec![send(1, 4, 4), recv(0, 3, 4)];
+        let scheds = vec![
+            schedule(|o| send(o, 1, 4, 4)),
+            schedule(|o| recv(o, 0, 3, 4)),
+        ];
         let mut works = vec![vec![0u8; 4]; 2];
         assert!(matches!(
             run(&scheds, &mut works, ReduceOp::Sum),

@@ -166,6 +166,8 @@ pub(crate) struct Driver {
     wake_owner: Option<ThreadId>,
     /// The thread driving the current turn.
     me: Option<ThreadId>,
+    /// What `release` withdraws (kept to reuse its storage).
+    cancels: Vec<u64>,
     /// Entries submitted whose completion has not been taken.
     in_flight: usize,
     completions: Vec<(u64, i32, u32)>,
@@ -224,6 +226,7 @@ impl Driver {
             wake_in_flight: false,
             wake_owner: None,
             me: None,
+            cancels: Vec::new(),
             in_flight: 0,
             completions: Vec::with_capacity(entries as usize * 2),
             touched: Vec::new(),
@@ -353,7 +356,8 @@ impl Driver {
         let me = Some(std::thread::current().id());
         self.me = me;
         let mut finished = std::mem::take(&mut self.finished);
-        let mut cancels = Vec::new();
+        let mut cancels = std::mem::take(&mut self.cancels);
+        cancels.clear();
         for (link, l) in self.links.iter().enumerate() {
             let Some(l) = l else { continue };
             if l.recv_in_flight && l.recv_owner == me {
@@ -393,6 +397,7 @@ impl Driver {
         }
         self.fail_dead_work(&mut finished);
         self.finished = finished;
+        self.cancels = cancels;
     }
 
     fn post_wake(&mut self) {
