@@ -140,19 +140,24 @@ impl<C: Context> Runner<C> {
         struct Finish<'a, C: Context>(&'a Runner<C>);
         impl<C: Context> Drop for Finish<'_, C> {
             fn drop(&mut self) {
-                let mut jobs = self.0.lock();
-                jobs.running = false;
-                jobs.last_activity = Instant::now();
-                // A closing runner's executor waits for the last job.
-                let wake = jobs.closed && jobs.executor != ExecutorIs::Busy;
-                drop(jobs);
-                if wake {
-                    self.0.wake_executor.notify_one();
-                }
+                self.0.job_ended();
             }
         }
         let _finish = Finish(self);
         job(&self.context);
+    }
+
+    /// Frees the job slot.
+    fn job_ended(&self) {
+        let mut jobs = self.lock();
+        jobs.running = false;
+        jobs.last_activity = Instant::now();
+        // A closing runner's executor waits for the last job.
+        let wake = jobs.closed && jobs.executor != ExecutorIs::Busy;
+        drop(jobs);
+        if wake {
+            self.wake_executor.notify_one();
+        }
     }
 
     /// Claims the right to run a job on the calling thread now, if nothing
@@ -222,12 +227,8 @@ impl<C: Context> Claim<'_, C> {
 
 impl<C: Context> Drop for Claim<'_, C> {
     fn drop(&mut self) {
-        let runner = self.0;
-        let mut jobs = runner.lock();
-        jobs.running = false;
-        jobs.last_activity = Instant::now();
-        drop(jobs);
-        runner.done_helping();
+        self.0.job_ended();
+        self.0.done_helping();
     }
 }
 
