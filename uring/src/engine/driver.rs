@@ -336,6 +336,9 @@ impl Driver {
             self.touched = touched;
             self.touched.clear();
             self.post_wake();
+            if self.ring.submission().is_empty() {
+                break; // nothing new went in; later completions are the next turn's
+            }
             self.enter(Duration::ZERO);
         }
         self.fail_dead_work(finished);
@@ -422,31 +425,42 @@ impl Driver {
     }
 
     /// Submits, and sleeps up to `wait` for a completion unless one is
-    /// already there.
+    /// already there. Every kernel entry also runs this thread's pending
+    /// completion work; entries are kept to one per call where possible
+    /// (a small op's turn is a handful of system calls, each a few
+    /// microseconds on a VM).
     fn enter(&mut self, wait: Duration) {
-        let mut ready = !self.ring.completion().is_empty();
-        if !ready && !wait.is_zero() && !self.spin.is_zero() {
-            // Poll before sleeping: each enter runs this thread's pending
-            // completion work, so a frame that lands within the spin is
-            // taken without a sleep and a wake-up.
-            let start = Instant::now();
-            let _ = self.ring.submit();
-            while !ready && start.elapsed() < self.spin.min(wait) {
-                std::thread::yield_now();
+        if !self.ring.completion().is_empty() {
+            if !self.ring.submission().is_empty() {
                 let _ = self.ring.submit();
-                ready = !self.ring.completion().is_empty();
+            }
+            return;
+        }
+        if wait.is_zero() {
+            let _ = self.ring.submit();
+            return;
+        }
+        if !self.spin.is_zero() {
+            // Poll before sleeping, yielding the core between polls, so a
+            // frame that lands within the spin is taken without a sleep
+            // and a wake-up (decision 0008).
+            let start = Instant::now();
+            loop {
+                let _ = self.ring.submit();
+                if !self.ring.completion().is_empty() {
+                    return;
+                }
+                if start.elapsed() >= self.spin.min(wait) {
+                    break;
+                }
+                std::thread::yield_now();
             }
         }
-        let result = if wait.is_zero() || ready {
-            self.ring.submit()
-        } else {
-            let ts = types::Timespec::from(wait);
-            let args = types::SubmitArgs::new().timespec(&ts);
-            self.ring.submitter().submit_with_args(1, &args)
-        };
+        let ts = types::Timespec::from(wait);
+        let args = types::SubmitArgs::new().timespec(&ts);
         // ETIME: the wait ran out; EINTR: a signal; EBUSY: completions to
         // take first. Anything else leaves entries queued for the next turn.
-        let _ = result;
+        let _ = self.ring.submitter().submit_with_args(1, &args);
     }
 
     /// # Safety
