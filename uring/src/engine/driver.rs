@@ -323,19 +323,20 @@ impl Driver {
             Duration::ZERO
         };
         self.enter(wait);
-        // Take what completed; what that posts may complete at once (data
-        // already queued in the socket), so go round a few times.
+        // Take what completed. Sends that went out in part continue at
+        // once; receives are posted again by the next turn (whoever still
+        // waits takes one at once), so a thread whose wait this completion
+        // ended leaves no fresh receive behind for `release` to withdraw.
         for _ in 0..8 {
             if !self.reap(sink, finished) {
                 break;
             }
             let touched = std::mem::take(&mut self.touched);
             for &link in &touched {
-                self.post(link);
+                self.post_send(link);
             }
             self.touched = touched;
             self.touched.clear();
-            self.post_wake();
             if self.ring.submission().is_empty() {
                 break; // nothing new went in; later completions are the next turn's
             }
@@ -529,6 +530,15 @@ impl Driver {
     /// Puts a receive in flight on `link` if it has none, and the next
     /// queued send if no send is in flight.
     fn post(&mut self, link: usize) {
+        self.post_entries(link, true);
+    }
+
+    /// Puts the next queued send in flight on `link` if none is.
+    fn post_send(&mut self, link: usize) {
+        self.post_entries(link, false);
+    }
+
+    fn post_entries(&mut self, link: usize, receive: bool) {
         let Some(l) = self.links.get_mut(link).and_then(|l| l.as_mut()) else {
             return;
         };
@@ -538,7 +548,7 @@ impl Driver {
         let raw = l.socket.as_raw_fd();
         let fixed = l.fixed;
         let mut recv = None;
-        if !l.recv_in_flight {
+        if receive && !l.recv_in_flight {
             let (ptr, len, flags) = match &mut l.rx {
                 Rx::Staging => {
                     if l.start > 0 {
