@@ -22,6 +22,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
+use zerocopy::{FromBytes, IntoBytes};
 
 /// What the executor thread owns.
 struct Executor {
@@ -37,7 +38,16 @@ struct Executor {
     /// The schedule of the op running now, kept between ops (one op runs
     /// at a time per communicator).
     steps: Mutex<Vec<Step>>,
+    /// Work space of ops that must not touch their input (reduce-scatter,
+    /// reduce on non-roots, all-to-all), kept between ops up to
+    /// `KEPT_SCRATCH_BYTES`; 8-byte words so it can hold any element type.
+    scratch: Mutex<Vec<u64>>,
+    /// Per-rank counts of even all-to-alls, reused.
+    counts: Mutex<Vec<usize>>,
 }
+
+/// Scratch space kept between ops; larger work spaces are freed after use.
+const KEPT_SCRATCH_BYTES: usize = 64 << 20;
 
 struct Queue {
     next_seq: u64,
@@ -161,6 +171,27 @@ impl Ctx<'_> {
         result
     }
 
+    /// Runs `f` on a work space of `len` elements (contents unspecified),
+    /// reused between ops.
+    fn with_scratch<T: Element, R>(
+        &mut self,
+        len: usize,
+        f: impl FnOnce(&mut Self, &mut [T]) -> R,
+    ) -> R {
+        let mut words = std::mem::take(&mut *lock(&self.ex.scratch));
+        let bytes = len * size_of::<T>();
+        if words.len() * 8 < bytes {
+            words.resize(bytes.div_ceil(8), 0);
+        }
+        let work = <[T]>::mut_from_bytes(&mut words.as_mut_bytes()[..bytes])
+            .expect("8-byte words hold any element type");
+        let result = f(self, work);
+        if words.len() * 8 <= KEPT_SCRATCH_BYTES {
+            *lock(&self.ex.scratch) = words;
+        }
+        result
+    }
+
     fn rank_and_size(&self) -> (usize, usize) {
         (self.ex.rank, self.ex.size)
     }
@@ -225,7 +256,10 @@ fn reduce_body<T: Element>(
         }
     } else {
         // Partial sums pass through; the caller's buffer comes back as it was.
-        cx.run_schedule(&mut data.to_vec(), build)?;
+        cx.with_scratch(n, |cx, work: &mut [T]| {
+            work.copy_from_slice(data);
+            cx.run_schedule(work, build)
+        })?;
     }
     Ok(())
 }
@@ -252,11 +286,14 @@ fn reduce_scatter_body<T: Element>(
     let (rank, size) = cx.rank_and_size();
     let n = input.len();
     // The ring reduces in place: work on a copy so the input comes back as it was.
-    let mut work = input.to_vec();
-    cx.run_schedule(&mut work, |steps, chunk| {
-        algo::reduce_scatter_ring(steps, rank, size, n, chunk)
+    cx.with_scratch(n, |cx, work: &mut [T]| {
+        work.copy_from_slice(input);
+        cx.run_schedule(work, |steps, chunk| {
+            algo::reduce_scatter_ring(steps, rank, size, n, chunk)
+        })?;
+        output.copy_from_slice(&work[algo::block(n, size, rank)]);
+        Ok::<(), Error>(())
     })?;
-    output.copy_from_slice(&work[algo::block(n, size, rank)]);
     if op == ReduceOp::Avg {
         T::finish_avg(output, size);
     }
@@ -273,17 +310,33 @@ fn all_to_all_body<T: Element>(
     let rank = cx.ex.rank;
     let (ins, outs) = (input.len(), output.len());
     // One work buffer: the input, then the output (see `algo::all_to_all_v`).
-    let mut work = Vec::with_capacity(ins + outs);
-    work.extend_from_slice(input);
-    work.resize(ins + outs, T::default());
-    let own_in: usize = send_counts[..rank].iter().sum();
-    let own_out: usize = ins + recv_counts[..rank].iter().sum::<usize>();
-    work.copy_within(own_in..own_in + send_counts[rank], own_out);
-    cx.run_schedule(&mut work, |steps, chunk| {
-        algo::all_to_all_v(steps, rank, send_counts, recv_counts, chunk)
-    })?;
-    output.copy_from_slice(&work[ins..]);
-    Ok(())
+    cx.with_scratch(ins + outs, |cx, work: &mut [T]| {
+        work[..ins].copy_from_slice(input);
+        let own_in: usize = send_counts[..rank].iter().sum();
+        let own_out: usize = ins + recv_counts[..rank].iter().sum::<usize>();
+        work.copy_within(own_in..own_in + send_counts[rank], own_out);
+        cx.run_schedule(work, |steps, chunk| {
+            algo::all_to_all_v(steps, rank, send_counts, recv_counts, chunk)
+        })?;
+        output.copy_from_slice(&work[ins..]);
+        Ok(())
+    })
+}
+
+/// All-to-all with `input.len() / size` elements to and from every rank
+/// (the counts list is the communicator's, reused).
+fn all_to_all_even_body<T: Element>(
+    cx: &mut Ctx<'_>,
+    input: &[T],
+    output: &mut [T],
+) -> Result<(), Error> {
+    let size = cx.ex.size;
+    let mut counts = std::mem::take(&mut *lock(&cx.ex.counts));
+    counts.clear();
+    counts.resize(size, input.len() / size);
+    let result = all_to_all_body(cx, input, &counts, output, &counts);
+    *lock(&cx.ex.counts) = counts;
+    result
 }
 
 fn barrier_body(cx: &mut Ctx<'_>) -> Result<(), Error> {
@@ -320,6 +373,8 @@ impl Communicator {
             recorder: recorder.clone(),
             size: members.len(),
             steps: Mutex::new(Vec::new()),
+            scratch: Mutex::new(Vec::new()),
+            counts: Mutex::new(Vec::new()),
         }));
         let spin = tunables.spin;
         let executor = runner.clone();
@@ -457,12 +512,11 @@ impl Communicator {
     fn run_now<R>(
         &self,
         plan: OpPlan,
-        p2p: Option<(usize, bool)>,
         job: impl FnOnce(&mut Ctx<'_>) -> Result<R, Error>,
     ) -> Option<Result<R, Error>> {
         let mut queue = lock(&self.inner.queue);
         let claim = self.inner.runner.claim()?;
-        let ticket = self.ticket(&mut queue, plan, p2p);
+        let ticket = self.ticket(&mut queue, plan, None);
         drop(queue);
         let result = execute(claim.context(), ticket, job);
         drop(claim);
@@ -688,17 +742,20 @@ impl Communicator {
     pub fn all_to_all<T: Element, B: CollectiveBuffer<T>, O: CollectiveBuffer<T>>(
         &self,
         input: B,
-        output: O,
+        mut output: O,
     ) -> PendingCollective<(B, O)> {
         let (n, out) = (input.as_slice().len(), output.as_slice().len());
-        match self.even_counts(n, out) {
-            Ok(counts) => self.all_to_all_v(input, &counts, output, &counts),
-            Err(e) => PendingCollective::ready(Err(e)),
-        }
+        let plan = match self.all_to_all_even_plan::<T>(n, out) {
+            Ok(plan) => plan,
+            Err(e) => return PendingCollective::ready(Err(e)),
+        };
+        self.submit(plan, None, move |cx| {
+            all_to_all_even_body(cx, input.as_slice(), output.as_mut_slice())?;
+            Ok((input, output))
+        })
     }
 
-    /// The per-rank counts of an even all-to-all.
-    fn even_counts(&self, n: usize, out: usize) -> Result<Vec<usize>, Error> {
+    fn all_to_all_even_plan<T: Element>(&self, n: usize, out: usize) -> Result<OpPlan, Error> {
         let size = self.inner.size;
         if n % size != 0 || out != n {
             return Err(invalid(
@@ -709,7 +766,9 @@ impl Communicator {
                 ),
             ));
         }
-        Ok(vec![n / size; size])
+        let mut plan = self.plan::<T>(OpKind::AllToAll, n);
+        plan.uniform_count = false;
+        Ok(plan)
     }
 
     /// All-to-all with uneven splits: `send_counts[j]` elements of `input`
@@ -851,7 +910,7 @@ impl Communicator {
     /// Blocking [`Communicator::all_reduce`] on a borrowed slice.
     pub fn all_reduce_slice<T: Element>(&self, data: &mut [T], op: ReduceOp) -> Result<(), Error> {
         let plan = self.all_reduce_plan::<T>(data.len(), op);
-        if let Some(done) = self.run_now(plan, None, |cx| all_reduce_body(cx, data, op)) {
+        if let Some(done) = self.run_now(plan, |cx| all_reduce_body(cx, data, op)) {
             return done;
         }
         let out = self.all_reduce(data.to_vec(), op).wait()?;
@@ -862,7 +921,7 @@ impl Communicator {
     /// Blocking [`Communicator::broadcast`] on a borrowed slice.
     pub fn broadcast_slice<T: Element>(&self, data: &mut [T], root: usize) -> Result<(), Error> {
         let plan = self.broadcast_plan::<T>(data.len(), root)?;
-        if let Some(done) = self.run_now(plan, None, |cx| broadcast_body(cx, data, root)) {
+        if let Some(done) = self.run_now(plan, |cx| broadcast_body(cx, data, root)) {
             return done;
         }
         let out = self.broadcast(data.to_vec(), root).wait()?;
@@ -878,7 +937,7 @@ impl Communicator {
         op: ReduceOp,
     ) -> Result<(), Error> {
         let plan = self.reduce_plan::<T>(data.len(), root, op)?;
-        if let Some(done) = self.run_now(plan, None, |cx| reduce_body(cx, data, root, op)) {
+        if let Some(done) = self.run_now(plan, |cx| reduce_body(cx, data, root, op)) {
             return done;
         }
         let out = self.reduce(data.to_vec(), root, op).wait()?;
@@ -889,7 +948,7 @@ impl Communicator {
     /// Blocking [`Communicator::all_gather`] on borrowed slices.
     pub fn all_gather_slice<T: Element>(&self, input: &[T], output: &mut [T]) -> Result<(), Error> {
         let plan = self.all_gather_plan::<T>(input.len(), output.len())?;
-        if let Some(done) = self.run_now(plan, None, |cx| all_gather_body(cx, input, output)) {
+        if let Some(done) = self.run_now(plan, |cx| all_gather_body(cx, input, output)) {
             return done;
         }
         let (_, out) = self
@@ -907,9 +966,7 @@ impl Communicator {
         op: ReduceOp,
     ) -> Result<(), Error> {
         let plan = self.reduce_scatter_plan::<T>(input.len(), output.len(), op)?;
-        if let Some(done) =
-            self.run_now(plan, None, |cx| reduce_scatter_body(cx, input, output, op))
-        {
+        if let Some(done) = self.run_now(plan, |cx| reduce_scatter_body(cx, input, output, op)) {
             return done;
         }
         let (_, out) = self
@@ -921,11 +978,8 @@ impl Communicator {
 
     /// Blocking [`Communicator::all_to_all`] on borrowed slices.
     pub fn all_to_all_slice<T: Element>(&self, input: &[T], output: &mut [T]) -> Result<(), Error> {
-        let counts = self.even_counts(input.len(), output.len())?;
-        let plan = self.all_to_all_plan::<T>(input.len(), &counts, output.len(), &counts)?;
-        if let Some(done) = self.run_now(plan, None, |cx| {
-            all_to_all_body(cx, input, &counts, output, &counts)
-        }) {
+        let plan = self.all_to_all_even_plan::<T>(input.len(), output.len())?;
+        if let Some(done) = self.run_now(plan, |cx| all_to_all_even_body(cx, input, output)) {
             return done;
         }
         let (_, out) = self

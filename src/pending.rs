@@ -211,10 +211,13 @@ impl<R> PendingCollective<R> {
     }
 
     /// Waits at most `timeout`; `None` if the collective is still running (the
-    /// handle stays usable), `Some(result)` once it ended.
+    /// handle stays usable), `Some(result)` once it ended. Unlike `wait`,
+    /// it never runs the op on this thread (that could outlast `timeout`):
+    /// it makes sure the executor has it.
     pub fn wait_timeout(&mut self, timeout: Duration) -> Option<Result<R, Error>> {
-        self.help_then_poll(self.shared.spin.min(timeout));
         let deadline = Instant::now() + timeout;
+        self.kick();
+        crate::spin::poll_for(self.shared.spin.min(timeout), || self.done().then_some(()));
         let mut slot = self.shared.lock();
         loop {
             match std::mem::replace(&mut *slot, Slot::Taken) {

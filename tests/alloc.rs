@@ -2,7 +2,8 @@
 //!
 //! A blocking collective on borrowed slices allocates nothing: it runs on
 //! the caller's thread, its schedule is built in a list the communicator
-//! reuses, and the transports' data path (frames, sends, receives, the
+//! reuses, ops that must not touch their input work in a reused scratch
+//! space, and the transports' data path (frames, sends, receives, the
 //! engine's queues, payload buffers) is pooled. An op on owned buffers
 //! (`all_reduce(vec)`, queued behind others and awaitable) allocates a
 //! fixed few times for its handle and its queued job, however many frames
@@ -65,9 +66,13 @@ fn blocking_collectives_allocate_nothing_per_op() {
         let n = allocations_per_op(&comms, len, |c, buf, out| {
             c.all_reduce_slice(buf, ReduceOp::Sum).unwrap();
             c.broadcast_slice(buf, 1).unwrap();
+            c.reduce_slice(buf, 0, ReduceOp::Max).unwrap();
             c.all_gather_slice(buf, out).unwrap();
+            c.reduce_scatter_slice(out, buf, ReduceOp::Sum).unwrap();
+            let (ins, outs) = out.split_at_mut(len);
+            c.all_to_all_slice(ins, outs).unwrap();
         });
-        eprintln!("{name}: {n} allocations per 3 blocking ops of {len} elements");
+        eprintln!("{name}: {n} allocations per 6 blocking ops of {len} elements");
         assert_eq!(n, 0, "{name}: blocking ops of {len} elements allocate");
     }
 }
