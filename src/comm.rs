@@ -87,6 +87,10 @@ impl crate::runner::Context for Executor {
     fn idle(&self) {
         self.world.transport.release();
     }
+
+    fn home_core(&self) -> Option<usize> {
+        self.world.home_core
+    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {

@@ -34,6 +34,11 @@ pub(crate) struct World {
     /// arrived"), with this job's key prefix.
     pub(crate) store: Option<(StoreClient, String)>,
     _store: Option<StoreServer>,
+    /// The core index this rank's polling threads move to when they find
+    /// their core shared (`ringwire_uring::poll_yield`): the local rank,
+    /// when the launcher says how many ranks share this host and they do
+    /// not outnumber the usable cores.
+    pub(crate) home_core: Option<usize>,
 }
 
 /// Where the store is.
@@ -70,6 +75,8 @@ pub struct Builder {
     secret: Option<Option<Secret>>,
     /// Set by `tls` / `security`; else RINGWIRE_TLS*.
     tls: Option<Option<TlsConfig>>,
+    /// (local rank, ranks on this host), from the launch environment.
+    local: Option<(usize, usize)>,
 }
 
 impl Builder {
@@ -89,6 +96,7 @@ impl Builder {
         if let Some(ifname) = cfg.socket_ifname {
             b = b.socket_ifname(ifname);
         }
+        b.local = cfg.local_rank.zip(cfg.local_world_size);
         if let Ok(job) = std::env::var("RINGWIRE_JOB_ID") {
             b = b.job(job);
         }
@@ -289,7 +297,11 @@ impl Builder {
         // Fail before claiming a rank at the store if the transport asked
         // for cannot run.
         tunables.transport.choose(security.tls.is_some())?;
-        let world = rendezvous(&self, rank, size, &tunables, &security)?;
+        let mut world = rendezvous(&self, rank, size, &tunables, &security)?;
+        world.home_core = self
+            .local
+            .filter(|&(_, on_host)| on_host <= ringwire_uring::usable_cores())
+            .map(|(local_rank, _)| local_rank);
         tracing::info!(
             rank,
             world_size = size,
@@ -328,6 +340,7 @@ fn rendezvous(
                 transport,
                 store: None,
                 _store: None,
+                home_core: None,
             });
         }
         None => {
@@ -446,6 +459,7 @@ fn rendezvous(
         // host must not hold a failing op for a minute.
         store: Some((client.with_reply_timeout(Duration::from_secs(2)), prefix)),
         _store: store,
+        home_core: None,
     })
 }
 

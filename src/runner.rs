@@ -33,6 +33,11 @@ const HOT_WINDOW: Duration = Duration::from_millis(100);
 pub(crate) trait Context: Send + Sync {
     /// The calling thread stops running jobs for now.
     fn idle(&self);
+    /// The core a thread running these jobs polls from (see
+    /// `ringwire_uring::poll_yield`).
+    fn home_core(&self) -> Option<usize> {
+        None
+    }
 }
 
 /// What the executor thread is doing, for whoever queues a job.
@@ -137,13 +142,17 @@ impl<C: Context> Runner<C> {
     fn run(&self, job: Job<C>) {
         /// Frees the queue even if the job panics (on a waiter's thread
         /// the panic reaches the waiter; the queue must not stay blocked).
-        struct Finish<'a, C: Context>(&'a Runner<C>);
+        struct Finish<'a, C: Context>(&'a Runner<C>, Option<usize>);
         impl<C: Context> Drop for Finish<'_, C> {
             fn drop(&mut self) {
+                ringwire_uring::set_home_core(self.1);
                 self.0.job_ended();
             }
         }
-        let _finish = Finish(self);
+        let _finish = Finish(
+            self,
+            ringwire_uring::set_home_core(self.context.home_core()),
+        );
         job(&self.context);
     }
 
@@ -169,7 +178,8 @@ impl<C: Context> Runner<C> {
             return None;
         }
         jobs.running = true;
-        Some(Claim(self))
+        let home = ringwire_uring::set_home_core(self.context.home_core());
+        Some(Claim(self, home))
     }
 
     /// The executor thread's loop: runs jobs until closed and drained.
@@ -216,8 +226,9 @@ impl<C: Context> Runner<C> {
     }
 }
 
-/// A job slot taken by [`Runner::claim`].
-pub(crate) struct Claim<'a, C: Context>(&'a Runner<C>);
+/// A job slot taken by [`Runner::claim`] (and the thread's home core
+/// before it).
+pub(crate) struct Claim<'a, C: Context>(&'a Runner<C>, Option<usize>);
 
 impl<C: Context> Claim<'_, C> {
     pub(crate) fn context(&self) -> &C {
@@ -227,6 +238,7 @@ impl<C: Context> Claim<'_, C> {
 
 impl<C: Context> Drop for Claim<'_, C> {
     fn drop(&mut self) {
+        ringwire_uring::set_home_core(self.1);
         self.0.job_ended();
         self.0.done_helping();
     }

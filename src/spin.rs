@@ -4,7 +4,8 @@ use std::time::{Duration, Instant};
 
 /// Calls `poll` until it gives something or `budget` has passed, yielding
 /// the core between calls so a spinner never holds it from a thread that
-/// has work. `None` at once when `budget` is zero.
+/// has work (and moving off a core it shares with another poller, see
+/// `ringwire_uring::poll_yield`). `None` at once when `budget` is zero.
 pub(crate) fn poll_for<T>(budget: Duration, mut poll: impl FnMut() -> Option<T>) -> Option<T> {
     if budget.is_zero() {
         return None;
@@ -17,6 +18,6 @@ pub(crate) fn poll_for<T>(budget: Duration, mut poll: impl FnMut() -> Option<T>)
         if start.elapsed() >= budget {
             return None;
         }
-        std::thread::yield_now();
+        ringwire_uring::poll_yield();
     }
 }

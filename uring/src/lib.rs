@@ -7,7 +7,9 @@
 //! - [`FrameEngine`] moves framed messages over connected sockets on one
 //!   ring, driven by the threads that wait on it (see its module docs and
 //!   `docs/decisions/0007-caller-driven-engine.md`);
-//! - [`AlignedBuf`] is the payload storage both of ringwire's transports use.
+//! - [`AlignedBuf`] is the payload storage both of ringwire's transports use;
+//! - [`poll_yield`] yields between polls and moves a polling thread off a
+//!   core another poller shares (see the `spin` module).
 //!
 //! - [`CountingAllocator`] counts heap allocations (tests, benchmarks).
 //!
@@ -23,6 +25,7 @@ mod memlock;
 mod probe;
 #[cfg(target_os = "linux")]
 mod refuse;
+mod spin;
 
 pub use aligned::AlignedBuf;
 pub use counting::CountingAllocator;
@@ -33,6 +36,7 @@ pub use engine::{
 
 pub use memlock::{MemlockLimit, memlock};
 pub use probe::{Support, Unavailable, probe};
+pub use spin::{poll_yield, set_home_core, usable_cores};
 
 /// For tests: simulating hosts where io_uring is refused.
 #[cfg(target_os = "linux")]

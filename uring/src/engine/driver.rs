@@ -454,7 +454,7 @@ impl Driver {
                 if start.elapsed() >= self.spin.min(wait) {
                     break;
                 }
-                std::thread::yield_now();
+                crate::poll_yield();
             }
         }
         let ts = types::Timespec::from(wait);
