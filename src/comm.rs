@@ -509,6 +509,20 @@ impl Communicator {
         handle
     }
 
+    /// [`Communicator::submit`] for a plan that passed its argument checks;
+    /// a handle that has already failed with the check's error otherwise.
+    fn submit_checked<R: Send + 'static>(
+        &self,
+        plan: Result<OpPlan, Error>,
+        p2p: Option<(usize, bool)>,
+        job: impl FnOnce(&mut Ctx<'_>) -> Result<R, Error> + Send + 'static,
+    ) -> PendingCollective<R> {
+        match plan {
+            Ok(plan) => self.submit(plan, p2p, job),
+            Err(e) => PendingCollective::ready(Err(e)),
+        }
+    }
+
     /// Runs `job` on the calling thread right away if this communicator has
     /// nothing queued or running (the blocking forms: no job box, no
     /// handle, and the caller's slices are used in place); `None`, without
@@ -611,14 +625,14 @@ impl Communicator {
         mut buf: B,
         root: usize,
     ) -> PendingCollective<B> {
-        let plan = match self.broadcast_plan::<T>(buf.as_slice().len(), root) {
-            Ok(plan) => plan,
-            Err(e) => return PendingCollective::ready(Err(e)),
-        };
-        self.submit(plan, None, move |cx| {
-            broadcast_body(cx, buf.as_mut_slice(), root)?;
-            Ok(buf)
-        })
+        self.submit_checked(
+            self.broadcast_plan::<T>(buf.as_slice().len(), root),
+            None,
+            move |cx| {
+                broadcast_body(cx, buf.as_mut_slice(), root)?;
+                Ok(buf)
+            },
+        )
     }
 
     fn broadcast_plan<T: Element>(&self, n: usize, root: usize) -> Result<OpPlan, Error> {
@@ -636,14 +650,14 @@ impl Communicator {
         root: usize,
         op: ReduceOp,
     ) -> PendingCollective<B> {
-        let plan = match self.reduce_plan::<T>(buf.as_slice().len(), root, op) {
-            Ok(plan) => plan,
-            Err(e) => return PendingCollective::ready(Err(e)),
-        };
-        self.submit(plan, None, move |cx| {
-            reduce_body(cx, buf.as_mut_slice(), root, op)?;
-            Ok(buf)
-        })
+        self.submit_checked(
+            self.reduce_plan::<T>(buf.as_slice().len(), root, op),
+            None,
+            move |cx| {
+                reduce_body(cx, buf.as_mut_slice(), root, op)?;
+                Ok(buf)
+            },
+        )
     }
 
     fn reduce_plan<T: Element>(
@@ -666,15 +680,14 @@ impl Communicator {
         input: B,
         mut output: O,
     ) -> PendingCollective<(B, O)> {
-        let plan = match self.all_gather_plan::<T>(input.as_slice().len(), output.as_slice().len())
-        {
-            Ok(plan) => plan,
-            Err(e) => return PendingCollective::ready(Err(e)),
-        };
-        self.submit(plan, None, move |cx| {
-            all_gather_body(cx, input.as_slice(), output.as_mut_slice())?;
-            Ok((input, output))
-        })
+        self.submit_checked(
+            self.all_gather_plan::<T>(input.as_slice().len(), output.as_slice().len()),
+            None,
+            move |cx| {
+                all_gather_body(cx, input.as_slice(), output.as_mut_slice())?;
+                Ok((input, output))
+            },
+        )
     }
 
     fn all_gather_plan<T: Element>(&self, n: usize, out: usize) -> Result<OpPlan, Error> {
@@ -702,11 +715,7 @@ impl Communicator {
         op: ReduceOp,
     ) -> PendingCollective<(B, O)> {
         let (n, out) = (input.as_slice().len(), output.as_slice().len());
-        let plan = match self.reduce_scatter_plan::<T>(n, out, op) {
-            Ok(plan) => plan,
-            Err(e) => return PendingCollective::ready(Err(e)),
-        };
-        self.submit(plan, None, move |cx| {
+        self.submit_checked(self.reduce_scatter_plan::<T>(n, out, op), None, move |cx| {
             reduce_scatter_body(cx, input.as_slice(), output.as_mut_slice(), op)?;
             Ok((input, output))
         })
@@ -749,11 +758,7 @@ impl Communicator {
         mut output: O,
     ) -> PendingCollective<(B, O)> {
         let (n, out) = (input.as_slice().len(), output.as_slice().len());
-        let plan = match self.all_to_all_even_plan::<T>(n, out) {
-            Ok(plan) => plan,
-            Err(e) => return PendingCollective::ready(Err(e)),
-        };
-        self.submit(plan, None, move |cx| {
+        self.submit_checked(self.all_to_all_even_plan::<T>(n, out), None, move |cx| {
             all_to_all_even_body(cx, input.as_slice(), output.as_mut_slice())?;
             Ok((input, output))
         })
@@ -787,12 +792,9 @@ impl Communicator {
         recv_counts: &[usize],
     ) -> PendingCollective<(B, O)> {
         let (ins, outs) = (input.as_slice().len(), output.as_slice().len());
-        let plan = match self.all_to_all_plan::<T>(ins, send_counts, outs, recv_counts) {
-            Ok(plan) => plan,
-            Err(e) => return PendingCollective::ready(Err(e)),
-        };
+        let plan = self.all_to_all_plan::<T>(ins, send_counts, outs, recv_counts);
         let (send_counts, recv_counts) = (send_counts.to_vec(), recv_counts.to_vec());
-        self.submit(plan, None, move |cx| {
+        self.submit_checked(plan, None, move |cx| {
             all_to_all_body(
                 cx,
                 input.as_slice(),
