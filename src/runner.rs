@@ -288,6 +288,10 @@ mod tests {
         fn idle(&self) {
             self.idles.fetch_add(1, Ordering::SeqCst);
         }
+
+        fn home_core(&self) -> Option<usize> {
+            Some(7)
+        }
     }
 
     fn job(i: usize) -> Job<Log> {
@@ -399,6 +403,37 @@ mod tests {
         runner.close();
         executor.join().unwrap();
         assert_eq!(ran(&runner), (0..300).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn a_thread_polls_from_the_home_core_only_while_it_runs_jobs() {
+        let runner = Runner::new(Log::default());
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let during = seen.clone();
+        runner.push(
+            Box::new(move |_: &Log| {
+                // Read it by swapping it out and back.
+                let home = ringwire_uring::set_home_core(None);
+                ringwire_uring::set_home_core(home);
+                during.lock().unwrap().push(home);
+            }),
+            false,
+        );
+        assert_eq!(ringwire_uring::set_home_core(Some(3)), None);
+        assert!(runner.help());
+        let claim = runner.claim().expect("nothing queued");
+        assert_eq!(
+            ringwire_uring::set_home_core(Some(7)),
+            Some(7),
+            "claimed: home"
+        );
+        drop(claim);
+        assert_eq!(*seen.lock().unwrap(), [Some(7)], "running a job: home");
+        assert_eq!(
+            ringwire_uring::set_home_core(None),
+            Some(3),
+            "afterwards: the thread's own setting again"
+        );
     }
 
     #[test]

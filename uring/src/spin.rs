@@ -59,39 +59,42 @@ pub fn poll_yield() {
     std::thread::yield_now();
     if before.elapsed() >= SHARED_CORE {
         if let Some(home) = HOME.get() {
-            move_home(home);
+            let _ = move_home(home);
         }
     }
 }
 
-fn move_home(home: usize) {
+/// Moves the calling thread to its home core unless it moved less than
+/// `MOVE_EVERY` ago, is there already, or may use only one core; the core
+/// it was on right after moving, if it moved.
+fn move_home(home: usize) -> Option<usize> {
     let now = Instant::now();
     if LAST_MOVE
         .get()
         .is_some_and(|t| now.duration_since(t) < MOVE_EVERY)
     {
-        return;
+        return None;
     }
     LAST_MOVE.set(Some(now));
     let me = Pid::from_raw(0);
-    let Ok(allowed) = sched_getaffinity(me) else {
-        return;
-    };
+    let allowed = sched_getaffinity(me).ok()?;
     let usable: Vec<usize> = (0..CpuSet::count())
         .filter(|&c| allowed.is_set(c).unwrap_or(false))
         .collect();
     if usable.len() < 2 {
-        return;
+        return None;
     }
     let target = usable[home % usable.len()];
     if sched_getcpu().is_ok_and(|c| c == target) {
-        return;
+        return None;
     }
     let mut only = CpuSet::new();
-    if only.set(target).is_ok() && sched_setaffinity(me, &only).is_ok() {
-        // Moved; the affinity itself goes back to what it was.
-        let _ = sched_setaffinity(me, &allowed);
-    }
+    only.set(target).ok()?;
+    sched_setaffinity(me, &only).ok()?;
+    let landed = sched_getcpu().ok();
+    // Moved; the affinity itself goes back to what it was.
+    let _ = sched_setaffinity(me, &allowed);
+    landed
 }
 
 #[cfg(test)]
