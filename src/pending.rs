@@ -1,8 +1,9 @@
 //! `PendingCollective`: the handle every collective returns at once.
 //!
 //! It is runtime-agnostic: a mutex-protected slot plus a condvar (for
-//! `wait`) and a stored waker (for `.await` under any executor). The
-//! executor thread fills the slot exactly once.
+//! `wait`) and a stored waker (for `.await` under any executor). Whoever
+//! runs the op (the communicator's executor thread, or a thread blocked in
+//! `wait`, see `runner`) fills the slot exactly once.
 //!
 //! Dropping a `PendingCollective` before it completes *detaches* it: the op
 //! still runs to the end on the communicator's executor (so the ranks stay in
@@ -162,6 +163,11 @@ impl<R> PendingCollective<R> {
 
     /// Blocks the calling thread until the collective ends. The collective's
     /// own timeout bounds the wait.
+    ///
+    /// If the op (or an op submitted before it on the same communicator)
+    /// has not started yet, the calling thread runs it itself, which saves
+    /// the hand-offs to and from the communicator's executor thread; it
+    /// polls briefly (`RINGWIRE_SPIN_US`) before sleeping.
     pub fn wait(self) -> Result<R, Error> {
         self.help_then_poll(self.shared.spin);
         let mut slot = self.shared.lock();

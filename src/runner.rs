@@ -12,8 +12,8 @@
 //! a waiter runs the job. While the communicator is busy the executor polls
 //! the queue every [`HOT_POLL`] instead, so a small op nobody waits for
 //! still starts within that time (overlap with compute keeps working), and
-//! a waiter that awaits (`.await`, `is_completed`) rather than blocks kicks
-//! the executor at once. Large jobs always wake it.
+//! a waiter that does not block in `wait` (`.await`, `is_completed`,
+//! `wait_timeout`) kicks the executor at once. Large jobs always wake it.
 
 use std::collections::VecDeque;
 use std::sync::{Condvar, Mutex, MutexGuard};
