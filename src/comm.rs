@@ -167,12 +167,16 @@ impl Ctx<'_> {
         work: &mut [T],
         build: impl FnOnce(&mut Vec<Step>, usize),
     ) -> Result<(), Error> {
-        let mut steps = std::mem::take(&mut *lock(&self.ex.steps));
-        steps.clear();
-        build(&mut steps, self.chunk::<T>());
-        let result = self.run(&steps, work);
-        *lock(&self.ex.steps) = steps;
-        result
+        let ex = self.ex;
+        with_kept(
+            &ex.steps,
+            |_| true,
+            |steps| {
+                steps.clear();
+                build(steps, self.chunk::<T>());
+                self.run(steps, work)
+            },
+        )
     }
 
     /// Runs `f` on a work space of `len` elements (contents unspecified),
@@ -182,18 +186,17 @@ impl Ctx<'_> {
         len: usize,
         f: impl FnOnce(&mut Self, &mut [T]) -> R,
     ) -> R {
-        let mut words = std::mem::take(&mut *lock(&self.ex.scratch));
-        let bytes = len * size_of::<T>();
-        if words.len() * 8 < bytes {
-            words.resize(bytes.div_ceil(8), 0);
-        }
-        let work = <[T]>::mut_from_bytes(&mut words.as_mut_bytes()[..bytes])
-            .expect("8-byte words hold any element type");
-        let result = f(self, work);
-        if words.len() * 8 <= KEPT_SCRATCH_BYTES {
-            *lock(&self.ex.scratch) = words;
-        }
-        result
+        let ex = self.ex;
+        let small_enough = |words: &Vec<u64>| words.len() * 8 <= KEPT_SCRATCH_BYTES;
+        with_kept(&ex.scratch, small_enough, |words| {
+            let bytes = len * size_of::<T>();
+            if words.len() * 8 < bytes {
+                words.resize(bytes.div_ceil(8), 0);
+            }
+            let work = <[T]>::mut_from_bytes(&mut words.as_mut_bytes()[..bytes])
+                .expect("8-byte words hold any element type");
+            f(self, work)
+        })
     }
 
     fn rank_and_size(&self) -> (usize, usize) {
@@ -334,12 +337,31 @@ fn all_to_all_even_body<T: Element>(
     input: &[T],
     output: &mut [T],
 ) -> Result<(), Error> {
-    let size = cx.ex.size;
-    let mut counts = std::mem::take(&mut *lock(&cx.ex.counts));
-    counts.clear();
-    counts.resize(size, input.len() / size);
-    let result = all_to_all_body(cx, input, &counts, output, &counts);
-    *lock(&cx.ex.counts) = counts;
+    let ex = cx.ex;
+    with_kept(
+        &ex.counts,
+        |_| true,
+        |counts| {
+            counts.clear();
+            counts.resize(ex.size, input.len() / ex.size);
+            all_to_all_body(cx, input, counts, output, counts)
+        },
+    )
+}
+
+/// Runs `f` on the value kept in `slot` (taken out, so `f` may run ops
+/// that lock nothing of it) and puts it back if `keep` says so; one op runs
+/// at a time per communicator, so the slot is never contended.
+fn with_kept<V: Default, R>(
+    slot: &Mutex<V>,
+    keep: impl Fn(&V) -> bool,
+    f: impl FnOnce(&mut V) -> R,
+) -> R {
+    let mut value = std::mem::take(&mut *lock(slot));
+    let result = f(&mut value);
+    if keep(&value) {
+        *lock(slot) = value;
+    }
     result
 }
 
