@@ -11,7 +11,7 @@ use crate::buffer::{Buffer, CollectiveBuffer};
 use crate::config::Tunables;
 use crate::error::{Error, OpContext};
 use crate::exec::{self, OpSignature, Traffic};
-use crate::pending::{PendingCollective, pending_in};
+use crate::pending::{CellPool, PendingCollective, queued};
 use crate::recorder::{FlightRecorder, OpRecord};
 use crate::rendezvous::World;
 use crate::runner::{Help, Runner};
@@ -64,6 +64,8 @@ struct Inner {
     tunables: Tunables,
     queue: Mutex<Queue>,
     runner: Arc<Runner<Executor>>,
+    /// Handle-and-job cells for reuse (owned-buffer ops allocate nothing).
+    cells: Arc<CellPool>,
     failed: Arc<Mutex<Option<String>>>,
     stats: Arc<StatsRecorder>,
     recorder: Arc<FlightRecorder>,
@@ -418,6 +420,7 @@ impl Communicator {
                 members,
                 tunables,
                 runner,
+                cells: CellPool::new(),
                 queue: Mutex::new(Queue {
                     next_seq: 0,
                     p2p_seq: HashMap::new(),
@@ -516,18 +519,22 @@ impl Communicator {
         job: impl FnOnce(&mut Ctx<'_>) -> Result<R, Error> + Send + 'static,
     ) -> PendingCollective<R> {
         let helper: Arc<dyn Help> = self.inner.runner.clone();
-        let (handle, completer) = pending_in(plan.kind, self.inner.tunables.spin, Some(helper));
         // Large ops start on the executor at once; a small one is usually
         // run by its waiter (see `runner`).
         let urgent =
             plan.count * plan.dtype.size() as u64 >= self.inner.tunables.small_message_bytes as u64;
         let mut queue = lock(&self.inner.queue);
+        let kind = plan.kind;
         let ticket = self.ticket(&mut queue, plan, p2p);
-        // Under the queue lock, so jobs queue in sequence order.
-        self.inner.runner.push(
-            Box::new(move |ex: &Executor| completer.complete(execute(ex, ticket, job))),
-            urgent,
+        let (handle, queued_job) = queued(
+            kind,
+            self.inner.tunables.spin,
+            helper,
+            &self.inner.cells,
+            move |ex: &Executor| execute(ex, ticket, job),
         );
+        // Under the queue lock, so jobs queue in sequence order.
+        self.inner.runner.push(queued_job, urgent);
         handle
     }
 

@@ -16,11 +16,46 @@
 //! `wait_timeout`) kicks the executor at once. Large jobs always wake it.
 
 use std::collections::VecDeque;
-use std::sync::{Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-/// A queued job; gets the shared context `C`.
-pub(crate) type Job<C> = Box<dyn FnOnce(&C) + Send>;
+/// Work queued to run once with the shared context `C`. Shared (not boxed)
+/// so an op's handle and its queued work can live in one reusable
+/// allocation (see `pending::CellPool`).
+pub(crate) trait Runnable<C>: Send + Sync {
+    /// Runs the work (called at most once).
+    fn run(&self, context: &C);
+    /// The work will never run (the runner closed before it).
+    fn abandon(&self);
+    /// The queue is done with it (after `run` or `abandon`).
+    fn let_go(self: Arc<Self>);
+}
+
+/// A queued job. Dropped without running, its work is abandoned.
+pub(crate) struct Job<C>(Option<Arc<dyn Runnable<C>>>);
+
+impl<C> Job<C> {
+    pub(crate) fn new(work: Arc<dyn Runnable<C>>) -> Job<C> {
+        Job(Some(work))
+    }
+
+    pub(crate) fn run(mut self, context: &C) {
+        if let Some(work) = self.0.take() {
+            // A panic skips `let_go`: the cell is then freed, not reused.
+            work.run(context);
+            work.let_go();
+        }
+    }
+}
+
+impl<C> Drop for Job<C> {
+    fn drop(&mut self) {
+        if let Some(work) = self.0.take() {
+            work.abandon();
+            work.let_go();
+        }
+    }
+}
 
 /// How often a busy communicator's idle executor looks for jobs nobody
 /// woke it for.
@@ -153,7 +188,7 @@ impl<C: Context> Runner<C> {
             self,
             ringwire_uring::set_home_core(self.context.home_core()),
         );
-        job(&self.context);
+        job.run(&self.context);
     }
 
     /// Frees the job slot.
@@ -274,7 +309,6 @@ impl<C: Context> Help for Runner<C> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::Arc;
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::thread::ThreadId;
 
@@ -294,13 +328,33 @@ mod tests {
         }
     }
 
-    fn job(i: usize) -> Job<Log> {
-        Box::new(move |log: &Log| {
+    /// A job from a closure (the communicator's come from `pending`).
+    struct FnJob<F>(Mutex<Option<F>>);
+
+    impl<F: FnOnce(&Log) + Send> Runnable<Log> for FnJob<F> {
+        fn run(&self, log: &Log) {
+            let f = self.0.lock().unwrap().take();
+            f.expect("run once")(log);
+        }
+        fn abandon(&self) {}
+        fn let_go(self: Arc<Self>) {}
+    }
+
+    fn from_fn(f: impl FnOnce(&Log) + Send + 'static) -> Job<Log> {
+        Job::new(Arc::new(FnJob(Mutex::new(Some(f)))))
+    }
+
+    fn record(i: usize) -> impl FnOnce(&Log) + Send + 'static {
+        move |log: &Log| {
             log.ran
                 .lock()
                 .unwrap()
                 .push((i, std::thread::current().id()))
-        })
+        }
+    }
+
+    fn job(i: usize) -> Job<Log> {
+        from_fn(record(i))
     }
 
     fn ran(runner: &Runner<Log>) -> Vec<usize> {
@@ -383,9 +437,9 @@ mod tests {
             .collect();
         for i in 0..300 {
             let running = running.clone();
-            let inner = job(i);
+            let inner = record(i);
             runner.push(
-                Box::new(move |log: &Log| {
+                from_fn(move |log: &Log| {
                     assert_eq!(
                         running.fetch_add(1, Ordering::SeqCst),
                         0,
@@ -411,7 +465,7 @@ mod tests {
         let seen = Arc::new(Mutex::new(Vec::new()));
         let during = seen.clone();
         runner.push(
-            Box::new(move |_: &Log| {
+            from_fn(move |_: &Log| {
                 // Read it by swapping it out and back.
                 let home = ringwire_uring::set_home_core(None);
                 ringwire_uring::set_home_core(home);
@@ -439,7 +493,7 @@ mod tests {
     #[test]
     fn a_panicking_job_does_not_block_the_queue() {
         let runner = Runner::new(Log::default());
-        runner.push(Box::new(|_: &Log| panic!("job failed")), false);
+        runner.push(from_fn(|_: &Log| panic!("job failed")), false);
         runner.push(job(1), false);
         let caught = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| runner.help()));
         assert!(caught.is_err());

@@ -5,15 +5,16 @@
 //! reuses, ops that must not touch their input work in a reused scratch
 //! space, and the transports' data path (frames, sends, receives, the
 //! engine's queues, payload buffers) is pooled. An op on owned buffers
-//! (`all_reduce(vec)`, queued behind others and awaitable) allocates a
-//! fixed few times for its handle and its queued job, however many frames
-//! it moves.
+//! (`all_reduce(vec)`, queued behind others and awaitable) allocates
+//! nothing either once warm: its handle and its queued job share a cell the
+//! communicator reuses.
 
 mod common;
 
 use common::{local_group, on_all};
 use ringwire::{Communicator, ReduceOp};
 use ringwire_uring::CountingAllocator;
+use std::cell::RefCell;
 use std::sync::{Barrier, Mutex};
 
 #[global_allocator]
@@ -77,25 +78,38 @@ fn blocking_collectives_allocate_nothing_per_op() {
     }
 }
 
+thread_local! {
+    /// Each rank's owned buffers, handed to the ops and taken back.
+    static OWNED: RefCell<(Vec<f32>, Vec<f32>)> = const { RefCell::new((Vec::new(), Vec::new())) };
+}
+
 #[test]
-fn owned_buffer_ops_allocate_a_fixed_few_times() {
+fn owned_buffer_ops_allocate_nothing_per_op() {
     let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let (_store, comms) = local_group(2, |b| b.chunk_bytes(1024).small_message_bytes(1024));
     let name = comms[0].transport_name();
-    let per_op = |len| {
-        allocations_per_op(&comms, len, |c, buf, _| {
-            let owned = buf.to_vec();
-            let back = c.all_reduce(owned, ReduceOp::Sum).wait().unwrap();
-            buf.copy_from_slice(&back);
-        })
-    };
-    let (few, many) = (per_op(1024), per_op(64 * 1024));
-    eprintln!(
-        "{name}: {few} allocations per owned all-reduce moving 4 frames per rank, {many} moving 256"
-    );
-    // The test's own `to_vec` is one of them on each rank.
-    assert!(few <= 8, "{name}: {few} allocations per owned op");
-    assert_eq!(few, many, "{name}: allocations grow with the frames moved");
+    for len in [2, 1024, 64 * 1024] {
+        let n = allocations_per_op(&comms, len, |c, buf, out| {
+            OWNED.with_borrow_mut(|(owned, gathered)| {
+                if owned.len() != buf.len() {
+                    *owned = buf.to_vec();
+                    *gathered = out.to_vec();
+                }
+                let mut v = std::mem::take(owned);
+                v = c.all_reduce(v, ReduceOp::Sum).wait().unwrap();
+                v = c.broadcast(v, 1).wait().unwrap();
+                v = futures::executor::block_on(c.reduce(v, 0, ReduceOp::Max)).unwrap();
+                let (v, g) = c.all_gather(v, std::mem::take(gathered)).wait().unwrap();
+                c.barrier().wait().unwrap();
+                // Dropped before it is waited for: still runs, still pooled.
+                drop(c.barrier());
+                *owned = v;
+                *gathered = g;
+            });
+        });
+        eprintln!("{name}: {n} allocations per 6 ops on owned buffers of {len} elements");
+        assert_eq!(n, 0, "{name}: owned-buffer ops of {len} elements allocate");
+    }
 }
 
 /// Every other test of this file, again on the portable transport.
