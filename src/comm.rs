@@ -450,6 +450,15 @@ impl Communicator {
         self.inner.world.transport.name()
     }
 
+    /// What carries this rank's link to `peer` (a rank of this
+    /// communicator): `"unix"` for a rank on the same host (see
+    /// [`crate::LocalLinks`]), `"tcp"` otherwise; `None` until the link is
+    /// made (on first use) or after it failed.
+    pub fn link_kind(&self, peer: usize) -> Option<&'static str> {
+        let world_rank = *self.inner.members.get(peer)?;
+        self.inner.world.transport.link_kind(world_rank)
+    }
+
     /// A handle to the same communicator whose ops use `timeout` instead of
     /// the configured default. Ops queue in one order whichever handle
     /// submits them.

@@ -28,7 +28,7 @@ pub use buffer::{Buffer, CollectiveBuffer};
 pub use comm::Communicator;
 pub use config::{
     DEFAULT_CHUNK_BYTES, DEFAULT_HEARTBEAT_TIMEOUT, DEFAULT_SMALL_MESSAGE_BYTES, DEFAULT_SPIN,
-    DEFAULT_TIMEOUT, TransportKind, uring_status,
+    DEFAULT_TIMEOUT, LocalLinks, TransportKind, uring_status,
 };
 pub use dtype::{DType, Element, ReduceOp};
 pub use error::{Error, OpContext, Result};

@@ -9,14 +9,14 @@
 //! has everything it needs.
 
 use crate::comm::Communicator;
-use crate::config::{Overrides, TransportKind, Tunables};
+use crate::config::{LocalLinks, Overrides, TransportKind, Tunables};
 use crate::error::Error;
 use crate::pending::{PendingCollective, pending};
 use crate::security::secret::Secret;
 use crate::security::{self, Security, TlsConfig};
 use crate::store::{StoreClient, StoreError, StoreServer};
 use crate::transport::Transport;
-use crate::transport::tcp::{TcpConfig, TcpTransport};
+use crate::transport::tcp::{LocalPeers, TcpConfig, TcpTransport};
 use crate::wire::OpKind;
 use crate::{env, net};
 use std::net::SocketAddr;
@@ -211,6 +211,14 @@ impl Builder {
         self
     }
 
+    /// What carries links to ranks on the same host (same kernel and
+    /// network namespace): Unix-domain sockets by default, or TCP like
+    /// links between hosts. Env: RINGWIRE_LOCAL_LINKS=unix|tcp.
+    pub fn local_links(mut self, kind: LocalLinks) -> Builder {
+        self.overrides.local_links = Some(kind);
+        self
+    }
+
     /// Which transport to use. Env: RINGWIRE_TRANSPORT=auto|uring|portable.
     pub fn transport(mut self, kind: TransportKind) -> Builder {
         self.overrides.transport = Some(kind);
@@ -332,7 +340,7 @@ fn rendezvous(
         None if size == 1 => {
             // One rank and no store: nothing to meet.
             let listener = net::bind_listener("127.0.0.1".parse().expect("literal"))?;
-            let transport = start_transport(listener, 0, 0, Vec::new(), t, sec)?;
+            let transport = start_transport(listener, None, 0, 0, Vec::new(), t, sec)?;
             return Ok(World {
                 rank,
                 size,
@@ -407,9 +415,17 @@ fn rendezvous(
     let listen = listener
         .local_addr()
         .map_err(|e| Error::io("reading the listener address", e))?;
+    // Published before the TCP address: whoever reads that finds this too.
+    let local = (t.local_links == LocalLinks::Unix && sec.tls.is_none())
+        .then(|| local_listener(rank))
+        .flatten();
+    if let Some((_, published)) = &local {
+        client.set(&key(&format!("local/{rank}")), published.as_bytes())?;
+    }
     client.set(&key(&format!("addr/{rank}")), listen.to_string().as_bytes())?;
 
     let mut peers = Vec::with_capacity(size);
+    let mut local_peers = Vec::with_capacity(size);
     for q in 0..size {
         let raw = client.get(&key(&format!("addr/{q}")), t.connect_timeout).map_err(|e| match e {
             StoreError::Timeout { .. } => Error::Rendezvous(format!(
@@ -425,13 +441,24 @@ fn rendezvous(
             .parse()
             .map_err(|_| Error::Rendezvous(format!("rank {q} published a bad address {text:?}")))?;
         peers.push(addr);
+        let local_peer = match (&local, q == rank) {
+            (Some((_, mine)), false) => client
+                .try_get(&key(&format!("local/{q}")))?
+                .and_then(|theirs| same_host_unix_addr(mine, &theirs)),
+            _ => None,
+        };
+        local_peers.push(local_peer);
     }
     let job = client.get(&key("job"), t.connect_timeout)?;
     let job_id = u64::from_le_bytes(
         job.try_into()
             .map_err(|_| Error::Rendezvous("bad job id in the store".into()))?,
     );
-    let transport = start_transport(listener, rank, job_id, peers, t, sec)?;
+    let local = local.map(|(listener, _)| LocalPeers {
+        listener,
+        peers: local_peers,
+    });
+    let transport = start_transport(listener, local, rank, job_id, peers, t, sec)?;
 
     // Store barrier: nobody leaves setup until everyone has every address.
     client.set(&key(&format!("ready/{rank}")), b"1")?;
@@ -463,8 +490,54 @@ fn rendezvous(
     })
 }
 
+/// What this process shares with the ranks its Unix sockets can reach:
+/// the kernel (boot id) and the network namespace, whose abstract socket
+/// names it can connect to.
+fn host_identity() -> Option<String> {
+    use std::os::unix::fs::MetadataExt;
+    let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").ok()?;
+    let netns = std::fs::metadata("/proc/self/ns/net").ok()?;
+    Some(format!("{}:{}:{}", boot.trim(), netns.dev(), netns.ino()))
+}
+
+/// A Unix listener for same-host peers, on a fresh abstract name (nothing
+/// in the file system to clean up), and what to publish for it: the host
+/// identity and the name. `None` (TCP for every peer) where there is no
+/// identity or the bind fails.
+fn local_listener(rank: usize) -> Option<(std::os::unix::net::UnixListener, String)> {
+    use std::os::linux::net::SocketAddrExt;
+    let identity = host_identity()?;
+    let name = format!(
+        "ringwire/{}/{rank}/{:016x}",
+        std::process::id(),
+        crate::testing::Rng::fresh_seed()
+    );
+    let bound = std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes())
+        .and_then(|addr| std::os::unix::net::UnixListener::bind_addr(&addr));
+    match bound {
+        Ok(listener) => Some((listener, format!("{identity} {name}"))),
+        Err(e) => {
+            tracing::debug!(rank, error = %e, "no unix listener; local links use TCP");
+            None
+        }
+    }
+}
+
+/// The Unix address of a peer that published `theirs`, if it runs on this
+/// host and network namespace (`mine` is this rank's own publication).
+fn same_host_unix_addr(mine: &str, theirs: &[u8]) -> Option<std::os::unix::net::SocketAddr> {
+    use std::os::linux::net::SocketAddrExt;
+    let theirs = std::str::from_utf8(theirs).ok()?;
+    let (my_host, _) = mine.split_once(' ')?;
+    let (host, name) = theirs.split_once(' ')?;
+    (host == my_host)
+        .then(|| std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes()).ok())
+        .flatten()
+}
+
 fn start_transport(
     listener: std::net::TcpListener,
+    local: Option<LocalPeers>,
     rank: usize,
     job_id: u64,
     peers: Vec<SocketAddr>,
@@ -495,7 +568,7 @@ fn start_transport(
     } else {
         peers
     };
-    TcpTransport::start(listener, rank, job_id, peers, config)
+    TcpTransport::start(listener, local, rank, job_id, peers, config)
         .map(|t| Box::new(t) as Box<dyn Transport>)
         .map_err(|e| Error::io(format!("starting the {name} transport"), e))
         .inspect(|t| {

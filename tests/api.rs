@@ -306,3 +306,21 @@ fn communicators_run_on_the_transport_asked_for() {
         assert_eq!(c.transport_name(), common::expected_transport());
     }
 }
+
+#[test]
+fn local_ranks_link_over_unix_sockets_unless_told_tcp() {
+    let (_store, comms) = local_group(3, |b| b);
+    assert_eq!(comms[0].link_kind(1), None, "links are made on first use");
+    on_all(&comms, |c| c.barrier().wait().unwrap());
+    let want = common::expected_local_link();
+    for (rank, c) in comms.iter().enumerate() {
+        for peer in (0..3).filter(|&p| p != rank) {
+            assert_eq!(c.link_kind(peer), Some(want), "rank {rank} to {peer}");
+        }
+    }
+    let (_store, comms) = local_group(2, |b| b.local_links(ringwire::LocalLinks::Tcp));
+    on_all(&comms, |c| c.barrier().wait().unwrap());
+    assert_eq!(comms[0].link_kind(1), Some("tcp"));
+    assert_eq!(comms[1].link_kind(0), Some("tcp"));
+    assert_eq!(comms[0].link_kind(5), None, "not a rank");
+}

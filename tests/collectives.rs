@@ -96,3 +96,10 @@ fn large_buffers_across_chunks() {
 fn on_the_portable_transport_too() {
     common::rerun_on_portable("on_the_portable_transport_too");
 }
+
+/// Every other test of this file, again with local ranks linked over TCP
+/// (the path between hosts; the default links them with Unix sockets).
+#[test]
+fn over_tcp_local_links_too() {
+    common::rerun_over_tcp_local_links("over_tcp_local_links_too");
+}

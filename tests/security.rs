@@ -134,7 +134,7 @@ fn rank_addr(store: &StoreServer, sec: &Security, rank: usize) -> SocketAddr {
     String::from_utf8(raw).unwrap().parse().unwrap()
 }
 
-fn read_frame(s: &mut TcpStream) -> std::io::Result<(Header, Vec<u8>)> {
+fn read_frame(s: &mut impl Read) -> std::io::Result<(Header, Vec<u8>)> {
     let mut head = [0u8; HEADER_LEN];
     s.read_exact(&mut head)?;
     let h = Header::decode(&head, wire::MAX_CONTROL_PAYLOAD).map_err(std::io::Error::other)?;
@@ -157,6 +157,8 @@ fn mtls_job_of_three_ranks_runs_collectives() {
     check_all_reduce(&comms, 10);
     // Large enough for the ring, many TLS records, both directions at once.
     check_all_reduce(&comms, 3 << 20);
+    // TLS sessions run over TCP, even between ranks on one host.
+    assert_eq!(comms[0].link_kind(1), Some("tcp"));
 }
 
 #[test]
@@ -404,6 +406,79 @@ fn authenticated_job_keeps_working_while_strangers_hammer_its_ports() {
             check_all_reduce(&comms, 1000 + round * 997);
         }
         check_all_reduce(&comms, 1 << 20);
+        stop.store(true, Ordering::Relaxed);
+    });
+}
+
+/// Rank `rank`'s Unix socket for same-host peers, as it published it.
+fn rank_unix_addr(
+    store: &StoreServer,
+    sec: &Security,
+    rank: usize,
+) -> std::os::unix::net::SocketAddr {
+    use std::os::linux::net::SocketAddrExt;
+    let c = StoreClient::connect_with(&[store.local_addr()], Duration::from_secs(5), sec).unwrap();
+    let raw = c
+        .get(
+            &format!("ringwire/default/local/{rank}"),
+            Duration::from_secs(5),
+        )
+        .unwrap();
+    let text = String::from_utf8(raw).unwrap();
+    let (_host, name) = text.split_once(' ').expect("host identity, then the name");
+    std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes()).unwrap()
+}
+
+#[test]
+fn strangers_on_the_local_unix_socket_get_the_same_checks() {
+    use std::os::unix::net::UnixStream;
+    let right = sec(None, Some("right"));
+    let (store, comms) = group(2, right.clone(), |_| right.clone(), Duration::from_secs(20));
+    let comms = ok(comms);
+    check_all_reduce(&comms, 100);
+    assert_eq!(comms[0].link_kind(1), Some(common::expected_local_link()));
+    let addr = rank_unix_addr(&store, &right, 1);
+    // A hello without the secret: refused for the mode, in plaintext.
+    let mut s = UnixStream::connect_addr(&addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    s.write_all(&wire::encode_hello(0, 0, &Hello::new(0, 0, 2)).unwrap())
+        .unwrap();
+    let (h, p) = read_frame(&mut s).unwrap();
+    assert_eq!(h.kind, FrameKind::HandshakeAck);
+    let ack = HelloAck::decode(&p).unwrap();
+    assert!(!ack.accepted, "a stranger was accepted");
+    // A TLS ClientHello: told this job has TLS off.
+    let mut s = UnixStream::connect_addr(&addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    s.write_all(&[22u8, 3, 1, 0, 5, 1, 0, 0, 1, 0]).unwrap();
+    let (_, p) = read_frame(&mut s).unwrap();
+    let ack = HelloAck::decode(&p).unwrap();
+    assert!(
+        !ack.accepted && ack.reason.contains("TLS off"),
+        "{}",
+        ack.reason
+    );
+    // Many strangers at once (garbage, silence, hang-ups) while the job runs.
+    let stop = AtomicBool::new(false);
+    std::thread::scope(|sc| {
+        sc.spawn(|| {
+            let mut i = 0usize;
+            while !stop.load(Ordering::Relaxed) && i < 500 {
+                if let Ok(mut c) = UnixStream::connect_addr(&addr) {
+                    let _ = c.set_read_timeout(Some(Duration::from_millis(50)));
+                    let _ = match i % 3 {
+                        0 => c.write_all(b"GET / HTTP/1.0\r\n\r\n"),
+                        1 => c.write_all(&[0xff; 64]),
+                        _ => Ok(()),
+                    };
+                    let _ = c.read(&mut [0u8; 256]);
+                }
+                i += 1;
+            }
+        });
+        for round in 0..10 {
+            check_all_reduce(&comms, 1000 + round * 997);
+        }
         stop.store(true, Ordering::Relaxed);
     });
 }

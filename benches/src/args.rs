@@ -4,6 +4,14 @@ use crate::ops::BenchOp;
 use ringwire::{DType, ReduceOp};
 use std::time::Duration;
 
+/// Which kinds of link between local ranks a run measures.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum LinksChoice {
+    Unix,
+    Tcp,
+    All,
+}
+
 /// Which transports a run measures.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum TransportChoice {
@@ -27,6 +35,7 @@ pub(crate) struct Args {
     pub(crate) root: usize,
     pub(crate) check: bool,
     pub(crate) transport: TransportChoice,
+    pub(crate) links: LinksChoice,
     pub(crate) link_limit: bool,
     pub(crate) json: Option<String>,
     pub(crate) csv: Option<String>,
@@ -59,7 +68,10 @@ ops: all_reduce broadcast reduce all_gather reduce_scatter all_to_all barrier se
   -r, --root R       root of broadcast and reduce (default 0)
   -c, --check 0|1    check results against a reference (default 1)
       --transport T  portable, uring or all (default all: every available one, interleaved size by size)
-      --link-limit   measure the ring link limit first and show busbw as a percentage of it
+      --local-links L  unix, tcp or all: what links ranks on the same host (default unix,
+                     as ringwire does; tcp rows are labelled uring-tcp / portable-tcp)
+      --link-limit   measure the ring link limit first (over each kind of link measured)
+                     and show busbw as a percentage of it
       --json FILE    write the rows as JSON
       --csv FILE     write the rows as CSV
       --plot FILE    write busbw against size as SVG
@@ -106,6 +118,7 @@ pub(crate) fn parse(args: &[String]) -> Result<Args, String> {
         root: 0,
         check: true,
         transport: TransportChoice::All,
+        links: LinksChoice::Unix,
         link_limit: false,
         json: None,
         csv: None,
@@ -175,6 +188,18 @@ pub(crate) fn parse(args: &[String]) -> Result<Args, String> {
                 }
             }
             "--link-limit" => a.link_limit = true,
+            "--local-links" => {
+                a.links = match value()?.as_str() {
+                    "unix" => LinksChoice::Unix,
+                    "tcp" => LinksChoice::Tcp,
+                    "all" => LinksChoice::All,
+                    v => {
+                        return Err(format!(
+                            "--local-links: expected unix, tcp or all, got {v:?}"
+                        ));
+                    }
+                }
+            }
             "--json" => a.json = Some(value()?),
             "--csv" => a.csv = Some(value()?),
             "--plot" => a.plot = Some(value()?),

@@ -1,5 +1,6 @@
 //! The ring link limit: every rank streams to its ring successor at once
-//! over plain TCP sockets (large writes, TCP_NODELAY), while receiving from
+//! over plain TCP sockets (large writes, TCP_NODELAY), or over Unix-domain
+//! sockets as ringwire links ranks on one host, while receiving from
 //! its predecessor. On loopback the kernel's copies, not a wire, set this
 //! limit; it is what any TCP ring can reach on these hosts, and a ring
 //! collective's busbw is measured against it.
@@ -10,8 +11,14 @@ use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
-/// Bytes/s (as GB/s) of the slowest rank, or `None` for a single rank.
-pub(crate) fn measure(ctrl: &Communicator, bytes: usize) -> Result<Option<f64>, String> {
+/// Bytes/s (as GB/s) of the slowest rank, or `None` for a single rank;
+/// over TCP, or (`unix`) over Unix-domain sockets as ringwire links ranks on
+/// one host.
+pub(crate) fn measure(
+    ctrl: &Communicator,
+    bytes: usize,
+    unix: bool,
+) -> Result<Option<f64>, String> {
     let (rank, world) = (ctrl.rank(), ctrl.world_size());
     if world < 2 {
         return Ok(None);
@@ -27,24 +34,62 @@ pub(crate) fn measure(ctrl: &Communicator, bytes: usize) -> Result<Option<f64>, 
         .wait()
         .map_err(|e| e.to_string())?[0];
     let key = |r: usize| format!("ringwire-bench/link/{nonce}/{r}");
+    let lookup = |r: usize| -> Result<String, String> {
+        Ok(String::from_utf8_lossy(
+            &store
+                .get(&key(r), Duration::from_secs(30))
+                .map_err(|e| e.to_string())?,
+        )
+        .into_owned())
+    };
+    let next = (rank + 1) % world;
 
-    let ip = net::choose_local_ip(launch.socket_ifname.as_deref(), &store_addrs)
-        .map_err(|e| e.to_string())?;
-    let listener = net::bind_listener(ip).map_err(|e| e.to_string())?;
-    let me = listener.local_addr().map_err(|e| e.to_string())?;
-    store
-        .set(&key(rank), me.to_string().as_bytes())
-        .map_err(|e| e.to_string())?;
-    let next: SocketAddr = String::from_utf8_lossy(
-        &store
-            .get(&key((rank + 1) % world), Duration::from_secs(30))
-            .map_err(|e| e.to_string())?,
-    )
-    .parse()
-    .map_err(|e| format!("bad address from the store: {e}"))?;
+    type Accept = Box<dyn FnOnce() -> std::io::Result<Box<dyn Read + Send>> + Send>;
+    let (accept, connect): (Accept, Box<dyn FnOnce() -> Result<Box<dyn Write>, String>>) = if unix {
+        use std::os::linux::net::SocketAddrExt;
+        use std::os::unix::net::{SocketAddr as UnixAddr, UnixListener, UnixStream};
+        let name = format!("ringwire-bench/link/{nonce}/{rank}/{}", std::process::id());
+        let listener = UnixAddr::from_abstract_name(name.as_bytes())
+            .and_then(|a| UnixListener::bind_addr(&a))
+            .map_err(|e| e.to_string())?;
+        store
+            .set(&key(rank), name.as_bytes())
+            .map_err(|e| e.to_string())?;
+        let theirs = lookup(next)?;
+        (
+            Box::new(move || Ok(Box::new(listener.accept()?.0) as Box<dyn Read + Send>)),
+            Box::new(move || {
+                let addr =
+                    UnixAddr::from_abstract_name(theirs.as_bytes()).map_err(|e| e.to_string())?;
+                let out = UnixStream::connect_addr(&addr)
+                    .map_err(|e| format!("connect to unix:@{theirs}: {e}"))?;
+                Ok(Box::new(out) as Box<dyn Write>)
+            }),
+        )
+    } else {
+        let ip = net::choose_local_ip(launch.socket_ifname.as_deref(), &store_addrs)
+            .map_err(|e| e.to_string())?;
+        let listener = net::bind_listener(ip).map_err(|e| e.to_string())?;
+        let me = listener.local_addr().map_err(|e| e.to_string())?;
+        store
+            .set(&key(rank), me.to_string().as_bytes())
+            .map_err(|e| e.to_string())?;
+        let next: SocketAddr = lookup(next)?
+            .parse()
+            .map_err(|e| format!("bad address from the store: {e}"))?;
+        (
+            Box::new(move || Ok(Box::new(listener.accept()?.0) as Box<dyn Read + Send>)),
+            Box::new(move || {
+                let out =
+                    TcpStream::connect(next).map_err(|e| format!("connect to {next}: {e}"))?;
+                out.set_nodelay(true).map_err(|e| e.to_string())?;
+                Ok(Box::new(out) as Box<dyn Write>)
+            }),
+        )
+    };
 
     let reader = std::thread::spawn(move || -> Result<Instant, String> {
-        let (mut s, _) = listener.accept().map_err(|e| e.to_string())?;
+        let mut s = accept().map_err(|e| e.to_string())?;
         let mut buf = vec![0u8; 4 << 20];
         let mut left = bytes;
         while left > 0 {
@@ -58,8 +103,7 @@ pub(crate) fn measure(ctrl: &Communicator, bytes: usize) -> Result<Option<f64>, 
         }
         Ok(Instant::now())
     });
-    let mut out = TcpStream::connect(next).map_err(|e| format!("connect to {next}: {e}"))?;
-    out.set_nodelay(true).map_err(|e| e.to_string())?;
+    let mut out = connect()?;
     ctrl.barrier().wait().map_err(|e| e.to_string())?;
     let start = Instant::now();
     let chunk = vec![0x5Au8; 4 << 20];

@@ -16,11 +16,11 @@ mod ops;
 mod plot;
 mod report;
 
-use args::{Args, TransportChoice};
+use args::{Args, LinksChoice, TransportChoice};
 use hdrhistogram::Histogram;
 use ops::{BenchOp, Runner};
 use report::Row;
-use ringwire::{Communicator, DType, Element, ReduceOp, TransportKind};
+use ringwire::{Communicator, DType, Element, LocalLinks, ReduceOp, TransportKind};
 use std::io::IsTerminal;
 use std::process::{Child, Command, ExitCode};
 use std::time::{Duration, Instant};
@@ -326,12 +326,31 @@ fn run_rank(a: &Args) -> Result<bool, String> {
             vec![("portable", TransportKind::Portable)]
         }
     };
-    let mut comms: Vec<(&str, Communicator)> = Vec::new();
-    for (i, (name, kind)) in transports.iter().enumerate() {
+    let links: &[LocalLinks] = match a.links {
+        LinksChoice::Unix => &[LocalLinks::Unix],
+        LinksChoice::Tcp => &[LocalLinks::Tcp],
+        LinksChoice::All => &[LocalLinks::Unix, LocalLinks::Tcp],
+    };
+    // Rows of forced TCP links are labelled `<transport>-tcp`.
+    let variants: Vec<(String, TransportKind, LocalLinks)> = transports
+        .iter()
+        .flat_map(|&(name, kind)| {
+            links.iter().map(move |&l| {
+                let label = match l {
+                    LocalLinks::Tcp => format!("{name}-tcp"),
+                    LocalLinks::Unix => name.to_string(),
+                };
+                (label, kind, l)
+            })
+        })
+        .collect();
+    let mut comms: Vec<(String, Communicator)> = Vec::new();
+    for (i, (name, kind, local_links)) in variants.iter().enumerate() {
         let mut b = ringwire::Builder::from_env()
             .map_err(|e| e.to_string())?
             .timeout(a.timeout)
             .transport(*kind)
+            .local_links(*local_links)
             .job(format!("bench-{name}"));
         if let Some(s) = &a.secret {
             b = b.secret(s.clone());
@@ -345,7 +364,7 @@ fn run_rank(a: &Args) -> Result<bool, String> {
         if i > 0 {
             b = b.host_store(false); // the first communicator's rank 0 hosts it
         }
-        comms.push((name, b.build().wait().map_err(|e| e.to_string())?));
+        comms.push((name.clone(), b.build().wait().map_err(|e| e.to_string())?));
     }
     let ctrl = comms[0].1.clone();
     let (rank, world) = (ctrl.rank(), ctrl.world_size());
@@ -366,9 +385,9 @@ fn run_rank(a: &Args) -> Result<bool, String> {
             a.op.name(),
             a.dtype,
             a.redop,
-            transports
+            variants
                 .iter()
-                .map(|t| t.0)
+                .map(|t| t.0.as_str())
                 .collect::<Vec<_>>()
                 .join(", ")
         );
@@ -399,22 +418,39 @@ fn run_rank(a: &Args) -> Result<bool, String> {
             if a.check { "on" } else { "off" }
         );
     }
-    let link_limit = if a.link_limit {
-        let bytes = 256 << 20;
-        let l = linklimit::measure(&ctrl, bytes)?;
-        if lead {
-            match l {
-                Some(gbps) => println!(
-                    "# ring link limit: {gbps:.3} GB/s (every rank streams {} MiB to its successor at once over plain TCP)",
-                    bytes >> 20
-                ),
-                None => println!("# ring link limit: n/a for one rank"),
-            }
+    // What carries each variant's ring links (made by a first op).
+    let mut kinds = Vec::new();
+    for (name, comm) in &comms {
+        comm.barrier().wait().map_err(|e| e.to_string())?;
+        let kind = comm.link_kind((rank + 1) % world).unwrap_or("none");
+        kinds.push(kind);
+        if lead && world > 1 {
+            println!("# {name}: rank 0's link to rank 1 is {kind}");
         }
-        l
-    } else {
-        None
-    };
+    }
+    // The link limit over each kind of link a variant uses.
+    let mut limits: Vec<(&str, Option<f64>)> = Vec::new();
+    if a.link_limit {
+        let bytes = 256 << 20;
+        for &kind in &kinds {
+            if kind == "none" || limits.iter().any(|(k, _)| *k == kind) {
+                continue;
+            }
+            let l = linklimit::measure(&ctrl, bytes, kind == "unix")?;
+            if lead {
+                match l {
+                    Some(gbps) => println!(
+                        "# ring link limit ({kind}): {gbps:.3} GB/s (every rank streams {} MiB to its successor at once over plain {kind} sockets)",
+                        bytes >> 20
+                    ),
+                    None => println!("# ring link limit: n/a for one rank"),
+                }
+            }
+            limits.push((kind, l));
+        }
+    }
+    let limit_of = |kind: &str| limits.iter().find(|(k, _)| *k == kind).and_then(|l| l.1);
+    let link_limit = limit_of("tcp");
     if lead {
         println!("{}", report::header());
     }
@@ -425,7 +461,7 @@ fn run_rank(a: &Args) -> Result<bool, String> {
         if a.op != BenchOp::Barrier && a.op.shape(size, elem, world).bytes == 0 {
             continue;
         }
-        for (name, comm) in &comms {
+        for ((name, comm), kind) in comms.iter().zip(&kinds) {
             if progress {
                 eprint!("\r[{name}] {} {size} B ...        ", a.op.name());
             }
@@ -486,7 +522,7 @@ fn run_rank(a: &Args) -> Result<bool, String> {
                 p99_us: us(hist.value_at_quantile(0.99)),
                 max_us: us(hist.max()),
                 cpu_s_per_gb: (moved_gb > 0.0).then(|| cpu / moved_gb),
-                link_pct: link_limit
+                link_pct: limit_of(kind)
                     .filter(|l| *l > 0.0 && bytes > 0)
                     .map(|l| busbw / l * 100.0),
                 max_rss_kib: cpu_and_rss().1,
@@ -517,7 +553,8 @@ fn run_rank(a: &Args) -> Result<bool, String> {
         if let Some(path) = &a.json {
             let doc = serde_json::json!({
                 "op": a.op.name(), "ranks": world, "dtype": a.dtype.name(), "redop": a.redop.name(),
-                "machine": machine_line(), "link_limit_gbps": link_limit, "rows": rows,
+                "machine": machine_line(), "link_limit_gbps": link_limit,
+                "link_limit_unix_gbps": limit_of("unix"), "rows": rows,
             });
             std::fs::write(
                 path,

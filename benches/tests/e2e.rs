@@ -134,6 +134,8 @@ fn json_csv_and_plot_are_written_and_link_limit_shown() {
         "-w",
         "1",
         "--link-limit",
+        "--local-links",
+        "all",
         "--json",
         json.to_str().unwrap(),
         "--csv",
@@ -142,14 +144,30 @@ fn json_csv_and_plot_are_written_and_link_limit_shown() {
         svg.to_str().unwrap(),
     ]);
     assert!(ok, "{out}\n{err}");
-    assert!(out.contains("# ring link limit:"), "{out}");
+    // Both kinds of local link, each against its own limit.
+    assert!(out.contains("# ring link limit (unix):"), "{out}");
+    assert!(out.contains("# ring link limit (tcp):"), "{out}");
+    assert!(
+        out.contains("uring-tcp") || out.contains("portable-tcp"),
+        "{out}"
+    );
     let doc: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
-    assert_eq!(doc["rows"].as_array().unwrap().len(), 3 * transports());
-    assert!(doc["rows"][0]["link_pct"].as_f64().is_some(), "{doc}");
+    assert!(doc["link_limit_gbps"].as_f64().is_some(), "{doc}");
+    assert!(doc["link_limit_unix_gbps"].as_f64().is_some(), "{doc}");
+    let rows = doc["rows"].as_array().unwrap();
+    assert_eq!(rows.len(), 3 * 2 * transports());
+    assert!(
+        rows.iter().all(|r| r["link_pct"].as_f64().is_some()),
+        "{doc}"
+    );
+    assert!(
+        rows.iter()
+            .any(|r| r["transport"].as_str().unwrap().ends_with("-tcp"))
+    );
     assert_eq!(
         std::fs::read_to_string(&csv).unwrap().lines().count(),
-        1 + 3 * transports()
+        1 + 3 * 2 * transports()
     );
     let svg_text = std::fs::read_to_string(&svg).unwrap();
     assert!(

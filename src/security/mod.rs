@@ -211,12 +211,21 @@ pub(crate) enum Opening {
     Nothing,
 }
 
+/// What a connection's first byte says about its sender (a TLS record
+/// starts with 22, a handshake record).
+pub(crate) fn opening_of(first: u8) -> Opening {
+    if first == 22 {
+        Opening::Tls
+    } else {
+        Opening::Plain
+    }
+}
+
 /// Looks at the first byte a dialer sent, without consuming it.
 pub(crate) fn peek_opening(sock: &TcpStream) -> Opening {
     let mut b = [0u8; 1];
     match sock.peek(&mut b) {
-        Ok(1) if b[0] == 22 => Opening::Tls,
-        Ok(1) => Opening::Plain,
+        Ok(1) => opening_of(b[0]),
         _ => Opening::Nothing,
     }
 }

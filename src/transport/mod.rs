@@ -10,6 +10,7 @@
 //! (`ringwire_uring::FrameEngine`, driven by the waiting executor) is the
 //! default on Linux where io_uring works.
 
+pub(crate) mod conn;
 pub(crate) mod tcp;
 
 use crate::wire::Header;
@@ -83,6 +84,11 @@ pub(crate) trait Transport: Send + Sync {
     fn abort(&self, comm_id: u64, seq: u64, reason: &str);
     /// Where this rank accepts links.
     fn listen_addr(&self) -> std::net::SocketAddr;
+    /// What carries the link to `peer` (`tcp`, `unix`), once it is up.
+    fn link_kind(&self, peer: usize) -> Option<&'static str> {
+        let _ = peer;
+        None
+    }
     /// A short name for logs (`portable`, `uring`).
     fn name(&self) -> &'static str;
     /// The calling thread stops waiting on the transport for now (its ops

@@ -15,6 +15,7 @@
 //! waits drives it), so a send never waits for the peer's executor: this is
 //! what lets each rank run its schedule strictly in order without deadlock.
 
+use super::conn::Conn;
 use super::{AlignedBuf, Incoming, LinkError, Received, Transport};
 use crate::security::secret::{self, NONCE_LEN, Role};
 use crate::security::{self, Opening, Security};
@@ -24,6 +25,7 @@ use ringwire_uring::{EngineConfig, FrameEngine, FrameKey, FrameSink, LinkFault, 
 use std::collections::{HashMap, VecDeque};
 use std::io::{self, IoSlice, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::os::unix::net::{SocketAddr as UnixAddr, UnixListener, UnixStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -79,7 +81,7 @@ type LinkHalves = (LinkReader, LinkWriter);
 struct Link {
     writer: Mutex<LinkWriter>,
     /// For shutdown; the reader thread owns its own clone.
-    control: TcpStream,
+    control: Conn,
 }
 
 struct Inbox {
@@ -107,8 +109,11 @@ struct Shared {
     /// Handshakes in progress; capped so a flood of connections cannot
     /// spawn unbounded threads.
     handshakes: AtomicUsize,
-    /// The last few refused connections: (source, reason).
-    refusals: Mutex<Vec<(SocketAddr, String)>>,
+    /// The last few refused connections: (who, reason).
+    refusals: Mutex<Vec<(String, String)>>,
+    /// Peers on this host (same kernel and network namespace) that accept
+    /// on a Unix socket: its address, dialed instead of TCP (decision 0009).
+    local_peers: Vec<Option<UnixAddr>>,
     /// The uring data plane, if it runs (links are numbered by peer rank).
     engine: Option<FrameEngine>,
 }
@@ -161,17 +166,24 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 pub(crate) struct TcpTransport {
     shared: Arc<Shared>,
     local_addr: SocketAddr,
+    /// Where the Unix listener for local peers is, if one runs.
+    local_addr_unix: Option<UnixAddr>,
 }
 
 impl TcpTransport {
     /// Starts accepting on `listener` (already bound and published).
     pub(crate) fn start(
         listener: TcpListener,
+        local: Option<LocalPeers>,
         me: usize,
         job_id: u64,
         addrs: Vec<SocketAddr>,
         config: TcpConfig,
     ) -> io::Result<TcpTransport> {
+        let (local_listener, local_peers) = match local {
+            Some(l) => (Some(l.listener), l.peers),
+            None => (None, vec![None; addrs.len()]),
+        };
         let local_addr = listener.local_addr()?;
         let world = addrs.len();
         let engine = match config.uring {
@@ -213,26 +225,52 @@ impl TcpTransport {
             epoch: Instant::now(),
             handshakes: AtomicUsize::new(0),
             refusals: Mutex::new(Vec::new()),
+            local_peers,
             engine,
         });
         let s = shared.clone();
         std::thread::Builder::new()
             .name(format!("ringwire-accept-{me}"))
-            .spawn(move || accept_loop(&s, &listener))?;
+            .spawn(move || accept_loop(&s, || listener.accept().map(|(c, _)| Conn::Tcp(c))))?;
+        let local_addr_unix = match local_listener {
+            Some(l) => {
+                let addr = l.local_addr()?;
+                let s = shared.clone();
+                std::thread::Builder::new()
+                    .name(format!("ringwire-accept-local-{me}"))
+                    .spawn(move || accept_loop(&s, || l.accept().map(|(c, _)| Conn::Unix(c))))?;
+                Some(addr)
+            }
+            None => None,
+        };
         let s = shared.clone();
         std::thread::Builder::new()
             .name(format!("ringwire-heartbeat-{me}"))
             .spawn(move || heartbeat_loop(&s))?;
-        Ok(TcpTransport { shared, local_addr })
+        Ok(TcpTransport {
+            shared,
+            local_addr,
+            local_addr_unix,
+        })
     }
+}
+
+/// A Unix listener for peers on this host, and which peers are (their
+/// listeners' addresses); see decision 0009.
+pub(crate) struct LocalPeers {
+    pub(crate) listener: UnixListener,
+    pub(crate) peers: Vec<Option<UnixAddr>>,
 }
 
 impl Drop for TcpTransport {
     fn drop(&mut self) {
         let s = &self.shared;
         s.closing.store(true, Ordering::SeqCst);
-        // Wake the accept loop so it sees `closing`.
+        // Wake the accept loops so they see `closing`.
         let _ = TcpStream::connect_timeout(&self.local_addr, Duration::from_millis(200));
+        if let Some(addr) = &self.local_addr_unix {
+            let _ = UnixStream::connect_addr(addr);
+        }
         let peers = std::mem::take(&mut *lock(&s.peers));
         for p in peers {
             if let PeerState::Ready(link) = p {
@@ -257,7 +295,7 @@ impl Shared {
 
     /// Remembers why a connection was refused, for the error of an op that
     /// then waits in vain for that peer (a refused dialer is usually it).
-    fn note_refusal(&self, from: SocketAddr, reason: String) {
+    fn note_refusal(&self, from: String, reason: String) {
         let mut r = lock(&self.refusals);
         if r.len() == 4 {
             r.remove(0);
@@ -453,14 +491,8 @@ impl Shared {
         self.wake_inboxes(|_, p| p == peer);
     }
 
-    fn configure(&self, stream: &TcpStream) -> io::Result<()> {
-        stream.set_nodelay(true)?;
-        if let Some(size) = self.config.socket_buffer {
-            let sock = socket2::SockRef::from(stream);
-            sock.set_send_buffer_size(size)?;
-            sock.set_recv_buffer_size(size)?;
-        }
-        Ok(())
+    fn configure(&self, stream: &Conn) -> io::Result<()> {
+        stream.configure(self.config.socket_buffer)
     }
 
     /// Installs an established connection (its socket, for control, and
@@ -468,7 +500,7 @@ impl Shared {
     fn install(
         self: &Arc<Self>,
         peer: usize,
-        stream: TcpStream,
+        stream: Conn,
         (reader, writer): LinkHalves,
     ) -> io::Result<Arc<Link>> {
         stream.set_read_timeout(None)?;
@@ -575,27 +607,37 @@ impl Shared {
 
     fn dial(self: &Arc<Self>, peer: usize, deadline: Instant) -> Result<Arc<Link>, LinkError> {
         let addr = self.addrs[peer];
+        let local = self.local_peers.get(peer).and_then(Option::as_ref);
+        let shown = match local {
+            Some(a) => describe_unix(a),
+            None => addr.to_string(),
+        };
         let connect_err = |detail: String| LinkError::Connect {
-            addr: addr.to_string(),
+            addr: shown.clone(),
             detail,
         };
         let mut backoff = Duration::from_millis(10);
         let stream = loop {
             let left = deadline.saturating_duration_since(Instant::now());
-            match TcpStream::connect_timeout(
-                &addr,
-                left.clamp(Duration::from_millis(1), Duration::from_secs(5)),
-            ) {
+            let connected = match local {
+                Some(unix) => UnixStream::connect_addr(unix).map(Conn::Unix),
+                None => TcpStream::connect_timeout(
+                    &addr,
+                    left.clamp(Duration::from_millis(1), Duration::from_secs(5)),
+                )
+                .map(Conn::Tcp),
+            };
+            match connected {
                 Ok(s) => break s,
                 Err(e) if Instant::now() + backoff < deadline => {
-                    tracing::debug!(peer, %addr, error = %e, "connect failed, retrying");
+                    tracing::debug!(peer, addr = %shown, error = %e, "connect failed, retrying");
                     std::thread::sleep(backoff);
                     backoff = (backoff * 2).min(Duration::from_millis(500));
                 }
                 Err(e) => return Err(connect_err(e.to_string())),
             }
         };
-        let who = format!("rank {peer} ({addr})");
+        let who = format!("rank {peer} ({shown})");
         let setup = (|| -> Result<LinkHalves, String> {
             let hs = |e: io::Error| handshake_error(&e, &who);
             self.configure(&stream).map_err(hs)?;
@@ -604,14 +646,18 @@ impl Shared {
                 .map_err(hs)?;
             let sec = &self.config.security;
             let mine = sec.flags();
-            let (mut reader, mut writer) = match &sec.tls {
-                Some(tls) => security::tls_connect(tls, &stream, addr.ip(), &who).map_err(|e| {
-                    match e.plaintext.as_deref().and_then(plaintext_refusal) {
-                        Some(reason) => format!("{}; it said: {reason}", e.detail),
-                        None => e.detail,
-                    }
-                })?,
-                None => security::plain_halves(&stream).map_err(hs)?,
+            let (mut reader, mut writer) = match (&sec.tls, &stream) {
+                (Some(tls), Conn::Tcp(tcp)) => security::tls_connect(tls, tcp, addr.ip(), &who)
+                    .map_err(
+                        |e| match e.plaintext.as_deref().and_then(plaintext_refusal) {
+                            Some(reason) => format!("{}; it said: {reason}", e.detail),
+                            None => e.detail,
+                        },
+                    )?,
+                (Some(_), Conn::Unix(_)) => {
+                    return Err("TLS runs over TCP links only (unix links are plaintext)".into());
+                }
+                (None, _) => plain_halves(&stream).map_err(hs)?,
             };
             let client_nonce = match &sec.secret {
                 Some(_) => Some(secret::nonce().map_err(hs)?),
@@ -695,17 +741,17 @@ impl Shared {
     /// Runs the accepting side of a handshake (TLS if configured, hello,
     /// secret check); returns the peer's rank and the link's byte streams,
     /// or why the dialer was refused.
-    fn accept_hello(
-        &self,
-        stream: &mut TcpStream,
-    ) -> io::Result<Result<(usize, LinkHalves), String>> {
+    fn accept_hello(&self, stream: &mut Conn) -> io::Result<Result<(usize, LinkHalves), String>> {
         self.configure(stream)?;
         stream.set_read_timeout(Some(self.config.handshake_timeout))?;
-        let from = stream.peer_addr()?;
-        let who = format!("the dialer at {from}");
+        let who = format!("the dialer at {}", stream.describe_peer());
         let sec = &self.config.security;
         let mine = sec.flags();
-        let (mut reader, mut writer) = match (&sec.tls, security::peek_opening(stream)) {
+        let opening = match stream.peek_byte() {
+            Ok(Some(first)) => security::opening_of(first),
+            _ => Opening::Nothing,
+        };
+        let (mut reader, mut writer) = match (&sec.tls, opening) {
             (_, Opening::Nothing) => {
                 return Ok(Err("it sent nothing before the handshake timeout".into()));
             }
@@ -743,11 +789,14 @@ impl Shared {
                 let _ = stream.shutdown(Shutdown::Write);
                 return Ok(Err(reason));
             }
-            (Some(tls), Opening::Tls) => match security::tls_accept(tls, stream, from.ip(), &who) {
-                Ok(halves) => halves,
-                Err(e) => return Ok(Err(e.detail)),
+            (Some(tls), Opening::Tls) => match stream.tcp() {
+                Some((tcp, from)) => match security::tls_accept(tls, tcp, from.ip(), &who) {
+                    Ok(halves) => halves,
+                    Err(e) => return Ok(Err(e.detail)),
+                },
+                None => return Ok(Err("TLS runs over TCP links only".into())),
             },
-            (None, Opening::Plain) => security::plain_halves(stream)?,
+            (None, Opening::Plain) => plain_halves(stream)?,
         };
         let exchange = (|| -> io::Result<Result<usize, String>> {
             let (header, payload) = read_control(&mut *reader)?;
@@ -898,6 +947,21 @@ fn plaintext_refusal(bytes: &[u8]) -> Option<String> {
         .flatten()
 }
 
+/// Plain halves of a link's socket (two handles to it).
+fn plain_halves(conn: &Conn) -> io::Result<LinkHalves> {
+    Ok((Box::new(conn.try_clone()?), Box::new(conn.try_clone()?)))
+}
+
+/// A Unix socket address for messages (abstract names start with `@`).
+pub(crate) fn describe_unix(addr: &UnixAddr) -> String {
+    use std::os::linux::net::SocketAddrExt;
+    match (addr.as_abstract_name(), addr.as_pathname()) {
+        (Some(name), _) => format!("unix:@{}", String::from_utf8_lossy(name)),
+        (None, Some(path)) => format!("unix:{}", path.display()),
+        (None, None) => "unix:(unnamed)".into(),
+    }
+}
+
 fn control_header(kind: FrameKind, len: usize) -> Header {
     Header::control(kind, 0, 0, len as u32)
 }
@@ -930,13 +994,15 @@ fn read_control(stream: &mut dyn Read) -> io::Result<(Header, Vec<u8>)> {
     Ok((header, payload))
 }
 
-fn accept_loop(s: &Arc<Shared>, listener: &TcpListener) {
+/// Accepts connections (from `accept`: the TCP or the Unix listener) until
+/// the transport closes, and runs each one's handshake on its own thread.
+fn accept_loop(s: &Arc<Shared>, accept: impl Fn() -> io::Result<Conn>) {
     loop {
-        let accepted = listener.accept();
+        let accepted = accept();
         if s.closing.load(Ordering::SeqCst) {
             return;
         }
-        let (mut stream, from) = match accepted {
+        let mut stream = match accepted {
             Ok(x) => x,
             Err(e) => {
                 tracing::warn!(rank = s.me, error = %e, "accept failed");
@@ -960,6 +1026,7 @@ fn accept_loop(s: &Arc<Shared>, listener: &TcpListener) {
             .name(format!("ringwire-hello-{}", s.me))
             .spawn(move || {
                 let _pending = PendingHandshake(&s2.handshakes);
+                let from = stream.describe_peer();
                 match s2.accept_hello(&mut stream) {
                     Ok(Ok((peer, halves))) => match s2.install(peer, stream, halves) {
                         Ok(link) => {
@@ -1402,6 +1469,13 @@ impl Transport for TcpTransport {
 
     fn listen_addr(&self) -> SocketAddr {
         self.local_addr
+    }
+
+    fn link_kind(&self, peer: usize) -> Option<&'static str> {
+        match lock(&self.shared.peers).get(peer) {
+            Some(PeerState::Ready(link)) => Some(link.control.kind().name()),
+            _ => None,
+        }
     }
 
     fn name(&self) -> &'static str {

@@ -88,19 +88,57 @@ pub(crate) fn rerun_on_portable(this_test: &str) {
         eprintln!("note: io_uring does not work here; the default run was the portable one");
         return;
     }
+    rerun_with(
+        ("RINGWIRE_TRANSPORT", "portable"),
+        &[this_test],
+        "on the portable transport",
+    );
+}
+
+/// Runs every other test of this binary again with links between local
+/// ranks forced to TCP (`RINGWIRE_LOCAL_LINKS=tcp`; they are Unix sockets by
+/// default), on the default transport. Call it from one test named
+/// `this_test`.
+pub(crate) fn rerun_over_tcp_local_links(this_test: &str) {
+    if std::env::var_os("RINGWIRE_LOCAL_LINKS").is_some()
+        || std::env::var_os("RINGWIRE_TRANSPORT").is_some()
+    {
+        return; // a parametrised run already
+    }
+    let skip = [this_test, "on_the_portable_transport_too"];
+    rerun_with(
+        ("RINGWIRE_LOCAL_LINKS", "tcp"),
+        &skip,
+        "over TCP local links",
+    );
+}
+
+/// Runs this test binary again with `var` set, skipping `skip`; fails with
+/// the output if any test fails there.
+fn rerun_with((name, value): (&str, &str), skip: &[&str], there: &str) {
     let exe = std::env::current_exe().expect("test binary path");
-    let out = std::process::Command::new(exe)
-        .env("RINGWIRE_TRANSPORT", "portable")
-        .args(["--skip", this_test, "--test-threads", "2"])
-        .output()
-        .expect("run the test binary again");
+    let mut cmd = std::process::Command::new(exe);
+    cmd.env(name, value).args(["--test-threads", "2"]);
+    for s in skip {
+        cmd.args(["--skip", s]);
+    }
+    let out = cmd.output().expect("run the test binary again");
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),
-        "these tests fail on the portable transport:\n{stdout}\n{}",
+        "these tests fail {there}:\n{stdout}\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(stdout.contains("test result: ok"), "{stdout}");
+}
+
+/// What links local ranks in this run: `unix` unless RINGWIRE_LOCAL_LINKS
+/// says `tcp`.
+pub(crate) fn expected_local_link() -> &'static str {
+    match std::env::var("RINGWIRE_LOCAL_LINKS").as_deref() {
+        Ok("tcp") => "tcp",
+        _ => "unix",
+    }
 }
 
 /// Logs to stderr when RINGWIRE_TEST_LOG is set (an env-filter, e.g.
