@@ -136,10 +136,11 @@ has gloo && versions+="; torch $("$TORCHPY" -c 'import torch; print(torch.__vers
 
 COMMON=(-b "$MINB" -e "$MAXB" -f "$FACTOR" -w "$WARMUP" -n "$ITERS")
 run_ringwire() {
-    # Both transports, interleaved size by size: the engine (uring) and the
-    # portable baseline, in the same run as the peers.
+    # Both transports, each over both kinds of local link (Unix sockets,
+    # ringwire's default between ranks on one host; and TCP, like the
+    # peers), interleaved size by size, in the same run as the peers.
     "$RWBENCH" all_reduce --ranks "$1" "${COMMON[@]}" --max-seconds "$MAX_SECONDS" \
-        --transport all --json "$OUT/ringwire-p$1.json"
+        --transport all --local-links all --json "$OUT/ringwire-p$1.json"
 }
 run_mpi() {
     # btl tcp,self: TCP even between local ranks (no shared memory); pml ob1:

@@ -13,9 +13,12 @@ import os
 import sys
 
 # (key, column name, file prefix, ringwire transport or None)
+# ringwire links local ranks with Unix sockets by default; "-tcp" rows are
+# forced onto TCP, like both peers here (the like-for-like comparison).
 PEERS = [
-    ("ringwire", "ringwire (uring)", "ringwire", "uring"),
-    ("portable", "ringwire (portable)", "ringwire", "portable"),
+    ("ringwire", "ringwire (uring, unix links)", "ringwire", "uring"),
+    ("ringwire_tcp", "ringwire (uring, TCP)", "ringwire", "uring-tcp"),
+    ("portable", "ringwire (portable, TCP)", "ringwire", "portable-tcp"),
     ("mpi", "Open MPI", "mpi", None),
     ("gloo", "gloo", "gloo", None),
 ]
@@ -60,7 +63,7 @@ def main():
     head = ["ranks", "size"]
     for _, name, _, _ in PEERS:
         head += [f"{name} time (us)", f"{name} busbw (GB/s)"]
-    head += ["ringwire / best peer (busbw)"]
+    head += ["uring TCP / best peer", "uring unix / best peer"]
     print("| " + " | ".join(head) + " |")
     print("|" + "|".join(["---:"] * len(head)) + "|")
     wrong_total = {k: 0 for k, _, _, _ in PEERS}
@@ -85,10 +88,11 @@ def main():
                 flag = "" if r.get("wrong", 0) == 0 else " (WRONG)"
                 cells += [f"{r['time_us']:.1f}{flag}", f"{r['busbw_gbps']:.3f}"]
             peers = [bw[k] for k in ("mpi", "gloo") if k in bw]
-            if "ringwire" in bw and peers and max(peers) > 0:
-                cells.append(f"{bw['ringwire'] / max(peers):.2f}")
-            else:
-                cells.append("n/a")
+            for ours in ("ringwire_tcp", "ringwire"):
+                if ours in bw and peers and max(peers) > 0:
+                    cells.append(f"{bw[ours] / max(peers):.2f}")
+                else:
+                    cells.append("n/a")
             print("| " + " | ".join(cells) + " |")
     # Medians: a few slow ops (scheduler ticks, retransmits) move a mean of
     # 20 ops a lot at small sizes; the median shows the typical op.
@@ -107,8 +111,9 @@ def main():
             print("| " + " | ".join(cells) + " |")
     print()
     print("wrong elements: " + ", ".join(f"{name} {wrong_total[k]}" for k, name, _, _ in PEERS))
-    print("ratio: ringwire (uring) busbw / the better of Open MPI and gloo at that size (> 1: ringwire"
-          " faster; equals best peer time / ringwire time)")
+    print("ratios: ringwire's busbw (uring over TCP, like the peers; then uring with its default"
+          " Unix-socket links between local ranks) / the better of Open MPI and gloo at that size"
+          " (> 1: ringwire faster; equals best peer time / ringwire time)")
     others = [f"{k[len('others '):]} {v}" for k, v in meta.items() if k.startswith("others ")]
     if others:
         print("CPU other processes used during each library's sweep (cores; the machine has "
