@@ -11,6 +11,11 @@ use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
+/// Takes the predecessor's connection (on the reader thread).
+type Accept = Box<dyn FnOnce() -> std::io::Result<Box<dyn Read + Send>> + Send>;
+/// Connects to the successor.
+type Connect = Box<dyn FnOnce() -> Result<Box<dyn Write>, String>>;
+
 /// Bytes/s (as GB/s) of the slowest rank, or `None` for a single rank;
 /// over TCP, or (`unix`) over Unix-domain sockets as ringwire links ranks on
 /// one host.
@@ -44,8 +49,7 @@ pub(crate) fn measure(
     };
     let next = (rank + 1) % world;
 
-    type Accept = Box<dyn FnOnce() -> std::io::Result<Box<dyn Read + Send>> + Send>;
-    let (accept, connect): (Accept, Box<dyn FnOnce() -> Result<Box<dyn Write>, String>>) = if unix {
+    let (accept, connect): (Accept, Connect) = if unix {
         use std::os::linux::net::SocketAddrExt;
         use std::os::unix::net::{SocketAddr as UnixAddr, UnixListener, UnixStream};
         let name = format!("ringwire-bench/link/{nonce}/{rank}/{}", std::process::id());
