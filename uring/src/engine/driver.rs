@@ -651,7 +651,7 @@ impl Driver {
                 .completion()
                 .map(|cqe| (cqe.user_data(), cqe.result(), cqe.flags())),
         );
-        self.in_flight -= batch.len();
+        self.in_flight = settled(self.in_flight, batch.iter().map(|c| c.2));
         for &(user_data, result, flags) in &batch {
             let link = (user_data >> 8) as usize;
             match user_data & 0xff {
@@ -826,7 +826,6 @@ impl Driver {
         // stays in flight until the second.
         if io_uring::cqueue::more(flags) {
             l.zc_result = Some(result);
-            self.in_flight += 1;
             return;
         }
         let was_probing = l.zero_copy == ZeroCopy::Probing;
@@ -936,6 +935,17 @@ impl Driver {
     }
 }
 
+/// Entries still in flight after taking completions with these flags from
+/// `in_flight`: each completion ends its entry, except one flagged "more"
+/// (a SEND_ZC's result), whose entry stays until its notification. Counted
+/// over the whole batch, since both can arrive in one.
+fn settled(in_flight: usize, flags: impl Iterator<Item = u32>) -> usize {
+    let (done, more) = flags.fold((0, 0), |(d, m), f| {
+        (d + 1, m + usize::from(io_uring::cqueue::more(f)))
+    });
+    in_flight + more - done
+}
+
 impl Drop for Driver {
     fn drop(&mut self) {
         for l in self.links.iter().flatten() {
@@ -953,8 +963,8 @@ impl Drop for Driver {
         let deadline = Instant::now() + Duration::from_secs(1);
         while self.in_flight > 0 && Instant::now() < deadline {
             self.enter(Duration::from_millis(50));
-            let n = self.ring.completion().count();
-            self.in_flight -= n;
+            let flags: Vec<u32> = self.ring.completion().map(|c| c.flags()).collect();
+            self.in_flight = settled(self.in_flight, flags.into_iter());
         }
         if self.in_flight > 0 {
             // SAFETY-relevant: the kernel may still write into these, so
@@ -962,5 +972,25 @@ impl Drop for Driver {
             std::mem::forget(std::mem::take(&mut self.links));
             std::mem::forget(std::mem::replace(&mut self.wake_word, Box::new(0)));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::settled;
+
+    const MORE: u32 = 1 << 1; // IORING_CQE_F_MORE
+    const NOTIF: u32 = 1 << 3; // IORING_CQE_F_NOTIF
+
+    #[test]
+    fn a_zero_copy_send_settles_whether_its_two_completions_come_together_or_apart() {
+        // One SEND_ZC in flight: its result ("more") and its notification
+        // in one batch (the case that used to count below zero), or apart.
+        assert_eq!(settled(1, [MORE, NOTIF].into_iter()), 0);
+        let after_result = settled(1, [MORE].into_iter());
+        assert_eq!(after_result, 1, "still in flight until the notification");
+        assert_eq!(settled(after_result, [NOTIF].into_iter()), 0);
+        // Plain completions each end their entry.
+        assert_eq!(settled(3, [0, 0].into_iter()), 1);
     }
 }

@@ -351,8 +351,23 @@ impl FrameEngine {
     /// Runs `f` with the driver (`st` must show nobody driving), then hands
     /// out what finished and ends the turn.
     fn drive(&self, mut st: MutexGuard<'_, State>, f: impl FnOnce(&mut Driver)) {
+        /// Ends the turn if the driver panics, so the other waiters see the
+        /// panic's effects (or take over) instead of sleeping forever on a
+        /// turn that never ends.
+        struct Unwinding<'a>(&'a FrameEngine);
+        impl Drop for Unwinding<'_> {
+            fn drop(&mut self) {
+                if std::thread::panicking() {
+                    let mut st = lock(&self.0.state);
+                    st.driving = false;
+                    st.generation += 1;
+                    self.0.wake_sleepers(st);
+                }
+            }
+        }
         st.driving = true;
         drop(st);
+        let _unwinding = Unwinding(self);
         let mut driver = lock(&self.driver);
         f(&mut driver);
         let mut st = lock(&self.state);
