@@ -1092,6 +1092,15 @@ struct Ticket {
 /// itself) with everything around it: the failed-communicator check, the
 /// flight record, the span, debug signature checks, stats, and on failure
 /// who is missing, the abort flood and the flight-record dump.
+/// Restores the thread's home core when an op that cleared it ends.
+struct HomeCleared(Option<usize>);
+
+impl Drop for HomeCleared {
+    fn drop(&mut self) {
+        ringwire_uring::set_home_core(self.0);
+    }
+}
+
 fn execute<R>(
     ex: &Executor,
     ticket: Ticket,
@@ -1113,12 +1122,19 @@ fn execute<R>(
         return Err(Error::Failed { first });
     }
     ex.recorder.started(plan.kind, seq, peer);
+    // On a crowded host (more local ranks than cores) a home core steadies
+    // small ops (no two ranks of a recursive-doubling round stacked on one
+    // core), but large ones ran faster where the scheduler put them
+    // (measured, docs/perf.md): drop the home for the op.
+    let bytes = plan.count * plan.dtype.size() as u64;
+    let _placement = (ex.world.crowded && bytes >= ex.tunables.small_message_bytes as u64)
+        .then(|| HomeCleared(ringwire_uring::set_home_core(None)));
     let span = tracing::debug_span!(
         "collective",
         op = %plan.kind,
         seq,
         rank = ex.rank,
-        bytes = plan.count * plan.dtype.size() as u64
+        bytes
     );
     let _entered = span.enter();
     let mut ctx = Ctx {

@@ -35,10 +35,13 @@ pub(crate) struct World {
     pub(crate) store: Option<(StoreClient, String)>,
     _store: Option<StoreServer>,
     /// The core index this rank's polling threads move to when they find
-    /// their core shared (`ringwire_uring::poll_yield`): the local rank,
-    /// when the launcher says how many ranks share this host and they do
-    /// not outnumber the usable cores.
+    /// their core shared (`ringwire_uring::poll_yield`): the local rank
+    /// (modulo the usable cores), when the launcher says how many ranks
+    /// share this host.
     pub(crate) home_core: Option<usize>,
+    /// This host's ranks outnumber its usable cores: homes then hold for
+    /// small ops only (see `comm::execute`).
+    pub(crate) crowded: bool,
 }
 
 /// Where the store is.
@@ -306,10 +309,10 @@ impl Builder {
         // for cannot run.
         tunables.transport.choose(security.tls.is_some())?;
         let mut world = rendezvous(&self, rank, size, &tunables, &security)?;
-        world.home_core = self
-            .local
-            .filter(|&(_, on_host)| on_host <= ringwire_uring::usable_cores())
-            .map(|(local_rank, _)| local_rank);
+        if let Some((local_rank, on_host)) = self.local {
+            world.home_core = Some(local_rank);
+            world.crowded = on_host > ringwire_uring::usable_cores();
+        }
         tracing::info!(
             rank,
             world_size = size,
@@ -349,6 +352,7 @@ fn rendezvous(
                 store: None,
                 _store: None,
                 home_core: None,
+                crowded: false,
             });
         }
         None => {
@@ -487,6 +491,7 @@ fn rendezvous(
         store: Some((client.with_reply_timeout(Duration::from_secs(2)), prefix)),
         _store: store,
         home_core: None,
+        crowded: false,
     })
 }
 

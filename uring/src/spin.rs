@@ -12,8 +12,9 @@
 //! into that state 3 times in 12 (decision 0008).
 //!
 //! So a thread that runs a rank's ops may carry a *home core* (its local
-//! rank's core, when the host's ranks do not outnumber the cores it may
-//! use): when a yield shows that another thread ran on its core, it moves
+//! rank's core, modulo the cores it may use; where ranks outnumber cores,
+//! the communicator sets it for small ops only): when a yield shows that
+//! another thread ran on its core, it moves
 //! itself home by narrowing its own affinity to that core and restoring it
 //! at once. The thread's affinity ends as it was; only its placement
 //! changes, at most once per [`MOVE_EVERY`].
