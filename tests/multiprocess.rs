@@ -350,3 +350,11 @@ fn processes_sigstop_is_caught_by_heartbeats() {
 fn on_the_portable_transport_too() {
     common::rerun_on_portable("on_the_portable_transport_too");
 }
+
+/// Every other test of this file, again with local ranks linked over TCP
+/// (how ranks on different hosts fail; the default links them with Unix
+/// sockets).
+#[test]
+fn over_tcp_local_links_too() {
+    common::rerun_over_tcp_local_links("over_tcp_local_links_too");
+}
