@@ -530,8 +530,7 @@ impl Communicator {
         let helper: Arc<dyn Help> = self.inner.runner.clone();
         // Large ops start on the executor at once; a small one is usually
         // run by its waiter (see `runner`).
-        let urgent =
-            plan.count * plan.dtype.size() as u64 >= self.inner.tunables.small_message_bytes as u64;
+        let urgent = plan.count * plan.dtype.size() as u64 >= LATENCY_BOUND_BYTES;
         let mut queue = lock(&self.inner.queue);
         let kind = plan.kind;
         let ticket = self.ticket(&mut queue, plan, p2p);
@@ -1092,6 +1091,13 @@ struct Ticket {
 /// itself) with everything around it: the failed-communicator check, the
 /// flight record, the span, debug signature checks, stats, and on failure
 /// who is missing, the abort flood and the flight-record dump.
+/// Ops below this many bytes are latency-bound: queued, they do not wake
+/// the executor (their waiter usually runs them, decision 0008), and on a
+/// crowded host they run from a home core. Larger ones wake the executor at
+/// once, so work nobody waits for yet starts before anyone does. (Which
+/// algorithm an op uses is `small_message_bytes`, a separate threshold.)
+const LATENCY_BOUND_BYTES: u64 = 64 << 10;
+
 /// Restores the thread's home core when an op that cleared it ends.
 struct HomeCleared(Option<usize>);
 
@@ -1123,11 +1129,11 @@ fn execute<R>(
     }
     ex.recorder.started(plan.kind, seq, peer);
     // On a crowded host (more local ranks than cores) a home core steadies
-    // small ops (no two ranks of a recursive-doubling round stacked on one
-    // core), but large ones ran faster where the scheduler put them
+    // latency-bound ops (no two ranks of a recursive-doubling round stacked
+    // on one core), but large ones ran faster where the scheduler put them
     // (measured, docs/perf.md): drop the home for the op.
     let bytes = plan.count * plan.dtype.size() as u64;
-    let _placement = (ex.world.crowded && bytes >= ex.tunables.small_message_bytes as u64)
+    let _placement = (ex.world.crowded && bytes >= LATENCY_BOUND_BYTES)
         .then(|| HomeCleared(ringwire_uring::set_home_core(None)));
     let span = tracing::debug_span!(
         "collective",

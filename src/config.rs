@@ -115,10 +115,12 @@ pub(crate) struct Tunables {
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(60);
 /// Frames are at most this large; bigger buffers go as several chunks.
 pub const DEFAULT_CHUNK_BYTES: usize = 1 << 20;
-/// All-reduce below this many bytes uses recursive doubling (latency-bound),
-/// at or above it the ring (bandwidth-bound); broadcast switches from the
-/// tree to the pipelined chain at the same size.
-pub const DEFAULT_SMALL_MESSAGE_BYTES: usize = 64 << 10;
+/// All-reduce below this many bytes uses recursive doubling (fewer rounds),
+/// at or above it the ring (less data per rank); broadcast switches from the
+/// tree to the pipelined chain at the same size. Measured crossover on
+/// local ranks (2 and 4, Unix and TCP links): between 512 KiB and 1 MiB
+/// (docs/perf.md).
+pub const DEFAULT_SMALL_MESSAGE_BYTES: usize = 1 << 20;
 
 /// How long a waiting thread polls (yielding its core between polls)
 /// before it sleeps: long enough to cover a small op's round trip between

@@ -183,7 +183,7 @@ impl Builder {
     }
 
     /// Size below which all-reduce uses recursive doubling and broadcast the
-    /// binomial tree (64 KiB). Every rank must use the same value. Env:
+    /// binomial tree (1 MiB). Every rank must use the same value. Env:
     /// RINGWIRE_SMALL_MESSAGE_BYTES.
     pub fn small_message_bytes(mut self, bytes: usize) -> Builder {
         self.overrides.small_message_bytes = Some(bytes);
