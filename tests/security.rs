@@ -122,16 +122,21 @@ fn check_all_reduce(comms: &[Communicator], n: usize) {
     }
 }
 
-/// A rank's published listen address.
-fn rank_addr(store: &StoreServer, sec: &Security, rank: usize) -> SocketAddr {
+/// What rank `rank` published in the store under `what` (`addr`, `local`).
+fn published(store: &StoreServer, sec: &Security, what: &str, rank: usize) -> String {
     let c = StoreClient::connect_with(&[store.local_addr()], Duration::from_secs(5), sec).unwrap();
     let raw = c
         .get(
-            &format!("ringwire/default/addr/{rank}"),
+            &format!("ringwire/default/{what}/{rank}"),
             Duration::from_secs(5),
         )
         .unwrap();
-    String::from_utf8(raw).unwrap().parse().unwrap()
+    String::from_utf8(raw).unwrap()
+}
+
+/// A rank's published listen address.
+fn rank_addr(store: &StoreServer, sec: &Security, rank: usize) -> SocketAddr {
+    published(store, sec, "addr", rank).parse().unwrap()
 }
 
 fn read_frame(s: &mut impl Read) -> std::io::Result<(Header, Vec<u8>)> {
@@ -417,14 +422,7 @@ fn rank_unix_addr(
     rank: usize,
 ) -> std::os::unix::net::SocketAddr {
     use std::os::linux::net::SocketAddrExt;
-    let c = StoreClient::connect_with(&[store.local_addr()], Duration::from_secs(5), sec).unwrap();
-    let raw = c
-        .get(
-            &format!("ringwire/default/local/{rank}"),
-            Duration::from_secs(5),
-        )
-        .unwrap();
-    let text = String::from_utf8(raw).unwrap();
+    let text = published(store, sec, "local", rank);
     let (_host, name) = text.split_once(' ').expect("host identity, then the name");
     std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes()).unwrap()
 }
