@@ -21,6 +21,8 @@ use nix::sys::socket::{Shutdown, shutdown};
 use std::collections::VecDeque;
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::ThreadId;
 use std::time::{Duration, Instant};
 
@@ -164,6 +166,10 @@ pub(crate) struct Driver {
     wake_word: Box<u64>,
     wake_in_flight: bool,
     wake_owner: Option<ThreadId>,
+    /// Set (under the engine's state lock) when work is queued or waiters
+    /// are notified during a turn; a spinning driver ends its turn on it,
+    /// so the eventfd read is only needed while it sleeps in the kernel.
+    poked: Arc<AtomicBool>,
     /// The thread driving the current turn.
     me: Option<ThreadId>,
     /// What `release` withdraws (kept to reuse its storage).
@@ -191,6 +197,7 @@ impl Driver {
     pub(crate) fn new(
         config: &EngineConfig,
         wake: &nix::sys::eventfd::EventFd,
+        poked: Arc<AtomicBool>,
     ) -> io::Result<Driver> {
         // Every link has at most one receive and one send in flight, plus
         // the eventfd read: size the queues so completions never overflow.
@@ -225,6 +232,7 @@ impl Driver {
             wake_word: Box::new(0),
             wake_in_flight: false,
             wake_owner: None,
+            poked,
             me: None,
             cancels: Vec::new(),
             in_flight: 0,
@@ -314,7 +322,6 @@ impl Driver {
             self.post(link);
         }
         self.touched.clear();
-        self.post_wake();
         // Work that ended already (a withdrawn placement, a send to a dead
         // link) must reach its caller now, not after a sleep.
         let wait = if finished.is_empty() {
@@ -395,7 +402,10 @@ impl Driver {
         }
         let deadline = Instant::now() + Duration::from_secs(1);
         while cancels.iter().any(|&what| mine(self, what)) && Instant::now() < deadline {
-            self.enter(Duration::from_millis(10));
+            // Not `enter`: that would post the eventfd read anew.
+            if self.ring.completion().is_empty() {
+                self.sleep_in_kernel(Duration::from_millis(10));
+            }
             self.reap(sink, &mut finished);
             self.touched.clear();
         }
@@ -426,10 +436,10 @@ impl Driver {
     }
 
     /// Submits, and sleeps up to `wait` for a completion unless one is
-    /// already there. Every kernel entry also runs this thread's pending
-    /// completion work; entries are kept to one per call where possible
-    /// (a small op's turn is a handful of system calls, each a few
-    /// microseconds on a VM).
+    /// already there or work was queued meanwhile. Every kernel entry also
+    /// runs this thread's pending completion work; entries are kept to one
+    /// per call where possible (a small op's turn is a handful of system
+    /// calls, each a few microseconds on a VM).
     fn enter(&mut self, wait: Duration) {
         if !self.ring.completion().is_empty() {
             if !self.ring.submission().is_empty() {
@@ -437,7 +447,7 @@ impl Driver {
             }
             return;
         }
-        if wait.is_zero() {
+        if wait.is_zero() || self.poked.load(Ordering::SeqCst) {
             let _ = self.ring.submit();
             return;
         }
@@ -448,7 +458,7 @@ impl Driver {
             let start = Instant::now();
             loop {
                 let _ = self.ring.submit();
-                if !self.ring.completion().is_empty() {
+                if !self.ring.completion().is_empty() || self.poked.load(Ordering::SeqCst) {
                     return;
                 }
                 if start.elapsed() >= self.spin.min(wait) {
@@ -457,6 +467,17 @@ impl Driver {
                 crate::poll_yield();
             }
         }
+        // Only a driver asleep in the kernel needs the eventfd to learn of
+        // queued work: posting its read here, not every turn, spares a
+        // small op the read's arming and `release`'s cancel of it. A poke
+        // that came before the read was posted left the counter set, so
+        // the read completes at once.
+        self.post_wake();
+        self.sleep_in_kernel(wait);
+    }
+
+    /// Submits and sleeps up to `wait` for one completion.
+    fn sleep_in_kernel(&mut self, wait: Duration) {
         let ts = types::Timespec::from(wait);
         let args = types::SubmitArgs::new().timespec(&ts);
         // ETIME: the wait ran out; EINTR: a signal; EBUSY: completions to

@@ -270,6 +270,51 @@ fn send_one(e: &FrameEngine, link: usize, p: &[u8], sink: &dyn FrameSink) {
 }
 
 #[test]
+fn work_queued_while_the_driver_sleeps_in_the_kernel_wakes_it() {
+    // A driver that does not spin goes straight to sleep in the kernel;
+    // a send queued by another thread must end that sleep (the eventfd
+    // read posted before it), not wait out the turn cap (10 s in tests).
+    for spin in [Duration::ZERO, Duration::from_micros(20)] {
+        let (a, b) = UnixStream::pair().unwrap();
+        let make = || {
+            FrameEngine::new(EngineConfig {
+                links: 1,
+                header_len: HEADER,
+                staging: 4096,
+                zero_copy_from: None,
+                spin,
+            })
+            .unwrap()
+        };
+        let (ea, eb) = (Arc::new(make()), make());
+        ea.add_link(0, a.into());
+        eb.add_link(0, b.into());
+        let sink = Arc::new(Sink::default());
+        let start = Instant::now();
+        let sleeper = {
+            let (e, sink) = (ea.clone(), sink.clone());
+            std::thread::spawn(move || {
+                let until = Instant::now() + Duration::from_secs(30);
+                e.progress(e.generation(), until, &*sink);
+            })
+        };
+        while !lock(&ea.state).driving {
+            std::thread::yield_now();
+        }
+        std::thread::sleep(Duration::from_millis(20)); // let it reach the kernel
+        send_one(&ea, 0, b"woken", &*sink);
+        sleeper.join().unwrap();
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "spin {spin:?}: the sleeping driver missed the queued send's wake-up"
+        );
+        let peer = Sink::default();
+        wait_for(&eb, &peer, |s| lock(&s.frames).len() == 1);
+        assert_eq!(lock(&peer.frames)[0].1, b"woken");
+    }
+}
+
+#[test]
 fn frames_are_received_in_place_when_a_caller_waits_for_them() {
     let (a, b) = UnixStream::pair().unwrap();
     let (ea, eb) = (Arc::new(engine(1)), engine(1));
