@@ -56,10 +56,10 @@ pub(crate) struct TcpConfig {
     /// If the engine cannot start, fail (the user asked for it) instead of
     /// falling back to the portable plane with a warning.
     pub(crate) uring_required: bool,
-    /// How long the uring plane polls for a completion before sleeping
-    /// (RINGWIRE_SPIN_US, default 0). Polling saves a sleep and a wake-up
-    /// per frame only while every waiting thread has a core to itself;
-    /// measured on 2 cores with 2 ranks it was erratic (decision 0007).
+    /// How long a receive polls (the uring plane for a completion, the
+    /// portable plane for its reader thread's frame) before sleeping
+    /// (RINGWIRE_SPIN_US, default 50 us; polls yield the core, decision
+    /// 0008).
     pub(crate) spin: Duration,
 }
 
@@ -1412,6 +1412,17 @@ impl Transport for TcpTransport {
             return self
                 .shared
                 .engine_recv(engine, &inbox, comm_id, peer, deadline);
+        }
+        // Poll briefly before sleeping: a frame the link's reader thread
+        // files within the spin is taken without a second wake-up (the
+        // reader's own is unavoidable on this plane).
+        if self.shared.aborted_error(comm_id).is_none() {
+            if let Some(frame) = crate::spin::poll_for(
+                self.shared.config.spin.min(deadline - Instant::now()),
+                || lock(&inbox.queue).pop_front(),
+            ) {
+                return Ok(frame);
+            }
         }
         let mut queue = lock(&inbox.queue);
         loop {
