@@ -5,6 +5,7 @@
 #
 #   bash benches/compare/run.sh                      # ranks 2 4, 8 B .. 256 MiB, factor 4
 #   bash benches/compare/run.sh --ranks "2" -b 1K -e 16M -f 2
+#   bash benches/compare/run.sh --rounds 3          # medians of 3 round-robin sweeps
 #   PEERS="ringwire mpi" bash benches/compare/run.sh  # leave a peer out
 #
 # Options (or the environment variable in brackets):
@@ -19,6 +20,10 @@
 #                   the CPUs to be >= 85% idle over 2 s (0: don't) [WAIT_IDLE]
 #   --retry-busy 2  run a library's sweep again (at most this many times) when
 #                   other processes used > 0.25 cores during it [RETRY_BUSY]
+#   --rounds 1      run every library's sweep this many times, round-robin
+#                   (on a noisy VM one sweep's ratios swing 2x); the table shows
+#                   per-size medians over the rounds and the range of the
+#                   per-round ratios [ROUNDS]
 # Also: VENV (torch venv, default benches/compare/.venv), TORCH_SPEC (pip
 # requirement, default torch), PYTHON (for the venv, default python3).
 set -euo pipefail
@@ -40,6 +45,7 @@ PYTHON=${PYTHON:-python3}
 OUT=${OUT:-}
 WAIT_IDLE=${WAIT_IDLE:-60}
 RETRY_BUSY=${RETRY_BUSY:-2}
+ROUNDS=${ROUNDS:-1}
 
 while [ $# -gt 0 ]; do
     case "$1" in
@@ -55,10 +61,13 @@ while [ $# -gt 0 ]; do
         --no-install) NO_INSTALL=1; shift ;;
         --wait-idle) WAIT_IDLE=$2; shift 2 ;;
         --retry-busy) RETRY_BUSY=$2; shift 2 ;;
+        --rounds) ROUNDS=$2; shift 2 ;;
         -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
         *) echo "run.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
     esac
 done
+
+case "$ROUNDS" in ''|*[!0-9]*|0) echo "run.sh: --rounds wants a whole number from 1, got '$ROUNDS'" >&2; exit 2 ;; esac
 
 BUILD=$ROOT/target/compare
 OUT=${OUT:-$BUILD/run-$(date -u +%Y%m%dT%H%M%SZ)}
@@ -127,11 +136,12 @@ versions="ringwire $(cd "$ROOT" && git describe --always --dirty 2>/dev/null || 
 has mpi && versions+="; $(mpirun --version 2>/dev/null | head -1)"
 has gloo && versions+="; torch $("$TORCHPY" -c 'import torch; print(torch.__version__)' 2>/dev/null)"
 {
-    echo "command: bash benches/compare/run.sh --ranks \"$RANKS\" -b $MINB -e $MAXB -f $FACTOR -w $WARMUP -n $ITERS -m $MAX_SECONDS --peers \"$PEERS\""
+    echo "command: bash benches/compare/run.sh --ranks \"$RANKS\" -b $MINB -e $MAXB -f $FACTOR -w $WARMUP -n $ITERS -m $MAX_SECONDS --rounds $ROUNDS --peers \"$PEERS\""
     echo "machine: $machine, $(awk '/MemTotal/ {printf "%d GiB", $2 / 1048576 + 0.5}' /proc/meminfo)"
     echo "versions: $versions"
     echo "settings: f32 sum, $WARMUP warm-up, up to $ITERS timed ops per size capped near ${MAX_SECONDS} s, time = mean of the slowest rank per op"
     echo "ranks: $RANKS"
+    echo "rounds: $ROUNDS"
 } >"$OUT/meta.txt"
 
 COMMON=(-b "$MINB" -e "$MAXB" -f "$FACTOR" -w "$WARMUP" -n "$ITERS")
@@ -140,19 +150,19 @@ run_ringwire() {
     # ringwire's default between ranks on one host; and TCP, like the
     # peers), interleaved size by size, in the same run as the peers.
     "$RWBENCH" all_reduce --ranks "$1" "${COMMON[@]}" --max-seconds "$MAX_SECONDS" \
-        --transport all --local-links all --json "$OUT/ringwire-p$1.json"
+        --transport all --local-links all --json "$OUT/ringwire-p$1$TAG.json"
 }
 run_mpi() {
     # btl tcp,self: TCP even between local ranks (no shared memory); pml ob1:
     # the BTL path, not UCX; --bind-to none: scheduled like the other two.
     mpirun --allow-run-as-root --oversubscribe -np "$1" --bind-to none \
         --mca btl tcp,self --mca pml ob1 --mca btl_tcp_if_include lo \
-        "$MPIBIN" "${COMMON[@]}" -m "$MAX_SECONDS" -o "$OUT/mpi-p$1.json"
+        "$MPIBIN" "${COMMON[@]}" -m "$MAX_SECONDS" -o "$OUT/mpi-p$1$TAG.json"
 }
 run_gloo() {
     GLOO_SOCKET_IFNAME=lo OMP_NUM_THREADS=1 TORCH_CPP_LOG_LEVEL=ERROR \
         "$VENV/bin/torchrun" --standalone --nproc-per-node "$1" \
-        "$HERE/torch_gloo_allreduce.py" "${COMMON[@]}" -m "$MAX_SECONDS" -o "$OUT/gloo-p$1.json"
+        "$HERE/torch_gloo_allreduce.py" "${COMMON[@]}" -m "$MAX_SECONDS" -o "$OUT/gloo-p$1$TAG.json"
 }
 
 idle_pct() { # percentage of CPU time idle over 2 s
@@ -190,26 +200,31 @@ cpu_snap() { # sets SNAP: "<CPU s all processes used> <CPU s this shell's childr
 run_peer() {
     local peer=$1 p=$2 s0 rc=0
     cpu_snap; s0=$SNAP
-    "run_$peer" "$p" >"$OUT/$peer-p$p.log" 2>&1 || rc=$?
+    "run_$peer" "$p" >"$OUT/$peer-p$p$TAG.log" 2>&1 || rc=$?
     cpu_snap
     read -r OTHERS WALL < <(echo "$s0 $SNAP" | awk '{ w = $6 - $3; o = (($4 - $1) - ($5 - $2)) / w; if (o < 0) o = 0; printf "%.2f %.0f\n", o, w }')
-    log "p=$p $peer: $WALL s, exit $rc, other processes used $OTHERS cores meanwhile (log: $OUT/$peer-p$p.log)"
-    [ "$rc" = 0 ] || { log "p=$p $peer FAILED; its column shows n/a. Tail of its log:"; tail -5 "$OUT/$peer-p$p.log" >&2; }
+    log "p=$p${TAG:+ round ${TAG#-r}} $peer: $WALL s, exit $rc, other processes used $OTHERS cores meanwhile (log: $OUT/$peer-p$p$TAG.log)"
+    [ "$rc" = 0 ] || { log "p=$p $peer FAILED; its column shows n/a. Tail of its log:"; tail -5 "$OUT/$peer-p$p$TAG.log" >&2; }
     return $rc
 }
 
+# Files of round k end in -rk when there are several rounds.
+TAG=""
 for p in $RANKS; do
     wait_idle
     echo "load p$p: $(cut -d' ' -f1-3 /proc/loadavg) (load average), ${IDLE}% idle over 2 s" >>"$OUT/meta.txt"
-    for peer in $PEERS; do
-        tries=0
-        while run_peer "$peer" "$p"; [ "$tries" -lt "$RETRY_BUSY" ] &&
-            awk -v o="$OTHERS" 'BEGIN { exit !(o > 0.25) }'; do
-            tries=$((tries + 1))
-            log "p=$p $peer: other processes took $OTHERS cores during the run; running it again ($tries of $RETRY_BUSY)"
-            wait_idle
+    for round in $(seq 1 "$ROUNDS"); do
+        [ "$ROUNDS" = 1 ] || TAG="-r$round"
+        for peer in $PEERS; do
+            tries=0
+            while run_peer "$peer" "$p"; [ "$tries" -lt "$RETRY_BUSY" ] &&
+                awk -v o="$OTHERS" 'BEGIN { exit !(o > 0.25) }'; do
+                tries=$((tries + 1))
+                log "p=$p $peer: other processes took $OTHERS cores during the run; running it again ($tries of $RETRY_BUSY)"
+                wait_idle
+            done
+            echo "others p$p$TAG $peer: $OTHERS" >>"$OUT/meta.txt"
         done
-        echo "others p$p $peer: $OTHERS" >>"$OUT/meta.txt"
     done
 done
 rm -f "$OUT/.times"

@@ -3,13 +3,20 @@
     python3 table.py OUTDIR
 
 OUTDIR holds {ringwire,mpi,gloo}-p{N}.json (ringwire-bench --json, and the
-same field names from mpi_allreduce.c and torch_gloo_allreduce.py) and
-meta.txt (lines "key: value"). A missing file shows as "n/a" (a peer that
-was skipped or failed). Standard library only.
+same field names from mpi_allreduce.c and torch_gloo_allreduce.py), or
+{...}-p{N}-r{K}.json for round K of several, and meta.txt (lines "key:
+value"). With several rounds every cell is the median over the rounds, and
+the ratio columns add the range of the per-round ratios (each round's
+libraries ran minutes apart, so a round's ratio compares like with like). A
+missing file shows as "n/a" (a peer that was skipped or failed). Standard
+library only.
 """
 
+import glob
 import json
 import os
+import re
+import statistics
 import sys
 
 # (key, column name, file prefix, ringwire transport or None)
@@ -31,14 +38,70 @@ def human(n: int) -> str:
     return f"{n} B"
 
 
-def load(out, prefix, p, transport):
+def load_file(path, transport):
     try:
-        with open(os.path.join(out, f"{prefix}-p{p}.json")) as f:
+        with open(path) as f:
             d = json.load(f)
     except (OSError, ValueError):
         return None
     rows = [r for r in d.get("rows", []) if transport is None or r.get("transport") == transport]
     return {r["size_bytes"]: r for r in rows} or None
+
+
+def rounds_of(out, prefix, p):
+    """Round number -> file: 0 for a single-round file, else K of -rK."""
+    found = {}
+    single = os.path.join(out, f"{prefix}-p{p}.json")
+    if os.path.exists(single):
+        found[0] = single
+    for path in glob.glob(os.path.join(out, f"{prefix}-p{p}-r*.json")):
+        m = re.search(r"-r(\d+)\.json$", path)
+        if m:
+            found[int(m.group(1))] = path
+    return found
+
+
+def load(out, prefix, p, transport):
+    """Round -> {size: row}, for the rounds that have this variant."""
+    per_round = {}
+    for k, path in sorted(rounds_of(out, prefix, p).items()):
+        rows = load_file(path, transport)
+        if rows:
+            per_round[k] = rows
+    return per_round or None
+
+
+def median_row(per_round, size):
+    """The median over rounds of time (busbw from it) and p50; wrong summed."""
+    rows = [r[size] for r in (per_round or {}).values() if size in r]
+    if not rows:
+        return None
+    if len(rows) == 1:
+        return rows[0]
+    time = statistics.median(r["time_us"] for r in rows)
+    p50s = [r["p50_us"] for r in rows if r.get("p50_us") is not None]
+    # busbw is inversely proportional to time for a given size and op.
+    scale = rows[0]["busbw_gbps"] * rows[0]["time_us"]
+    return {
+        "time_us": time,
+        "busbw_gbps": scale / time if time > 0 else 0.0,
+        "p50_us": statistics.median(p50s) if p50s else None,
+        "wrong": sum(r.get("wrong", 0) for r in rows),
+    }
+
+
+def round_ratios(data, ours, size):
+    """ours' busbw / the better peer's, per round where all ran."""
+    out = []
+    for k, rows in (data.get(ours) or {}).items():
+        peers = [
+            data[peer][k][size]["busbw_gbps"]
+            for peer in ("mpi", "gloo")
+            if data.get(peer) and k in data[peer] and size in data[peer][k]
+        ]
+        if size in rows and peers and max(peers) > 0:
+            out.append(rows[size]["busbw_gbps"] / max(peers))
+    return out
 
 
 def main():
@@ -56,6 +119,10 @@ def main():
     for k in ("command", "machine", "versions", "settings"):
         if k in meta:
             print(f"{k}: {meta[k]}")
+    rounds = int(meta.get("rounds", "1") or 1)
+    if rounds > 1:
+        print(f"rounds: {rounds}, round-robin; every time, busbw and p50 below is the median over"
+              " the rounds, and each ratio is followed by the range of the per-round ratios")
     for p in ranks:
         if f"load p{p}" in meta:
             print(f"before p={p}: {meta[f'load p{p}']}")
@@ -74,12 +141,12 @@ def main():
             data[key] = load(out, prefix, p, transport)
             if data[key] is None:
                 missing.append(f"{key} p={p}")
-        sizes = sorted({s for d in data.values() if d for s in d})
+        sizes = sorted({s for d in data.values() if d for rows in d.values() for s in rows})
         for s in sizes:
             cells = [str(p), human(s)]
             bw = {}
             for key, _, _, _ in PEERS:
-                r = (data[key] or {}).get(s)
+                r = median_row(data[key], s)
                 if r is None:
                     cells += ["n/a", "n/a"]
                     continue
@@ -90,7 +157,11 @@ def main():
             peers = [bw[k] for k in ("mpi", "gloo") if k in bw]
             for ours in ("ringwire_tcp", "ringwire"):
                 if ours in bw and peers and max(peers) > 0:
-                    cells.append(f"{bw[ours] / max(peers):.2f}")
+                    cell = f"{bw[ours] / max(peers):.2f}"
+                    per_round = round_ratios(data, ours, s)
+                    if len(per_round) > 1:
+                        cell += f" ({min(per_round):.2f}-{max(per_round):.2f})"
+                    cells.append(cell)
                 else:
                     cells.append("n/a")
             print("| " + " | ".join(cells) + " |")
@@ -103,10 +174,10 @@ def main():
     print("|" + "|".join(["---:"] * (2 + len(PEERS))) + "|")
     for p in ranks:
         data = {key: load(out, prefix, p, t) for key, _, prefix, t in PEERS}
-        for s in sorted({s for d in data.values() if d for s in d}):
+        for s in sorted({s for d in data.values() if d for rows in d.values() for s in rows}):
             cells = [str(p), human(s)]
             for key, _, _, _ in PEERS:
-                r = (data[key] or {}).get(s)
+                r = median_row(data[key], s)
                 cells.append(f"{r['p50_us']:.1f}" if r and r.get("p50_us") is not None else "n/a")
             print("| " + " | ".join(cells) + " |")
     print()
