@@ -22,8 +22,8 @@
 #                   other processes used > 0.25 cores during it [RETRY_BUSY]
 #   --rounds 1      run every library's sweep this many times, round-robin
 #                   (on a noisy VM one sweep's ratios swing 2x); the table shows
-#                   per-size medians over the rounds and the range of the
-#                   per-round ratios [ROUNDS]
+#                   per-size medians over the rounds, and the median and range
+#                   of the per-round ratios [ROUNDS]
 # Also: VENV (torch venv, default benches/compare/.venv), TORCH_SPEC (pip
 # requirement, default torch), PYTHON (for the venv, default python3).
 set -euo pipefail

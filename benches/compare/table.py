@@ -6,8 +6,9 @@ OUTDIR holds {ringwire,mpi,gloo}-p{N}.json (ringwire-bench --json, and the
 same field names from mpi_allreduce.c and torch_gloo_allreduce.py), or
 {...}-p{N}-r{K}.json for round K of several, and meta.txt (lines "key:
 value"). With several rounds every cell is the median over the rounds, and
-the ratio columns add the range of the per-round ratios (each round's
-libraries ran minutes apart, so a round's ratio compares like with like). A
+a ratio is the median of the per-round ratios followed by their range (each
+round's libraries ran minutes apart, so a round's ratio compares like with
+like). A
 missing file shows as "n/a" (a peer that was skipped or failed). Standard
 library only.
 """
@@ -122,7 +123,7 @@ def main():
     rounds = int(meta.get("rounds", "1") or 1)
     if rounds > 1:
         print(f"rounds: {rounds}, round-robin; every time, busbw and p50 below is the median over"
-              " the rounds, and each ratio is followed by the range of the per-round ratios")
+              " the rounds; each ratio is the median of the per-round ratios, then their range")
     for p in ranks:
         if f"load p{p}" in meta:
             print(f"before p={p}: {meta[f'load p{p}']}")
@@ -157,10 +158,14 @@ def main():
             peers = [bw[k] for k in ("mpi", "gloo") if k in bw]
             for ours in ("ringwire_tcp", "ringwire"):
                 if ours in bw and peers and max(peers) > 0:
-                    cell = f"{bw[ours] / max(peers):.2f}"
                     per_round = round_ratios(data, ours, s)
                     if len(per_round) > 1:
-                        cell += f" ({min(per_round):.2f}-{max(per_round):.2f})"
+                        # Each round's ratio compares libraries run minutes
+                        # apart; their median, then their range.
+                        cell = (f"{statistics.median(per_round):.2f}"
+                                f" ({min(per_round):.2f}-{max(per_round):.2f})")
+                    else:
+                        cell = f"{bw[ours] / max(peers):.2f}"
                     cells.append(cell)
                 else:
                     cells.append("n/a")

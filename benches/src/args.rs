@@ -37,6 +37,8 @@ pub(crate) struct Args {
     pub(crate) transport: TransportChoice,
     pub(crate) links: LinksChoice,
     pub(crate) link_limit: bool,
+    /// Bytes each side of the link limit streams from / into (cycled).
+    pub(crate) link_buffer: usize,
     pub(crate) json: Option<String>,
     pub(crate) csv: Option<String>,
     pub(crate) plot: Option<String>,
@@ -72,6 +74,8 @@ ops: all_reduce broadcast reduce all_gather reduce_scatter all_to_all barrier se
                      as ringwire does; tcp rows are labelled uring-tcp / portable-tcp)
       --link-limit   measure the ring link limit first (over each kind of link measured)
                      and show busbw as a percentage of it
+      --link-buffer S  buffer the link limit streams from and into (default 4M: fits in
+                     cache; as large as the op, e.g. 256M, it streams memory like the op)
       --json FILE    write the rows as JSON
       --csv FILE     write the rows as CSV
       --plot FILE    write busbw against size as SVG
@@ -120,6 +124,7 @@ pub(crate) fn parse(args: &[String]) -> Result<Args, String> {
         transport: TransportChoice::All,
         links: LinksChoice::Unix,
         link_limit: false,
+        link_buffer: 4 << 20,
         json: None,
         csv: None,
         plot: None,
@@ -188,6 +193,12 @@ pub(crate) fn parse(args: &[String]) -> Result<Args, String> {
                 }
             }
             "--link-limit" => a.link_limit = true,
+            "--link-buffer" => {
+                a.link_buffer = parse_size(&value()?)?;
+                if a.link_buffer == 0 {
+                    return Err("--link-buffer: must be at least 1 byte".into());
+                }
+            }
             "--local-links" => {
                 a.links = match value()?.as_str() {
                     "unix" => LinksChoice::Unix,
@@ -303,6 +314,10 @@ mod tests {
                 .contains("--bogus")
         );
         assert!(args(&["all_reduce", "-c", "2"]).is_err());
+        assert_eq!(args(&["all_reduce"]).unwrap().link_buffer, 4 << 20);
+        let big = args(&["all_reduce", "--link-buffer", "256M"]).unwrap();
+        assert_eq!(big.link_buffer, 256 << 20);
+        assert!(args(&["all_reduce", "--link-buffer", "0"]).is_err());
     }
 
     #[test]

@@ -11,6 +11,9 @@ use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
+/// Bytes per read or write call.
+const PIECE: usize = 4 << 20;
+
 /// Takes the predecessor's connection (on the reader thread).
 type Accept = Box<dyn FnOnce() -> std::io::Result<Box<dyn Read + Send>> + Send>;
 /// Connects to the successor.
@@ -18,11 +21,14 @@ type Connect = Box<dyn FnOnce() -> Result<Box<dyn Write>, String>>;
 
 /// Bytes/s (as GB/s) of the slowest rank, or `None` for a single rank;
 /// over TCP, or (`unix`) over Unix-domain sockets as ringwire links ranks on
-/// one host.
+/// one host. Each side cycles through a `buffer`-byte buffer: one that fits
+/// in cache gives the links' own limit; one as large as an op streams
+/// memory as that op must.
 pub(crate) fn measure(
     ctrl: &Communicator,
     bytes: usize,
     unix: bool,
+    buffer: usize,
 ) -> Result<Option<f64>, String> {
     let (rank, world) = (ctrl.rank(), ctrl.world_size());
     if world < 2 {
@@ -94,28 +100,30 @@ pub(crate) fn measure(
 
     let reader = std::thread::spawn(move || -> Result<Instant, String> {
         let mut s = accept().map_err(|e| e.to_string())?;
-        let mut buf = vec![0u8; 4 << 20];
-        let mut left = bytes;
+        // Written once so every page is mapped before timing starts.
+        let mut buf = vec![1u8; buffer];
+        let (mut left, mut at) = (bytes, 0);
         while left > 0 {
-            let n = s
-                .read(&mut buf[..left.min(4 << 20)])
-                .map_err(|e| e.to_string())?;
+            let end = (at + left.min(PIECE)).min(buffer);
+            let n = s.read(&mut buf[at..end]).map_err(|e| e.to_string())?;
             if n == 0 {
                 return Err("predecessor closed early".into());
             }
             left -= n;
+            at = (at + n) % buffer;
         }
         Ok(Instant::now())
     });
     let mut out = connect()?;
+    let source = vec![0x5Au8; buffer];
     ctrl.barrier().wait().map_err(|e| e.to_string())?;
     let start = Instant::now();
-    let chunk = vec![0x5Au8; 4 << 20];
-    let mut left = bytes;
+    let (mut left, mut at) = (bytes, 0);
     while left > 0 {
-        let n = left.min(chunk.len());
-        out.write_all(&chunk[..n]).map_err(|e| e.to_string())?;
-        left -= n;
+        let end = (at + left.min(PIECE)).min(buffer);
+        out.write_all(&source[at..end]).map_err(|e| e.to_string())?;
+        left -= end - at;
+        at = end % buffer;
     }
     let sent = Instant::now();
     let received = reader

@@ -436,12 +436,13 @@ fn run_rank(a: &Args) -> Result<bool, String> {
             if kind == "none" || limits.iter().any(|(k, _)| *k == kind) {
                 continue;
             }
-            let l = linklimit::measure(&ctrl, bytes, kind == "unix")?;
+            let l = linklimit::measure(&ctrl, bytes, kind == "unix", a.link_buffer)?;
             if lead {
                 match l {
                     Some(gbps) => println!(
-                        "# ring link limit ({kind}): {gbps:.3} GB/s (every rank streams {} MiB to its successor at once over plain {kind} sockets)",
-                        bytes >> 20
+                        "# ring link limit ({kind}): {gbps:.3} GB/s (every rank streams {} MiB to its successor at once over plain {kind} sockets, from and into {} buffers)",
+                        bytes >> 20,
+                        report::human_bytes(a.link_buffer)
                     ),
                     None => println!("# ring link limit: n/a for one rank"),
                 }
@@ -564,7 +565,8 @@ fn run_rank(a: &Args) -> Result<bool, String> {
             let doc = serde_json::json!({
                 "op": a.op.name(), "ranks": world, "dtype": a.dtype.name(), "redop": a.redop.name(),
                 "machine": machine_line(), "link_limit_gbps": link_limit,
-                "link_limit_unix_gbps": limit_of("unix"), "rows": rows,
+                "link_limit_unix_gbps": limit_of("unix"),
+                "link_buffer_bytes": a.link_limit.then_some(a.link_buffer), "rows": rows,
             });
             std::fs::write(
                 path,

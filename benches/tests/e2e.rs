@@ -134,6 +134,9 @@ fn json_csv_and_plot_are_written_and_link_limit_shown() {
         "-w",
         "1",
         "--link-limit",
+        // Not a divisor of the 256 MiB streamed: the buffers wrap mid-way.
+        "--link-buffer",
+        "3M",
         "--local-links",
         "all",
         "--json",
@@ -146,6 +149,7 @@ fn json_csv_and_plot_are_written_and_link_limit_shown() {
     assert!(ok, "{out}\n{err}");
     // Both kinds of local link, each against its own limit.
     assert!(out.contains("# ring link limit (unix):"), "{out}");
+    assert!(out.contains("from and into 3 MiB buffers"), "{out}");
     assert!(out.contains("# ring link limit (tcp):"), "{out}");
     assert!(
         out.contains("uring-tcp") || out.contains("portable-tcp"),
@@ -155,6 +159,7 @@ fn json_csv_and_plot_are_written_and_link_limit_shown() {
         serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     assert!(doc["link_limit_gbps"].as_f64().is_some(), "{doc}");
     assert!(doc["link_limit_unix_gbps"].as_f64().is_some(), "{doc}");
+    assert_eq!(doc["link_buffer_bytes"].as_u64(), Some(3 << 20), "{doc}");
     let rows = doc["rows"].as_array().unwrap();
     assert_eq!(rows.len(), 3 * 2 * transports());
     assert!(
