@@ -2,7 +2,8 @@
 
     python3 table.py OUTDIR
 
-OUTDIR holds {ringwire,mpi,gloo}-p{N}.json (ringwire-bench --json, and the
+OUTDIR holds ringwire-{uring-unix,uring-tcp,portable-tcp}-p{N}.json and
+{mpi,gloo}-p{N}.json (ringwire-bench --json, and the
 same field names from mpi_allreduce.c and torch_gloo_allreduce.py), or
 {...}-p{N}-r{K}.json for round K of several, and meta.txt (lines "key:
 value"). With several rounds every cell is the median over the rounds, and
@@ -24,9 +25,9 @@ import sys
 # ringwire links local ranks with Unix sockets by default; "-tcp" rows are
 # forced onto TCP, like both peers here (the like-for-like comparison).
 PEERS = [
-    ("ringwire", "ringwire (uring, unix links)", "ringwire", "uring"),
-    ("ringwire_tcp", "ringwire (uring, TCP)", "ringwire", "uring-tcp"),
-    ("portable", "ringwire (portable, TCP)", "ringwire", "portable-tcp"),
+    ("ringwire", "ringwire (uring, unix links)", "ringwire-uring-unix", "uring"),
+    ("ringwire_tcp", "ringwire (uring, TCP)", "ringwire-uring-tcp", "uring-tcp"),
+    ("portable", "ringwire (portable, TCP)", "ringwire-portable-tcp", "portable-tcp"),
     ("mpi", "Open MPI", "mpi", None),
     ("gloo", "gloo", "gloo", None),
 ]
@@ -63,9 +64,13 @@ def rounds_of(out, prefix, p):
 
 
 def load(out, prefix, p, transport):
-    """Round -> {size: row}, for the rounds that have this variant."""
+    """Round -> {size: row}, for the rounds that have this variant. Runs
+    before the variants ran apart kept all of ringwire's in ringwire-p*.json."""
+    files = rounds_of(out, prefix, p)
+    if not files and prefix.startswith("ringwire-"):
+        files = rounds_of(out, "ringwire", p)
     per_round = {}
-    for k, path in sorted(rounds_of(out, prefix, p).items()):
+    for k, path in sorted(files.items()):
         rows = load_file(path, transport)
         if rows:
             per_round[k] = rows
