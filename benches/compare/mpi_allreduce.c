@@ -7,7 +7,8 @@
  *     iterations near MAX_SECONDS (between 1 and N), the same count on every rank;
  *   - a barrier, then N timed ops, each timed on every rank (out of place,
  *     like nccl-tests' default); an iteration's time is the slowest rank's;
- *   - time = mean of those (p50_us: their median); algbw = bytes / time;
+ *   - time = mean of those (p50_us, p99_us, max_us: their median, 99th percentile
+ *     and maximum); algbw = bytes / time;
  *     busbw = algbw * 2(p-1)/p.
  * Sizes: MIN, MIN*F, MIN*F^2, ... while below MAX, then MAX (as ringwire-bench).
  * Rank 0 prints a table and, with -o FILE, writes JSON rows with the same
@@ -148,6 +149,9 @@ int main(int argc, char **argv) {
             mean /= n;
             qsort(slowest, (size_t)n, sizeof(double), cmp_double);
             double p50 = n % 2 ? slowest[n / 2] : 0.5 * (slowest[n / 2 - 1] + slowest[n / 2]);
+            int at99 = (int)((n * 99 + 99) / 100) - 1; /* nearest rank */
+            double p99 = slowest[at99 < 0 ? 0 : at99 >= n ? n - 1 : at99];
+            double max = slowest[n - 1];
             double algbw = mean > 0 ? (double)bytes / mean / 1e9 : 0;
             double busbw = algbw * 2.0 * (p - 1) / p;
             total_wrong += wrong_all;
@@ -157,8 +161,10 @@ int main(int argc, char **argv) {
             if (json) {
                 fprintf(json,
                         "%s\n  {\"size_bytes\": %zu, \"count\": %d, \"iters\": %d, \"time_us\": %.3f, "
-                        "\"algbw_gbps\": %.6f, \"busbw_gbps\": %.6f, \"p50_us\": %.3f, \"wrong\": %lld}",
-                        first ? "" : ",", bytes, count, n, mean * 1e6, algbw, busbw, p50 * 1e6, wrong_all);
+                        "\"algbw_gbps\": %.6f, \"busbw_gbps\": %.6f, \"p50_us\": %.3f, \"p99_us\": %.3f, "
+                        "\"max_us\": %.3f, \"wrong\": %lld}",
+                        first ? "" : ",", bytes, count, n, mean * 1e6, algbw, busbw, p50 * 1e6, p99 * 1e6,
+                        max * 1e6, wrong_all);
             }
         }
         first = 0;
