@@ -103,7 +103,7 @@ pub(crate) struct Tunables {
     pub(crate) transport: TransportKind,
     pub(crate) local_links: LocalLinks,
     /// Waiters poll this long before sleeping (RINGWIRE_SPIN_US): a caller
-    /// in `wait`, the executor between jobs, the uring plane for a frame.
+    /// in `wait`, the executor between jobs, either plane for a frame.
     pub(crate) spin: Duration,
     pub(crate) heartbeat_timeout: Duration,
     pub(crate) debug_checks: bool,
@@ -124,9 +124,10 @@ pub const DEFAULT_SMALL_MESSAGE_BYTES: usize = 1 << 20;
 
 /// How long a waiting thread polls (yielding its core between polls)
 /// before it sleeps: long enough to cover a small op's round trip between
-/// local ranks, so a steady stream of small ops runs without a sleep and a
-/// wake-up per frame (decision 0008).
-pub const DEFAULT_SPIN: Duration = Duration::from_micros(50);
+/// local ranks, and the occasional peer that was held up, so a steady
+/// stream of small ops runs without a sleep and a wake-up per frame
+/// (decision 0008; 200 rather than 50 us for the tail: docs/perf.md).
+pub const DEFAULT_SPIN: Duration = Duration::from_micros(200);
 
 /// A link silent this long (no data, no heartbeat) is declared dead.
 pub const DEFAULT_HEARTBEAT_TIMEOUT: Duration = Duration::from_secs(10);
