@@ -467,16 +467,6 @@ fn run_rank(a: &Args) -> Result<bool, String> {
                 eprint!("\r[{name}] {} {size} B ...        ", a.op.name());
             }
             let m = with_dtype!(a.dtype, T => measure::<T>(comm, &ctrl, a, size))?;
-            if std::env::var_os("HACK_CPU").is_some() {
-                let mut ts = m.times.clone();
-                ts.sort_by(|a, b| a.partial_cmp(b).unwrap());
-                eprintln!(
-                    "HACK r{} {name} {size} cpu={:?} p50={:.1}",
-                    ctrl.rank(),
-                    nix::sched::sched_getcpu(),
-                    ts[ts.len() / 2] * 1e6
-                );
-            }
             let e = |e: ringwire::Error| e.to_string();
             let iters = m.times.len();
             let all = ctrl

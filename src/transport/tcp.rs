@@ -1415,14 +1415,17 @@ impl Transport for TcpTransport {
         }
         // Poll briefly before sleeping: a frame the link's reader thread
         // files within the spin is taken without a second wake-up (the
-        // reader's own is unavoidable on this plane).
-        if self.shared.aborted_error(comm_id).is_none() {
-            if let Some(frame) = crate::spin::poll_for(
-                self.shared.config.spin.min(deadline - Instant::now()),
-                || lock(&inbox.queue).pop_front(),
-            ) {
-                return Ok(frame);
-            }
+        // reader's own is unavoidable on this plane). An abort still ends
+        // the op first, as in the loop below.
+        let budget =
+            (self.shared.config.spin).min(deadline.saturating_duration_since(Instant::now()));
+        if let Some(polled) =
+            crate::spin::poll_for(budget, || match self.shared.aborted_error(comm_id) {
+                Some(e) => Some(Err(e)),
+                None => lock(&inbox.queue).pop_front().map(Ok),
+            })
+        {
+            return polled;
         }
         let mut queue = lock(&inbox.queue);
         loop {
