@@ -298,7 +298,7 @@ fn work_queued_while_the_driver_sleeps_in_the_kernel_wakes_it() {
                 e.progress(e.generation(), until, &*sink);
             })
         };
-        while !lock(&ea.state).driving {
+        while !lock(&ea.state).driving && !sleeper.is_finished() {
             std::thread::yield_now();
         }
         std::thread::sleep(Duration::from_millis(20)); // let it reach the kernel
