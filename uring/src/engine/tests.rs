@@ -296,6 +296,7 @@ fn work_queued_while_the_driver_sleeps_in_the_kernel_wakes_it() {
             std::thread::spawn(move || {
                 let until = Instant::now() + Duration::from_secs(30);
                 e.progress(e.generation(), until, &*sink);
+                e.release(&*sink); // as every waiter leaving the engine does
             })
         };
         while !lock(&ea.state).driving && !sleeper.is_finished() {
