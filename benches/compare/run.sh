@@ -152,11 +152,12 @@ run_ringwire() {
     # transport over TCP. (Interleaved in one group, the variants' idle
     # threads made the scheduler stack ranks: 4 ranks at 8 B took 95-112 us
     # against 61-63 in a group of their own.)
-    local variant
+    local ranks=$1 variant transport links
     for variant in "uring unix" "uring tcp" "portable tcp"; do
-        set -- "$1" $variant
-        "$RWBENCH" all_reduce --ranks "$1" "${COMMON[@]}" --max-seconds "$MAX_SECONDS" \
-            --transport "$2" --local-links "$3" --json "$OUT/ringwire-$2-$3-p$1$TAG.json" || return
+        read -r transport links <<<"$variant"
+        "$RWBENCH" all_reduce --ranks "$ranks" "${COMMON[@]}" --max-seconds "$MAX_SECONDS" \
+            --transport "$transport" --local-links "$links" \
+            --json "$OUT/ringwire-$transport-$links-p$ranks$TAG.json" || return
     done
 }
 run_mpi() {
