@@ -73,6 +73,11 @@ pub enum Error {
         detail: String,
     },
 
+    /// ringwire broke one of its own rules while running an op (a bug; the
+    /// detail says which rule). Peers may be out of step.
+    #[error("{ctx}: internal error (a bug in ringwire, please report it): {detail}")]
+    Internal { ctx: OpContext, detail: String },
+
     /// The caller passed arguments the op cannot take.
     #[error("{op}: invalid argument: {detail}")]
     InvalidArgument { op: OpKind, detail: String },
@@ -141,6 +146,7 @@ impl Error {
                 | Error::Mismatch { .. }
                 | Error::Connect { .. }
                 | Error::Failed { .. }
+                | Error::Internal { .. }
         )
     }
 }

@@ -13,8 +13,9 @@ use crate::error::{Error, OpContext};
 use crate::transport::{LinkError, Received, Transport};
 use crate::wire::{Header, OpKind};
 use crate::{DType, Element, ReduceOp};
+use std::ops::Range;
 use std::time::{Duration, Instant};
-use zerocopy::IntoBytes;
+use zerocopy::{FromBytes, IntoBytes};
 
 /// Everything a frame of this op must agree on.
 pub(crate) struct OpSignature {
@@ -90,6 +91,11 @@ pub(crate) struct Traffic {
     pub(crate) received: u64,
 }
 
+/// A trailing run of copy receives at least this large is posted before
+/// the steps ahead of it (see [`PostedTail`]); smaller ones are not worth
+/// the bookkeeping.
+const POST_AHEAD_BYTES: usize = 64 << 10;
+
 /// Runs `steps` on `work`. `members` maps communicator ranks to the
 /// transport's (world) ranks.
 #[allow(clippy::too_many_arguments)]
@@ -104,85 +110,298 @@ pub(crate) fn run<T: Element>(
     timeout: Duration,
     traffic: &mut Traffic,
 ) -> Result<(), Error> {
-    let deadline = started + timeout;
-    let template = sig.header();
+    let op = Run {
+        transport,
+        members,
+        sig,
+        ctx,
+        started,
+        deadline: started + timeout,
+        template: sig.header(),
+    };
     let elem = size_of::<T>();
-    for step in steps {
-        match step {
-            Step::Send {
-                peer,
-                range,
-                step,
-                chunk,
-            } => {
-                let payload = work[range.clone()].as_bytes();
-                let header = template
-                    .with_step(*step, *chunk)
-                    .with_payload_len(payload.len() as u32);
-                transport
-                    .send(members[*peer], &header, payload, deadline)
-                    .map_err(|e| link_error(e, ctx, *peer, started, members))?;
-                traffic.sent += payload.len() as u64;
+    let Some(tail) = PostedTail::find(steps, elem) else {
+        return op.steps(steps, &mut Parts::whole(work), traffic);
+    };
+    op.steps(&steps[..tail.post_at], &mut Parts::whole(work), traffic)?;
+    let (before, rest) = work.split_at_mut(tail.region.start);
+    let (region, after) = rest.split_at_mut(tail.region.len());
+    let mut parts = Parts {
+        before,
+        after,
+        after_start: tail.region.end,
+    };
+    let (middle, tail_steps) = steps[tail.post_at..].split_at(tail.first - tail.post_at);
+    let mut pieces = tail_steps.iter().filter_map(|s| match s {
+        Step::Recv {
+            range, step, chunk, ..
+        } => Some(((sig.seq, *step, *chunk), range.len() * elem)),
+        Step::Send { .. } => None,
+    });
+    transport.with_posted_recvs(
+        sig.comm_id,
+        members[tail.peer],
+        &mut pieces,
+        region.as_mut_bytes(),
+        op.deadline,
+        &mut |posted| {
+            op.steps(middle, &mut parts, traffic)?;
+            for s in tail_steps {
+                let Step::Recv {
+                    peer,
+                    range,
+                    step,
+                    chunk,
+                    action,
+                } = s
+                else {
+                    unreachable!("a posted tail holds receives only");
+                };
+                let len = range.len() * elem;
+                let (received, piece) = posted
+                    .next((sig.seq, *step, *chunk), len, op.deadline)
+                    .map_err(|e| op.link_error(e, *peer))?;
+                let dest = <[T]>::mut_from_bytes(piece).map_err(|_| {
+                    op.internal(format!("a posted piece of {len} bytes is not {range:?}"))
+                })?;
+                op.finish_recv(received, *peer, dest, *step, *chunk, *action, traffic)?;
             }
+            Ok(())
+        },
+    )
+}
+
+/// One op's run: what every step needs.
+struct Run<'a> {
+    transport: &'a dyn Transport,
+    members: &'a [usize],
+    sig: &'a OpSignature,
+    ctx: &'a OpContext,
+    started: Instant,
+    deadline: Instant,
+    template: Header,
+}
+
+impl Run<'_> {
+    fn steps<T: Element>(
+        &self,
+        steps: &[Step],
+        work: &mut Parts<'_, T>,
+        traffic: &mut Traffic,
+    ) -> Result<(), Error> {
+        for step in steps {
+            match step {
+                Step::Send {
+                    peer,
+                    range,
+                    step,
+                    chunk,
+                } => {
+                    let payload = work.get(range.clone()).ok_or_else(|| self.outside(range))?;
+                    let payload = payload.as_bytes();
+                    let header = self
+                        .template
+                        .with_step(*step, *chunk)
+                        .with_payload_len(payload.len() as u32);
+                    self.transport
+                        .send(self.members[*peer], &header, payload, self.deadline)
+                        .map_err(|e| self.link_error(e, *peer))?;
+                    traffic.sent += payload.len() as u64;
+                }
+                Step::Recv {
+                    peer,
+                    range,
+                    step,
+                    chunk,
+                    action,
+                } => {
+                    let dest = work.get(range.clone()).ok_or_else(|| self.outside(range))?;
+                    let received = match action {
+                        // Copies may land in place: no buffer, no second copy.
+                        Action::Copy => self.transport.recv_into(
+                            self.sig.comm_id,
+                            self.members[*peer],
+                            (self.sig.seq, *step, *chunk),
+                            dest.as_mut_bytes(),
+                            self.deadline,
+                        ),
+                        Action::Reduce => self
+                            .transport
+                            .recv(self.sig.comm_id, self.members[*peer], self.deadline)
+                            .map(Received::Frame),
+                    }
+                    .map_err(|e| self.link_error(e, *peer))?;
+                    self.finish_recv(received, *peer, dest, *step, *chunk, *action, traffic)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Checks a received frame against the step that expected it, then
+    /// applies it to `dest` unless it landed there already.
+    #[allow(clippy::too_many_arguments)]
+    fn finish_recv<T: Element>(
+        &self,
+        received: Received,
+        peer: usize,
+        dest: &mut [T],
+        step: u32,
+        chunk: u32,
+        action: Action,
+        traffic: &mut Traffic,
+    ) -> Result<(), Error> {
+        let (h, payload_len) = match &received {
+            Received::Placed(h) => (h, h.payload_len_usize()),
+            Received::Frame(incoming) => (&incoming.header, incoming.payload.len()),
+        };
+        let mismatch = |detail: String| Error::Mismatch {
+            ctx: self.ctx.clone(),
+            peer,
+            detail,
+        };
+        if let Some(detail) = self.sig.mismatch(h, self.ctx.rank, peer) {
+            return Err(mismatch(detail));
+        }
+        if (h.step, h.chunk) != (step, chunk) || payload_len != size_of_val(dest) {
+            return Err(mismatch(format!(
+                "expected step {step} chunk {chunk} with {} elements, got step {} chunk {} with {} bytes \
+                 (the ranks disagree on the element count or chunk size)",
+                dest.len(),
+                h.step,
+                h.chunk,
+                payload_len
+            )));
+        }
+        traffic.received += payload_len as u64;
+        let Received::Frame(incoming) = received else {
+            return Ok(()); // already in place
+        };
+        let Some(data) = incoming.payload.as_slice::<T>() else {
+            return Err(mismatch("payload is not a whole number of elements".into()));
+        };
+        // Copy steps ignore the operator; reducing ops always carry one.
+        let op = self.sig.reduce_op.unwrap_or(ReduceOp::Sum);
+        action.apply(dest, data, op);
+        self.transport.recycle(incoming.payload);
+        Ok(())
+    }
+
+    fn link_error(&self, e: LinkError, peer: usize) -> Error {
+        link_error(e, self.ctx, peer, self.started, self.members)
+    }
+
+    /// A schedule that breaks exec's own rules: a bug here, reported as one.
+    fn internal(&self, detail: String) -> Error {
+        Error::Internal {
+            ctx: self.ctx.clone(),
+            detail,
+        }
+    }
+
+    fn outside(&self, range: &Range<usize>) -> Error {
+        self.internal(format!(
+            "step range {range:?} overlaps the receives posted ahead"
+        ))
+    }
+}
+
+/// The work buffer less a region handed to posted receives: the part
+/// before it and the part after it (all of it when nothing is posted).
+struct Parts<'a, T> {
+    before: &'a mut [T],
+    after: &'a mut [T],
+    /// Where `after` starts in the whole buffer.
+    after_start: usize,
+}
+
+impl<'a, T> Parts<'a, T> {
+    fn whole(work: &'a mut [T]) -> Parts<'a, T> {
+        let after_start = work.len();
+        Parts {
+            before: work,
+            after: &mut [],
+            after_start,
+        }
+    }
+
+    /// `range` of the whole buffer, if it lies in one part.
+    fn get(&mut self, range: Range<usize>) -> Option<&mut [T]> {
+        if range.end <= self.before.len() {
+            return self.before.get_mut(range);
+        }
+        let start = range.start.checked_sub(self.after_start)?;
+        self.after.get_mut(start..range.end - self.after_start)
+    }
+}
+
+/// The receives that end a schedule, posted early. In a ring's all-gather
+/// the peer's last chunks arrive while this rank still reduces and
+/// forwards; posted only when reached, most would have arrived and cost a
+/// copy out of a pooled buffer.
+#[derive(Debug, PartialEq)]
+struct PostedTail {
+    /// First step run after posting: the one after the last step that
+    /// touches `region`, so nothing still reads the memory the receives
+    /// overwrite.
+    post_at: usize,
+    /// First step of the tail.
+    first: usize,
+    /// The peer every tail step receives from.
+    peer: usize,
+    /// Elements the tail covers, contiguous and in step order.
+    region: Range<usize>,
+}
+
+impl PostedTail {
+    /// The schedule's trailing copy receives from one peer, if they cover
+    /// one contiguous run of at least [`POST_AHEAD_BYTES`].
+    fn find(steps: &[Step], elem: usize) -> Option<PostedTail> {
+        let (peer, last) = match steps.last()? {
             Step::Recv {
                 peer,
                 range,
-                step,
-                chunk,
-                action,
-            } => {
-                let dest = &mut work[range.clone()];
-                let received = match action {
-                    // Copies may land in place: no buffer, no second copy.
-                    Action::Copy => transport.recv_into(
-                        sig.comm_id,
-                        members[*peer],
-                        (sig.seq, *step, *chunk),
-                        dest.as_mut_bytes(),
-                        deadline,
-                    ),
-                    Action::Reduce => transport
-                        .recv(sig.comm_id, members[*peer], deadline)
-                        .map(Received::Frame),
-                }
-                .map_err(|e| link_error(e, ctx, *peer, started, members))?;
-                let (h, payload_len) = match &received {
-                    Received::Placed(h) => (h, h.payload_len_usize()),
-                    Received::Frame(incoming) => (&incoming.header, incoming.payload.len()),
-                };
-                let mismatch = |detail: String| Error::Mismatch {
-                    ctx: ctx.clone(),
-                    peer: *peer,
-                    detail,
-                };
-                if let Some(detail) = sig.mismatch(h, ctx.rank, *peer) {
-                    return Err(mismatch(detail));
-                }
-                if (h.step, h.chunk) != (*step, *chunk) || payload_len != range.len() * elem {
-                    return Err(mismatch(format!(
-                        "expected step {step} chunk {chunk} with {} elements, got step {} chunk {} with {} bytes \
-                         (the ranks disagree on the element count or chunk size)",
-                        range.len(),
-                        h.step,
-                        h.chunk,
-                        payload_len
-                    )));
-                }
-                traffic.received += payload_len as u64;
-                let Received::Frame(incoming) = received else {
-                    continue; // already in place
-                };
-                let Some(data) = incoming.payload.as_slice::<T>() else {
-                    return Err(mismatch("payload is not a whole number of elements".into()));
-                };
-                // Copy steps ignore the operator; reducing ops always carry one.
-                let op = sig.reduce_op.unwrap_or(ReduceOp::Sum);
-                action.apply(dest, data, op);
-                transport.recycle(incoming.payload);
+                action: Action::Copy,
+                ..
+            } => (*peer, range.clone()),
+            _ => return None,
+        };
+        let mut first = steps.len() - 1;
+        let mut start = last.start;
+        while let Some(Step::Recv {
+            peer: p,
+            range,
+            action: Action::Copy,
+            ..
+        }) = first.checked_sub(1).map(|i| &steps[i])
+        {
+            if *p != peer || range.end != start {
+                break;
             }
+            start = range.start;
+            first -= 1;
         }
+        let region = start..last.end;
+        if region.len() * elem < POST_AHEAD_BYTES {
+            return None;
+        }
+        let touches = |s: &Step| {
+            let r = match s {
+                Step::Send { range, .. } | Step::Recv { range, .. } => range,
+            };
+            !r.is_empty() && r.start < region.end && region.start < r.end
+        };
+        let post_at = steps[..first]
+            .iter()
+            .rposition(touches)
+            .map_or(0, |i| i + 1);
+        Some(PostedTail {
+            post_at,
+            first,
+            peer,
+            region,
+        })
     }
-    Ok(())
 }
 
 fn link_error(
@@ -220,5 +439,93 @@ fn link_error(
             addr,
             detail: format!("during {ctx}: {detail}"),
         },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::algo::{all_gather_ring, all_reduce_ring};
+
+    fn range_of(s: &Step) -> Range<usize> {
+        match s {
+            Step::Send { range, .. } | Step::Recv { range, .. } => range.clone(),
+        }
+    }
+
+    /// What `find` promises: the tail is copy receives from one peer that
+    /// tile its region in order, nothing from `post_at` on touches the
+    /// region before the tail, and the step just before `post_at` does.
+    fn check(steps: &[Step], t: &PostedTail) {
+        let mut at = t.region.start;
+        for s in &steps[t.first..] {
+            let Step::Recv {
+                peer,
+                range,
+                action: Action::Copy,
+                ..
+            } = s
+            else {
+                panic!("tail step {s:?} is not a copy receive");
+            };
+            assert_eq!((*peer, range.start), (t.peer, at), "{s:?}");
+            at = range.end;
+        }
+        assert_eq!(at, t.region.end);
+        let overlaps = |s: &Step| {
+            let r = range_of(s);
+            !r.is_empty() && r.start < t.region.end && t.region.start < r.end
+        };
+        assert!(!steps[t.post_at..t.first].iter().any(overlaps));
+        if t.post_at > 0 {
+            assert!(overlaps(&steps[t.post_at - 1]));
+        }
+    }
+
+    #[test]
+    fn a_two_rank_ring_posts_its_all_gather_half_once_its_own_sends_are_out() {
+        let (len, chunk) = (1 << 20, 1 << 18); // f32: 4 MiB in 1 MiB chunks
+        let mut steps = Vec::new();
+        all_reduce_ring(&mut steps, 0, 2, len, chunk);
+        let t = PostedTail::find(&steps, 4).expect("the all-gather half is posted");
+        check(&steps, &t);
+        // Rank 0 sends block 1 in the first step, reduces into block 0,
+        // and receives the reduced block 1 last.
+        assert_eq!(t.region, len / 2..len);
+        assert_eq!((t.post_at, t.first, t.peer), (2, 6, 1));
+
+        steps.clear();
+        all_gather_ring(&mut steps, 0, 2, len, chunk);
+        let t = PostedTail::find(&steps, 4).expect("the peer's block is posted");
+        check(&steps, &t);
+        assert_eq!((t.region, t.post_at), (len..2 * len, 0));
+    }
+
+    #[test]
+    fn posted_tails_keep_clear_of_every_step_that_touches_them() {
+        let mut steps = Vec::new();
+        for world in 2..=5 {
+            for rank in 0..world {
+                for len in [0, 5, 70_001, 1 << 20] {
+                    steps.clear();
+                    all_reduce_ring(&mut steps, rank, world, len, 1 << 16);
+                    let found = PostedTail::find(&steps, 4);
+                    if let Some(t) = &found {
+                        check(&steps, t);
+                    }
+                    let tail_bytes = crate::algo::block(len, world, (rank + 1) % world).len() * 4;
+                    assert_eq!(
+                        found.is_some(),
+                        tail_bytes >= POST_AHEAD_BYTES,
+                        "world {world} rank {rank} len {len}"
+                    );
+                }
+            }
+        }
+        // A schedule that ends in a send posts nothing.
+        steps.clear();
+        all_reduce_ring(&mut steps, 0, 2, 1 << 20, 1 << 18);
+        steps.reverse();
+        assert_eq!(PostedTail::find(&steps, 4), None);
     }
 }

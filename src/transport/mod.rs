@@ -13,6 +13,7 @@
 pub(crate) mod conn;
 pub(crate) mod tcp;
 
+use crate::error::Error;
 use crate::wire::Header;
 use std::time::Instant;
 
@@ -30,6 +31,67 @@ pub(crate) enum Received {
     Placed(Header),
     /// The frame, in a buffer of its own (to copy, then recycle).
     Frame(Incoming),
+}
+
+/// Receives posted by [`Transport::with_posted_recvs`].
+pub(crate) trait PostedRecvs {
+    /// Waits for the next posted frame, which must be `expected` (`seq`,
+    /// `step`, `chunk`) with a `len`-byte payload. Returns it as
+    /// [`Transport::recv_into`] does, with its piece of the region (where a
+    /// [`Received::Frame`] is to be copied).
+    fn next(
+        &mut self,
+        expected: (u64, u32, u32),
+        len: usize,
+        deadline: Instant,
+    ) -> Result<(Received, &mut [u8]), LinkError>;
+}
+
+/// Runs `body` with "posted" receives that are received only when taken.
+pub(crate) fn in_turn<T: Transport + ?Sized>(
+    transport: &T,
+    comm_id: u64,
+    peer: usize,
+    region: &mut [u8],
+    body: &mut dyn FnMut(&mut dyn PostedRecvs) -> Result<(), Error>,
+) -> Result<(), Error> {
+    body(&mut InTurn {
+        transport,
+        comm_id,
+        peer,
+        region,
+        at: 0,
+    })
+}
+
+/// Posted receives of a transport that receives each only when asked.
+struct InTurn<'a, T: ?Sized> {
+    transport: &'a T,
+    comm_id: u64,
+    peer: usize,
+    region: &'a mut [u8],
+    at: usize,
+}
+
+impl<T: Transport + ?Sized> PostedRecvs for InTurn<'_, T> {
+    fn next(
+        &mut self,
+        expected: (u64, u32, u32),
+        len: usize,
+        deadline: Instant,
+    ) -> Result<(Received, &mut [u8]), LinkError> {
+        let (at, size) = (self.at, self.region.len());
+        let Some(piece) = self.region.get_mut(at..at.saturating_add(len)) else {
+            return Err(LinkError::Lost(format!(
+                "posted receives overran their region ({len} bytes at {at} of {size})"
+            )));
+        };
+        self.at += len;
+        let received =
+            self.transport
+                .recv_into(self.comm_id, self.peer, expected, piece, deadline)?;
+        Ok((received, piece))
+    }
 }
 
 /// Why a transport call failed. The executor adds the op context.
@@ -76,6 +138,24 @@ pub(crate) trait Transport: Send + Sync {
     ) -> Result<Received, LinkError> {
         let _ = (expected, dest);
         self.recv(comm_id, peer, deadline).map(Received::Frame)
+    }
+    /// Runs `body` with receives of `pieces` (each a frame's (`seq`,
+    /// `step`, `chunk`) from `peer` and its payload length; they tile
+    /// `region` in order) posted before `body` starts, so a transport may
+    /// receive each straight into its piece while `body` does other work
+    /// first (the uring plane does). `body` takes them in order with
+    /// [`PostedRecvs::next`]; here each is received only then.
+    fn with_posted_recvs(
+        &self,
+        comm_id: u64,
+        peer: usize,
+        pieces: &mut dyn Iterator<Item = ((u64, u32, u32), usize)>,
+        region: &mut [u8],
+        deadline: Instant,
+        body: &mut dyn FnMut(&mut dyn PostedRecvs) -> Result<(), Error>,
+    ) -> Result<(), Error> {
+        let _ = (pieces, deadline);
+        in_turn(self, comm_id, peer, region, body)
     }
     /// Returns a payload buffer for reuse.
     fn recycle(&self, buf: AlignedBuf);

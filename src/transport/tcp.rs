@@ -16,12 +16,15 @@
 //! what lets each rank run its schedule strictly in order without deadlock.
 
 use super::conn::Conn;
-use super::{AlignedBuf, Incoming, LinkError, Received, Transport};
+use super::{AlignedBuf, Incoming, LinkError, PostedRecvs, Received, Transport};
+use crate::error::Error;
 use crate::security::secret::{self, NONCE_LEN, Role};
 use crate::security::{self, Opening, Security};
 use crate::wire::handshake::security_mismatch;
 use crate::wire::{self, FrameKind, HEADER_LEN, Header, Hello, HelloAck};
-use ringwire_uring::{EngineConfig, FrameEngine, FrameKey, FrameSink, LinkFault, Placement};
+use ringwire_uring::{
+    EngineConfig, FrameEngine, FrameKey, FrameSink, LinkFault, Placement, Placements,
+};
 use std::collections::{HashMap, VecDeque};
 use std::io::{self, IoSlice, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
@@ -1289,18 +1292,7 @@ impl Shared {
         dest: &mut [u8],
         deadline: Instant,
     ) -> Result<Received, LinkError> {
-        let mut stop = || {
-            if let Some(e) = self.aborted_error(comm_id) {
-                return Some(StopWaiting::Failed(e));
-            }
-            if !lock(&inbox.queue).is_empty() {
-                return Some(StopWaiting::Queued);
-            }
-            if let Some(reason) = self.failure(peer) {
-                return Some(StopWaiting::Failed(LinkError::Lost(reason)));
-            }
-            (Instant::now() >= deadline).then_some(StopWaiting::Failed(LinkError::Timeout))
-        };
+        let mut stop = || self.stop_waiting(inbox, comm_id, peer, deadline);
         if stop().is_some() {
             // Queued already, aborted, lost or late: the plain path says which.
             return self
@@ -1308,7 +1300,42 @@ impl Shared {
                 .map(Received::Frame);
         }
         let key = frame_key(comm_id, seq, step, chunk);
-        match engine.receive_in_place(peer, key, dest, deadline, self, &mut stop) {
+        let placement = engine.receive_in_place(peer, key, dest, deadline, self, &mut stop);
+        self.placed(engine, inbox, comm_id, peer, deadline, placement)
+    }
+
+    /// Why a thread waiting for a frame to be placed should stop waiting,
+    /// if it should.
+    fn stop_waiting(
+        &self,
+        inbox: &Inbox,
+        comm_id: u64,
+        peer: usize,
+        deadline: Instant,
+    ) -> Option<StopWaiting> {
+        if let Some(e) = self.aborted_error(comm_id) {
+            return Some(StopWaiting::Failed(e));
+        }
+        if !lock(&inbox.queue).is_empty() {
+            return Some(StopWaiting::Queued);
+        }
+        if let Some(reason) = self.failure(peer) {
+            return Some(StopWaiting::Failed(LinkError::Lost(reason)));
+        }
+        (Instant::now() >= deadline).then_some(StopWaiting::Failed(LinkError::Timeout))
+    }
+
+    /// What a placement's end means for the receive that waited for it.
+    fn placed(
+        &self,
+        engine: &FrameEngine,
+        inbox: &Inbox,
+        comm_id: u64,
+        peer: usize,
+        deadline: Instant,
+        placement: Placement<StopWaiting>,
+    ) -> Result<Received, LinkError> {
+        match placement {
             Placement::Placed(head) => Header::decode(&head[..HEADER_LEN], self.config.max_payload)
                 .map(Received::Placed)
                 .map_err(|e| LinkError::Lost(format!("rank {peer} sent a bad frame header: {e}"))),
@@ -1354,6 +1381,41 @@ impl Shared {
 }
 
 /// One data frame's identity: communicator, op, schedule position.
+/// The uring plane's posted receives: the engine places each frame that
+/// arrives after posting; one that came before is taken from the inbox.
+struct PlacedAhead<'a, 's, 'r> {
+    shared: &'a Shared,
+    engine: &'a FrameEngine,
+    inbox: &'a Inbox,
+    comm_id: u64,
+    peer: usize,
+    placements: Placements<'s, 'r>,
+}
+
+impl PostedRecvs for PlacedAhead<'_, '_, '_> {
+    fn next(
+        &mut self,
+        (seq, step, chunk): (u64, u32, u32),
+        len: usize,
+        deadline: Instant,
+    ) -> Result<(Received, &mut [u8]), LinkError> {
+        let PlacedAhead {
+            shared,
+            engine,
+            inbox,
+            comm_id,
+            peer,
+            placements,
+        } = self;
+        let (shared, engine, inbox, comm_id, peer) = (*shared, *engine, *inbox, *comm_id, *peer);
+        let mut stop = || shared.stop_waiting(inbox, comm_id, peer, deadline);
+        let key = frame_key(comm_id, seq, step, chunk);
+        let (placement, piece) = placements.take(key, len, deadline, &mut stop);
+        let received = shared.placed(engine, inbox, comm_id, peer, deadline, placement)?;
+        Ok((received, piece))
+    }
+}
+
 fn frame_key(comm_id: u64, seq: u64, step: u32, chunk: u32) -> FrameKey {
     [comm_id, seq, (u64::from(step) << 32) | u64::from(chunk)]
 }
@@ -1469,6 +1531,36 @@ impl Transport for TcpTransport {
         }
         self.shared
             .engine_recv_into(engine, &inbox, comm_id, peer, expected, dest, deadline)
+    }
+
+    fn with_posted_recvs(
+        &self,
+        comm_id: u64,
+        peer: usize,
+        pieces: &mut dyn Iterator<Item = ((u64, u32, u32), usize)>,
+        region: &mut [u8],
+        deadline: Instant,
+        body: &mut dyn FnMut(&mut dyn PostedRecvs) -> Result<(), Error>,
+    ) -> Result<(), Error> {
+        let shared = &*self.shared;
+        let engine = match &shared.engine {
+            // A link that is not up is reported by the first receive.
+            Some(engine) if self.shared.link(peer, deadline, comm_id).is_ok() => engine,
+            _ => return super::in_turn(self, comm_id, peer, region, body),
+        };
+        let inbox = shared.inbox(comm_id, peer);
+        let mut keys =
+            pieces.map(|((seq, step, chunk), len)| (frame_key(comm_id, seq, step, chunk), len));
+        engine.with_placements(peer, region, &mut keys, shared, |placements| {
+            body(&mut PlacedAhead {
+                shared,
+                engine,
+                inbox: &inbox,
+                comm_id,
+                peer,
+                placements,
+            })
+        })
     }
 
     fn recycle(&self, buf: AlignedBuf) {

@@ -23,8 +23,10 @@
 //! See docs/decisions/0007.
 
 mod driver;
+mod placements;
 
 pub(crate) use driver::on_a_passing_thread;
+pub use placements::Placements;
 
 use crate::AlignedBuf;
 use driver::Driver;
@@ -105,8 +107,9 @@ pub enum Placement<S> {
 }
 
 /// A caller's memory waiting for one frame. Its caller stays inside
-/// [`FrameEngine::receive_in_place`] until the engine reports the placement
-/// finished, which is what keeps `ptr` valid for the kernel.
+/// [`FrameEngine::receive_in_place`] or [`FrameEngine::with_placements`]
+/// until the engine reports the placement finished, which is what keeps
+/// `ptr` valid for the kernel.
 pub(crate) struct PlaceRequest {
     pub(crate) id: u64,
     pub(crate) link: usize,
@@ -187,6 +190,8 @@ pub struct FrameEngine {
     /// Shared with the driver: see `Driver::poked`.
     poked: Arc<AtomicBool>,
     fixed_files: bool,
+    /// Storage of [`FrameEngine::with_placements`]'s list, kept for reuse.
+    spare_posted: Mutex<Vec<placements::Posted>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -228,6 +233,7 @@ impl FrameEngine {
             wake,
             poked,
             fixed_files,
+            spare_posted: Mutex::new(Vec::new()),
         })
     }
 
@@ -475,6 +481,19 @@ impl FrameEngine {
                 len: dest.len(),
             })
         });
+        self.await_placement(id, until, sink, stop)
+    }
+
+    /// Waits for placement `id` as [`FrameEngine::receive_in_place`]
+    /// describes; returns only once the kernel no longer writes to its
+    /// memory.
+    fn await_placement<S>(
+        &self,
+        id: u64,
+        until: Instant,
+        sink: &dyn FrameSink,
+        stop: &mut dyn FnMut() -> Option<S>,
+    ) -> Placement<S> {
         let mut stopped = None;
         loop {
             let seen = match (self.take_done(id), stopped) {

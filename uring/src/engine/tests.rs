@@ -501,3 +501,62 @@ fn release_keeps_a_partly_received_payload_whole() {
     assert!(frames[0].1 == p, "the payload arrived torn");
     assert!(lock(&sink.failed).is_empty());
 }
+
+#[test]
+fn posted_placements_land_in_place_while_the_caller_works_and_the_rest_are_withdrawn() {
+    let (a, b) = UnixStream::pair().unwrap();
+    let (ea, eb) = (Arc::new(engine(1)), engine(1));
+    ea.add_link(0, a.into());
+    eb.add_link(0, b.into());
+    let sink = Sink::default();
+    // The toy key is the length, so every piece has its own.
+    let lens = [70_000usize, 1 << 20, 100, 5000];
+    let frame = |len: usize| (0..len).map(|j| (j * 7 + len) as u8).collect::<Vec<u8>>();
+    // The first frame comes before anything is posted: it goes to the sink.
+    send_one(&ea, 0, &frame(lens[0]), &sink);
+    wait_for(&eb, &sink, |s| lock(&s.frames).len() == 1);
+
+    let mut region = vec![0u8; lens.iter().sum()];
+    let mut pieces = lens.iter().map(|&len| ([len as u64, 0, 0], len));
+    let sender = {
+        let ea = ea.clone();
+        std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(20));
+            for len in [lens[1], lens[2]] {
+                send_one(&ea, 0, &frame(len), &Sink::default());
+            }
+        })
+    };
+    let far = Instant::now() + Duration::from_secs(30);
+    eb.with_placements(0, &mut region, &mut pieces, &sink, |mut placed| {
+        // Other work first: the frames arrive meanwhile and are placed.
+        wait_for(&eb, &sink, |_| sender.is_finished());
+        let (got, piece) = placed.take([lens[1] as u64, 0, 0], lens[1], far, &mut || None::<()>);
+        assert!(
+            matches!(got, Placement::Failed(_)) && piece.is_empty(),
+            "only the next posted piece may be taken: {got:?}"
+        );
+        let (got, piece) = placed.take([lens[0] as u64, 0, 0], lens[0], far, &mut || {
+            (!lock(&sink.frames).is_empty()).then_some("in the sink")
+        });
+        assert!(matches!(got, Placement::Stopped("in the sink")), "{got:?}");
+        assert!(
+            piece.iter().all(|b| *b == 0),
+            "a stopped piece stays untouched"
+        );
+        for len in [lens[1], lens[2]] {
+            let mut late = || (Instant::now() >= far).then_some("late");
+            let (got, piece) = placed.take([len as u64, 0, 0], len, far, &mut late);
+            assert!(matches!(got, Placement::Placed(_)), "{len}: {got:?}");
+            assert!(piece == frame(len), "piece of {len} bytes differs");
+        }
+        // The last piece is never taken: the scope withdraws it.
+    });
+    sender.join().unwrap();
+    assert_eq!(lock(&sink.frames).len(), 1, "placed frames skip the sink");
+    // Its frame, sent after the scope, goes to the sink, not the region.
+    send_one(&ea, 0, &frame(lens[3]), &sink);
+    wait_for(&eb, &sink, |s| lock(&s.frames).len() == 2);
+    assert!(lock(&sink.frames)[1].1 == frame(lens[3]));
+    assert!(region[lens[..3].iter().sum()..].iter().all(|b| *b == 0));
+}
