@@ -135,7 +135,11 @@ pub(crate) fn run<T: Element>(
     let mut pieces = tail_steps.iter().filter_map(|s| match s {
         Step::Recv {
             range, step, chunk, ..
-        } => Some(((sig.seq, *step, *chunk), range.len() * elem)),
+        } => Some((
+            (sig.seq, *step, *chunk),
+            (range.start - tail.region.start) * elem,
+            range.len() * elem,
+        )),
         Step::Send { .. } => None,
     });
     transport.with_posted_recvs(
@@ -146,25 +150,42 @@ pub(crate) fn run<T: Element>(
         op.deadline,
         &mut |posted| {
             op.steps(middle, &mut parts, traffic)?;
+            // The piece last received: the tail's sends forward it.
+            let mut piece: &mut [T] = &mut [];
             for s in tail_steps {
-                let Step::Recv {
-                    peer,
-                    range,
-                    step,
-                    chunk,
-                    action,
-                } = s
-                else {
-                    unreachable!("a posted tail holds receives only");
-                };
-                let len = range.len() * elem;
-                let (received, piece) = posted
-                    .next((sig.seq, *step, *chunk), len, op.deadline)
-                    .map_err(|e| op.link_error(e, *peer))?;
-                let dest = <[T]>::mut_from_bytes(piece).map_err(|_| {
-                    op.internal(format!("a posted piece of {len} bytes is not {range:?}"))
-                })?;
-                op.finish_recv(received, *peer, dest, *step, *chunk, *action, traffic)?;
+                match s {
+                    Step::Recv {
+                        peer,
+                        range,
+                        step,
+                        chunk,
+                        action,
+                    } => {
+                        let (offset, len) =
+                            ((range.start - tail.region.start) * elem, range.len() * elem);
+                        let (received, bytes) = posted
+                            .next((sig.seq, *step, *chunk), offset, len, op.deadline)
+                            .map_err(|e| op.link_error(e, *peer))?;
+                        let dest = <[T]>::mut_from_bytes(bytes).map_err(|_| {
+                            op.internal(format!("a posted piece of {len} bytes is not {range:?}"))
+                        })?;
+                        op.finish_recv(received, *peer, dest, *step, *chunk, *action, traffic)?;
+                        piece = dest;
+                    }
+                    Step::Send {
+                        peer,
+                        range,
+                        step,
+                        chunk,
+                    } => {
+                        if range.len() != piece.len() {
+                            return Err(op.internal(format!(
+                                "a posted tail sends {range:?}, not the piece it received"
+                            )));
+                        }
+                        op.send(*peer, piece, *step, *chunk, traffic)?;
+                    }
+                }
             }
             Ok(())
         },
@@ -198,15 +219,7 @@ impl Run<'_> {
                     chunk,
                 } => {
                     let payload = work.get(range.clone()).ok_or_else(|| self.outside(range))?;
-                    let payload = payload.as_bytes();
-                    let header = self
-                        .template
-                        .with_step(*step, *chunk)
-                        .with_payload_len(payload.len() as u32);
-                    self.transport
-                        .send(self.members[*peer], &header, payload, self.deadline)
-                        .map_err(|e| self.link_error(e, *peer))?;
-                    traffic.sent += payload.len() as u64;
+                    self.send(*peer, payload, *step, *chunk, traffic)?;
                 }
                 Step::Recv {
                     peer,
@@ -235,6 +248,27 @@ impl Run<'_> {
                 }
             }
         }
+        Ok(())
+    }
+
+    /// Sends `payload` as one frame of this op.
+    fn send<T: Element>(
+        &self,
+        peer: usize,
+        payload: &[T],
+        step: u32,
+        chunk: u32,
+        traffic: &mut Traffic,
+    ) -> Result<(), Error> {
+        let payload = payload.as_bytes();
+        let header = self
+            .template
+            .with_step(step, chunk)
+            .with_payload_len(payload.len() as u32);
+        self.transport
+            .send(self.members[peer], &header, payload, self.deadline)
+            .map_err(|e| self.link_error(e, peer))?;
+        traffic.sent += payload.len() as u64;
         Ok(())
     }
 
@@ -336,9 +370,9 @@ impl<'a, T> Parts<'a, T> {
 }
 
 /// The receives that end a schedule, posted early. In a ring's all-gather
-/// the peer's last chunks arrive while this rank still reduces and
-/// forwards; posted only when reached, most would have arrived and cost a
-/// copy out of a pooled buffer.
+/// phase and a broadcast chain the peer's chunks arrive while this rank
+/// still reduces or forwards earlier ones; posted only when reached, most
+/// would have arrived and cost a copy out of a pooled buffer.
 #[derive(Debug, PartialEq)]
 struct PostedTail {
     /// First step run after posting: the one after the last step that
@@ -347,44 +381,49 @@ struct PostedTail {
     post_at: usize,
     /// First step of the tail.
     first: usize,
-    /// The peer every tail step receives from.
+    /// The peer every tail receive is from.
     peer: usize,
-    /// Elements the tail covers, contiguous and in step order.
+    /// Elements spanned by the tail's receives (they need not cover it).
     region: Range<usize>,
 }
 
 impl PostedTail {
-    /// The schedule's trailing copy receives from one peer, if they cover
-    /// one contiguous run of at least [`POST_AHEAD_BYTES`].
+    /// The schedule's trailing groups of a copy receive from one peer
+    /// followed by sends that forward exactly what it received, if their
+    /// receives hold at least [`POST_AHEAD_BYTES`].
     fn find(steps: &[Step], elem: usize) -> Option<PostedTail> {
-        let (peer, last) = match steps.last()? {
-            Step::Recv {
-                peer,
+        let mut peer = None;
+        let (mut start, mut end, mut bytes) = (usize::MAX, 0, 0);
+        let mut first = steps.len();
+        loop {
+            let sends = steps[..first]
+                .iter()
+                .rev()
+                .take_while(|s| matches!(s, Step::Send { .. }))
+                .count();
+            let Some(Step::Recv {
+                peer: from,
                 range,
                 action: Action::Copy,
                 ..
-            } => (*peer, range.clone()),
-            _ => return None,
-        };
-        let mut first = steps.len() - 1;
-        let mut start = last.start;
-        while let Some(Step::Recv {
-            peer: p,
-            range,
-            action: Action::Copy,
-            ..
-        }) = first.checked_sub(1).map(|i| &steps[i])
-        {
-            if *p != peer || range.end != start {
+            }) = (first - sends).checked_sub(1).map(|i| &steps[i])
+            else {
+                break;
+            };
+            let forwards = |s: &Step| matches!(s, Step::Send { range: r, .. } if r == range);
+            if *peer.get_or_insert(*from) != *from
+                || !steps[first - sends..first].iter().all(forwards)
+            {
                 break;
             }
-            start = range.start;
-            first -= 1;
+            (start, end) = (start.min(range.start), end.max(range.end));
+            bytes += range.len() * elem;
+            first -= sends + 1;
         }
-        let region = start..last.end;
-        if region.len() * elem < POST_AHEAD_BYTES {
+        if bytes < POST_AHEAD_BYTES {
             return None;
         }
+        let region = start..end;
         let touches = |s: &Step| {
             let r = match s {
                 Step::Send { range, .. } | Step::Recv { range, .. } => range,
@@ -398,7 +437,7 @@ impl PostedTail {
         Some(PostedTail {
             post_at,
             first,
-            peer,
+            peer: peer?,
             region,
         })
     }
@@ -445,7 +484,7 @@ fn link_error(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::algo::{all_gather_ring, all_reduce_ring};
+    use crate::algo::{all_gather_ring, all_reduce_ring, broadcast_chain, reduce_scatter_ring};
 
     fn range_of(s: &Step) -> Range<usize> {
         match s {
@@ -453,25 +492,35 @@ mod tests {
         }
     }
 
-    /// What `find` promises: the tail is copy receives from one peer that
-    /// tile its region in order, nothing from `post_at` on touches the
-    /// region before the tail, and the step just before `post_at` does.
+    /// What `find` promises: the tail is copy receives from one peer, each
+    /// followed only by sends of what it received; their pieces lie in the
+    /// region, apart; nothing from `post_at` on touches the region before
+    /// the tail; and the step just before `post_at` does.
     fn check(steps: &[Step], t: &PostedTail) {
-        let mut at = t.region.start;
+        let mut received: Option<Range<usize>> = None;
+        let mut pieces = Vec::new();
         for s in &steps[t.first..] {
-            let Step::Recv {
-                peer,
-                range,
-                action: Action::Copy,
-                ..
-            } = s
-            else {
-                panic!("tail step {s:?} is not a copy receive");
-            };
-            assert_eq!((*peer, range.start), (t.peer, at), "{s:?}");
-            at = range.end;
+            match s {
+                Step::Recv {
+                    peer,
+                    range,
+                    action: Action::Copy,
+                    ..
+                } => {
+                    assert_eq!(*peer, t.peer, "{s:?}");
+                    assert!(t.region.start <= range.start && range.end <= t.region.end);
+                    pieces.push(range.clone());
+                    received = Some(range.clone());
+                }
+                Step::Send { range, .. } => assert_eq!(Some(range), received.as_ref()),
+                other => panic!("tail step {other:?}"),
+            }
         }
-        assert_eq!(at, t.region.end);
+        pieces.sort_by_key(|r| r.start);
+        assert!(
+            pieces.windows(2).all(|w| w[0].end <= w[1].start),
+            "{pieces:?}"
+        );
         let overlaps = |s: &Step| {
             let r = range_of(s);
             !r.is_empty() && r.start < t.region.end && t.region.start < r.end
@@ -502,30 +551,56 @@ mod tests {
     }
 
     #[test]
+    fn a_broadcast_chain_posts_every_chunk_it_forwards() {
+        let (len, chunk) = (1 << 20, 1 << 16);
+        let mut steps = Vec::new();
+        for rank in 0..4 {
+            steps.clear();
+            broadcast_chain(&mut steps, rank, 4, 1, len, chunk);
+            let found = PostedTail::find(&steps, 4);
+            if rank == 1 {
+                assert_eq!(found, None, "the root receives nothing");
+                continue;
+            }
+            let t = found.expect("every other rank posts the whole buffer");
+            check(&steps, &t);
+            assert_eq!((t.region, t.post_at, t.first), (0..len, 0, 0));
+        }
+    }
+
+    #[test]
     fn posted_tails_keep_clear_of_every_step_that_touches_them() {
         let mut steps = Vec::new();
         for world in 2..=5 {
             for rank in 0..world {
                 for len in [0, 5, 70_001, 1 << 20] {
-                    steps.clear();
-                    all_reduce_ring(&mut steps, rank, world, len, 1 << 16);
-                    let found = PostedTail::find(&steps, 4);
-                    if let Some(t) = &found {
-                        check(&steps, t);
+                    for chunk in [1 << 12, 1 << 16] {
+                        steps.clear();
+                        all_reduce_ring(&mut steps, rank, world, len, chunk);
+                        let found = PostedTail::find(&steps, 4);
+                        // The whole all-gather phase: every block but one.
+                        let own = crate::algo::block(len, world, (rank + 1) % world).len();
+                        let posts = (len - own) * 4 >= POST_AHEAD_BYTES;
+                        assert_eq!(
+                            found.is_some(),
+                            posts,
+                            "world {world} rank {rank} len {len}"
+                        );
+                        if let Some(t) = &found {
+                            check(&steps, t);
+                        }
+                        steps.clear();
+                        all_gather_ring(&mut steps, rank, world, len, chunk);
+                        if let Some(t) = &PostedTail::find(&steps, 4) {
+                            check(&steps, t);
+                        }
+                        // Reduce-scatter receives reduce: nothing to post.
+                        steps.clear();
+                        reduce_scatter_ring(&mut steps, rank, world, len, chunk);
+                        assert_eq!(PostedTail::find(&steps, 4), None);
                     }
-                    let tail_bytes = crate::algo::block(len, world, (rank + 1) % world).len() * 4;
-                    assert_eq!(
-                        found.is_some(),
-                        tail_bytes >= POST_AHEAD_BYTES,
-                        "world {world} rank {rank} len {len}"
-                    );
                 }
             }
         }
-        // A schedule that ends in a send posts nothing.
-        steps.clear();
-        all_reduce_ring(&mut steps, 0, 2, 1 << 20, 1 << 18);
-        steps.reverse();
-        assert_eq!(PostedTail::find(&steps, 4), None);
     }
 }

@@ -36,12 +36,13 @@ pub(crate) enum Received {
 /// Receives posted by [`Transport::with_posted_recvs`].
 pub(crate) trait PostedRecvs {
     /// Waits for the next posted frame, which must be `expected` (`seq`,
-    /// `step`, `chunk`) with a `len`-byte payload. Returns it as
+    /// `step`, `chunk`) with a `len`-byte payload at `offset`. Returns it as
     /// [`Transport::recv_into`] does, with its piece of the region (where a
     /// [`Received::Frame`] is to be copied).
     fn next(
         &mut self,
         expected: (u64, u32, u32),
+        offset: usize,
         len: usize,
         deadline: Instant,
     ) -> Result<(Received, &mut [u8]), LinkError>;
@@ -60,7 +61,6 @@ pub(crate) fn in_turn<T: Transport + ?Sized>(
         comm_id,
         peer,
         region,
-        at: 0,
     })
 }
 
@@ -70,23 +70,22 @@ struct InTurn<'a, T: ?Sized> {
     comm_id: u64,
     peer: usize,
     region: &'a mut [u8],
-    at: usize,
 }
 
 impl<T: Transport + ?Sized> PostedRecvs for InTurn<'_, T> {
     fn next(
         &mut self,
         expected: (u64, u32, u32),
+        offset: usize,
         len: usize,
         deadline: Instant,
     ) -> Result<(Received, &mut [u8]), LinkError> {
-        let (at, size) = (self.at, self.region.len());
-        let Some(piece) = self.region.get_mut(at..at.saturating_add(len)) else {
+        let size = self.region.len();
+        let Some(piece) = self.region.get_mut(offset..offset.saturating_add(len)) else {
             return Err(LinkError::Lost(format!(
-                "posted receives overran their region ({len} bytes at {at} of {size})"
+                "a posted receive of {len} bytes at {offset} leaves its {size}-byte region"
             )));
         };
-        self.at += len;
         let received =
             self.transport
                 .recv_into(self.comm_id, self.peer, expected, piece, deadline)?;
@@ -140,16 +139,16 @@ pub(crate) trait Transport: Send + Sync {
         self.recv(comm_id, peer, deadline).map(Received::Frame)
     }
     /// Runs `body` with receives of `pieces` (each a frame's (`seq`,
-    /// `step`, `chunk`) from `peer` and its payload length; they tile
-    /// `region` in order) posted before `body` starts, so a transport may
-    /// receive each straight into its piece while `body` does other work
-    /// first (the uring plane does). `body` takes them in order with
-    /// [`PostedRecvs::next`]; here each is received only then.
+    /// `step`, `chunk`) from `peer`, and the offset and length of its
+    /// payload's piece of `region`) posted before `body` starts, so a
+    /// transport may receive each straight into its piece while `body` does
+    /// other work first (the uring plane does). `body` takes them in order
+    /// with [`PostedRecvs::next`]; here each is received only then.
     fn with_posted_recvs(
         &self,
         comm_id: u64,
         peer: usize,
-        pieces: &mut dyn Iterator<Item = ((u64, u32, u32), usize)>,
+        pieces: &mut dyn Iterator<Item = ((u64, u32, u32), usize, usize)>,
         region: &mut [u8],
         deadline: Instant,
         body: &mut dyn FnMut(&mut dyn PostedRecvs) -> Result<(), Error>,

@@ -1396,6 +1396,7 @@ impl PostedRecvs for PlacedAhead<'_, '_, '_> {
     fn next(
         &mut self,
         (seq, step, chunk): (u64, u32, u32),
+        offset: usize,
         len: usize,
         deadline: Instant,
     ) -> Result<(Received, &mut [u8]), LinkError> {
@@ -1410,7 +1411,7 @@ impl PostedRecvs for PlacedAhead<'_, '_, '_> {
         let (shared, engine, inbox, comm_id, peer) = (*shared, *engine, *inbox, *comm_id, *peer);
         let mut stop = || shared.stop_waiting(inbox, comm_id, peer, deadline);
         let key = frame_key(comm_id, seq, step, chunk);
-        let (placement, piece) = placements.take(key, len, deadline, &mut stop);
+        let (placement, piece) = placements.take(key, offset, len, deadline, &mut stop);
         let received = shared.placed(engine, inbox, comm_id, peer, deadline, placement)?;
         Ok((received, piece))
     }
@@ -1537,7 +1538,7 @@ impl Transport for TcpTransport {
         &self,
         comm_id: u64,
         peer: usize,
-        pieces: &mut dyn Iterator<Item = ((u64, u32, u32), usize)>,
+        pieces: &mut dyn Iterator<Item = ((u64, u32, u32), usize, usize)>,
         region: &mut [u8],
         deadline: Instant,
         body: &mut dyn FnMut(&mut dyn PostedRecvs) -> Result<(), Error>,
@@ -1549,8 +1550,9 @@ impl Transport for TcpTransport {
             _ => return super::in_turn(self, comm_id, peer, region, body),
         };
         let inbox = shared.inbox(comm_id, peer);
-        let mut keys =
-            pieces.map(|((seq, step, chunk), len)| (frame_key(comm_id, seq, step, chunk), len));
+        let mut keys = pieces.map(|((seq, step, chunk), offset, len)| {
+            (frame_key(comm_id, seq, step, chunk), offset, len)
+        });
         engine.with_placements(peer, region, &mut keys, shared, |placements| {
             body(&mut PlacedAhead {
                 shared,

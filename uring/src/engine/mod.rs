@@ -190,8 +190,8 @@ pub struct FrameEngine {
     /// Shared with the driver: see `Driver::poked`.
     poked: Arc<AtomicBool>,
     fixed_files: bool,
-    /// Storage of [`FrameEngine::with_placements`]'s list, kept for reuse.
-    spare_posted: Mutex<Vec<placements::Posted>>,
+    /// Storage of [`FrameEngine::with_placements`], kept for reuse.
+    spare_placements: Mutex<placements::Spare>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -233,7 +233,7 @@ impl FrameEngine {
             wake,
             poked,
             fixed_files,
-            spare_posted: Mutex::new(Vec::new()),
+            spare_placements: Mutex::default(),
         })
     }
 

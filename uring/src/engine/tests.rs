@@ -516,8 +516,10 @@ fn posted_placements_land_in_place_while_the_caller_works_and_the_rest_are_withd
     send_one(&ea, 0, &frame(lens[0]), &sink);
     wait_for(&eb, &sink, |s| lock(&s.frames).len() == 1);
 
+    // Pieces in any order: the last frame's goes first in the region.
+    let offsets = [lens[3], lens[3] + lens[0], lens[3] + lens[0] + lens[1], 0];
     let mut region = vec![0u8; lens.iter().sum()];
-    let mut pieces = lens.iter().map(|&len| ([len as u64, 0, 0], len));
+    let mut pieces = (0..4).map(|i| ([lens[i] as u64, 0, 0], offsets[i], lens[i]));
     let sender = {
         let ea = ea.clone();
         std::thread::spawn(move || {
@@ -531,12 +533,14 @@ fn posted_placements_land_in_place_while_the_caller_works_and_the_rest_are_withd
     eb.with_placements(0, &mut region, &mut pieces, &sink, |mut placed| {
         // Other work first: the frames arrive meanwhile and are placed.
         wait_for(&eb, &sink, |_| sender.is_finished());
-        let (got, piece) = placed.take([lens[1] as u64, 0, 0], lens[1], far, &mut || None::<()>);
+        let key = [lens[1] as u64, 0, 0];
+        let (got, piece) = placed.take(key, offsets[1], lens[1], far, &mut || None::<()>);
         assert!(
             matches!(got, Placement::Failed(_)) && piece.is_empty(),
             "only the next posted piece may be taken: {got:?}"
         );
-        let (got, piece) = placed.take([lens[0] as u64, 0, 0], lens[0], far, &mut || {
+        let key = [lens[0] as u64, 0, 0];
+        let (got, piece) = placed.take(key, offsets[0], lens[0], far, &mut || {
             (!lock(&sink.frames).is_empty()).then_some("in the sink")
         });
         assert!(matches!(got, Placement::Stopped("in the sink")), "{got:?}");
@@ -544,9 +548,9 @@ fn posted_placements_land_in_place_while_the_caller_works_and_the_rest_are_withd
             piece.iter().all(|b| *b == 0),
             "a stopped piece stays untouched"
         );
-        for len in [lens[1], lens[2]] {
-            let mut late = || (Instant::now() >= far).then_some("late");
-            let (got, piece) = placed.take([len as u64, 0, 0], len, far, &mut late);
+        for i in [1, 2] {
+            let (len, mut late) = (lens[i], || (Instant::now() >= far).then_some("late"));
+            let (got, piece) = placed.take([len as u64, 0, 0], offsets[i], len, far, &mut late);
             assert!(matches!(got, Placement::Placed(_)), "{len}: {got:?}");
             assert!(piece == frame(len), "piece of {len} bytes differs");
         }
@@ -558,5 +562,31 @@ fn posted_placements_land_in_place_while_the_caller_works_and_the_rest_are_withd
     send_one(&ea, 0, &frame(lens[3]), &sink);
     wait_for(&eb, &sink, |s| lock(&s.frames).len() == 2);
     assert!(lock(&sink.frames)[1].1 == frame(lens[3]));
-    assert!(region[lens[..3].iter().sum()..].iter().all(|b| *b == 0));
+    assert!(region[..lens[3]].iter().all(|b| *b == 0));
+}
+
+#[test]
+fn overlapping_pieces_are_refused_and_every_take_says_why() {
+    let e = engine(1);
+    let (a, _b) = UnixStream::pair().unwrap();
+    e.add_link(0, a.into());
+    let sink = Sink::default();
+    let far = Instant::now() + Duration::from_secs(30);
+    for (pieces, why) in [
+        (vec![(0, 100), (50, 100)], "overlaps"),
+        (vec![(0, 100), (150, 100)], "leaves"),
+    ] {
+        let mut region = vec![0u8; 200];
+        let mut iter = pieces
+            .iter()
+            .map(|&(offset, len)| ([len as u64, 0, 0], offset, len));
+        e.with_placements(0, &mut region, &mut iter, &sink, |mut placed| {
+            let (got, piece) = placed.take([100, 0, 0], 0, 100, far, &mut || None::<()>);
+            assert!(piece.is_empty());
+            let Placement::Failed(reason) = got else {
+                panic!("{pieces:?} posted: {got:?}");
+            };
+            assert!(reason.contains(why), "{pieces:?}: {reason}");
+        });
+    }
 }
