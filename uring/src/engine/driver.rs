@@ -92,6 +92,10 @@ struct LinkIo {
     start: usize,
     end: usize,
     rx: Rx,
+    /// The last frame was large, so the next staging receive asks for a
+    /// header only: in a stream of large frames each payload then lands
+    /// where it belongs whole, none of it copied out of staging.
+    header_only: bool,
     recv_in_flight: bool,
     /// The thread whose turn posted the receive in flight: the kernel runs
     /// its completion work in that thread.
@@ -527,6 +531,7 @@ impl Driver {
             start: 0,
             end: 0,
             rx: Rx::Staging,
+            header_only: false,
             recv_in_flight: false,
             recv_owner: None,
             queue: VecDeque::new(),
@@ -560,6 +565,7 @@ impl Driver {
     }
 
     fn post_entries(&mut self, link: usize, receive: bool) {
+        let header_len = self.header_len;
         let Some(l) = self.links.get_mut(link).and_then(|l| l.as_mut()) else {
             return;
         };
@@ -578,7 +584,11 @@ impl Driver {
                         l.start = 0;
                     }
                     let free = &mut l.staging[l.end..];
-                    (free.as_mut_ptr(), free.len(), 0)
+                    let want = match header_len.checked_sub(l.end) {
+                        Some(need) if l.header_only && need > 0 => need,
+                        _ => free.len(),
+                    };
+                    (free.as_mut_ptr(), want, 0)
                 }
                 Rx::Payload { buf, got, .. } => {
                     let rest = &mut buf.bytes_mut()[*got..];
@@ -729,6 +739,7 @@ impl Driver {
                 *got += n;
                 if *got == target.len {
                     let head = *head;
+                    l.header_only = true;
                     let Rx::Placing { target, .. } = std::mem::replace(&mut l.rx, Rx::Staging)
                     else {
                         unreachable!()
@@ -741,6 +752,7 @@ impl Driver {
                 *got += n;
                 if *got == buf.len() {
                     let head = *head;
+                    l.header_only = true;
                     let Rx::Payload { buf, .. } = std::mem::replace(&mut l.rx, Rx::Staging) else {
                         unreachable!()
                     };
@@ -767,6 +779,9 @@ impl Driver {
                     break;
                 }
             };
+            if header_len + len <= l.staging.len() {
+                l.header_only = false; // small frames come many per receive
+            }
             let body = l.start + header_len;
             let placed = match (l.targets.is_empty(), sink.frame_key(link, head)) {
                 (false, Some(key)) => l.targets.iter().position(|t| t.key == key && t.len == len),
