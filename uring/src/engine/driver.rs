@@ -62,6 +62,11 @@ pub(crate) enum ZeroCopy {
     Off,
 }
 
+/// Frames with at most this many bytes left (and below the zero-copy
+/// threshold) go out by a plain `sendmsg` when the socket takes them at
+/// once (`Driver::send_directly`).
+const DIRECT_SEND_BYTES: usize = 64 << 10;
+
 fn tag(kind: u64, link: usize) -> u64 {
     kind | ((link as u64) << 8)
 }
@@ -323,6 +328,7 @@ impl Driver {
             }
         }
         for link in 0..self.links.len() {
+            self.send_directly(link, sink, finished);
             self.post(link);
         }
         self.touched.clear();
@@ -557,6 +563,63 @@ impl Driver {
     /// queued send if no send is in flight.
     fn post(&mut self, link: usize) {
         self.post_entries(link, true);
+    }
+
+    /// Writes `link`'s queued small frames with plain non-blocking
+    /// `sendmsg` calls while the socket takes them whole, before any ring
+    /// entry is made for them: a small frame then costs one system call and
+    /// no submission or completion. What the socket does not take (or a
+    /// large frame) goes through the ring as before, in order, since only
+    /// the driver sends and never while a ring send is in flight.
+    fn send_directly(
+        &mut self,
+        link: usize,
+        sink: &dyn FrameSink,
+        finished: &mut Vec<(u64, Outcome)>,
+    ) {
+        loop {
+            let Some(l) = self.links.get_mut(link).and_then(|l| l.as_mut()) else {
+                return;
+            };
+            if l.dead.is_some() || l.send_in_flight {
+                return;
+            }
+            if l.sending.is_none() {
+                l.sending = l.queue.pop_front();
+            }
+            let Some(req) = &l.sending else { return };
+            let left = req.total() - req.sent;
+            let zero_copy = self.zero_copy_from.is_some_and(|from| left >= from);
+            if left > DIRECT_SEND_BYTES || zero_copy {
+                return;
+            }
+            l.describe_send();
+            // SAFETY: `msg` and `iov` describe the rest of the request in
+            // `sending`, whose bytes are owned by it or borrowed from a
+            // caller parked until it completes; the call is synchronous.
+            let n = unsafe {
+                libc::sendmsg(
+                    l.socket.as_raw_fd(),
+                    &*l.msg,
+                    libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+                )
+            };
+            let result = if n >= 0 {
+                n as i32
+            } else {
+                match io::Error::last_os_error().raw_os_error() {
+                    // Full (or interrupted): the ring takes it from here.
+                    Some(libc::EAGAIN | libc::EINTR) => return,
+                    Some(code) => -code,
+                    None => -libc::EIO,
+                }
+            };
+            let whole = n.max(0) as usize >= left;
+            self.sent(link, result, 0, sink, finished);
+            if !whole {
+                return;
+            }
+        }
     }
 
     /// Puts the next queued send in flight on `link` if none is.

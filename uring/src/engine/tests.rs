@@ -590,3 +590,41 @@ fn overlapping_pieces_are_refused_and_every_take_says_why() {
         });
     }
 }
+
+#[test]
+fn small_frames_stay_in_order_when_the_socket_fills_mid_frame() {
+    // Small frames go out by plain non-blocking sends; once the socket is
+    // full one goes out in part and the ring sends the rest. Nothing may
+    // reorder or tear while the reader is away and then drains it all.
+    // Over TCP, where a non-blocking send takes part of a frame when the
+    // buffer has some room left.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let a = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+    let (b, _) = listener.accept().unwrap();
+    let (ea, eb) = (Arc::new(engine(1)), engine(1));
+    ea.add_link(0, a.into());
+    eb.add_link(0, b.into());
+    let n = 600;
+    let frame = |i: usize| {
+        (0..30_000 + i % 7)
+            .map(|j| (i * 13 + j) as u8)
+            .collect::<Vec<u8>>()
+    };
+    let sender = {
+        let ea = ea.clone();
+        std::thread::spawn(move || {
+            for i in 0..n {
+                send_one(&ea, 0, &frame(i), &Sink::default());
+            }
+        })
+    };
+    // 600 frames of 30 KB are several times what the socket holds.
+    std::thread::sleep(Duration::from_millis(100));
+    assert!(!sender.is_finished(), "the socket should have filled up");
+    let sink = Sink::default();
+    wait_for(&eb, &sink, |s| lock(&s.frames).len() == n);
+    sender.join().unwrap();
+    for (i, (_, p)) in lock(&sink.frames).iter().enumerate() {
+        assert!(*p == frame(i), "frame {i} differs (len {})", p.len());
+    }
+}
