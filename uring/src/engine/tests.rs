@@ -628,3 +628,44 @@ fn small_frames_stay_in_order_when_the_socket_fills_mid_frame() {
         assert!(*p == frame(i), "frame {i} differs (len {})", p.len());
     }
 }
+
+#[test]
+fn a_scope_that_ends_mid_frame_waits_until_the_piece_is_whole() {
+    let (a, mut b) = UnixStream::pair().unwrap();
+    let e = engine(1);
+    e.add_link(0, a.into());
+    let sink = Sink::default();
+    let p = payload(4); // 1 MiB: received in place after its header
+    let mut region = vec![0u8; p.len()];
+    let mut pieces = std::iter::once(([p.len() as u64, 0, 0], 0, p.len()));
+    let writer = {
+        let p = p.clone();
+        std::thread::spawn(move || {
+            use std::io::Write;
+            b.write_all(&(p.len() as u64).to_le_bytes()).unwrap();
+            b.write_all(&p[..p.len() / 2]).unwrap();
+            std::thread::sleep(Duration::from_millis(100));
+            b.write_all(&p[p.len() / 2..]).unwrap();
+            b // kept open until joined
+        })
+    };
+    let started = Instant::now();
+    e.with_placements(0, &mut region, &mut pieces, &sink, |_placed| {
+        // Drive for 40 ms (the header and half the payload arrive, the
+        // rest is awaited in place), then leave without taking the piece.
+        let until = started + Duration::from_millis(40);
+        while Instant::now() < until {
+            e.progress(e.generation(), until, &sink);
+        }
+    });
+    assert!(
+        started.elapsed() >= Duration::from_millis(100),
+        "the scope returned while the kernel still wrote into the region"
+    );
+    assert!(region == p, "the piece must be whole when the scope ends");
+    assert!(
+        lock(&sink.frames).is_empty(),
+        "a placed frame skips the sink"
+    );
+    drop(writer.join().unwrap());
+}
