@@ -1380,7 +1380,6 @@ impl Shared {
     }
 }
 
-/// One data frame's identity: communicator, op, schedule position.
 /// The uring plane's posted receives: the engine places each frame that
 /// arrives after posting; one that came before is taken from the inbox.
 struct PlacedAhead<'a, 's, 'r> {
@@ -1400,23 +1399,17 @@ impl PostedRecvs for PlacedAhead<'_, '_, '_> {
         len: usize,
         deadline: Instant,
     ) -> Result<(Received, &mut [u8]), LinkError> {
-        let PlacedAhead {
-            shared,
-            engine,
-            inbox,
-            comm_id,
-            peer,
-            placements,
-        } = self;
-        let (shared, engine, inbox, comm_id, peer) = (*shared, *engine, *inbox, *comm_id, *peer);
+        let (shared, engine, inbox) = (self.shared, self.engine, self.inbox);
+        let (comm_id, peer) = (self.comm_id, self.peer);
         let mut stop = || shared.stop_waiting(inbox, comm_id, peer, deadline);
         let key = frame_key(comm_id, seq, step, chunk);
-        let (placement, piece) = placements.take(key, offset, len, deadline, &mut stop);
+        let (placement, piece) = self.placements.take(key, offset, len, deadline, &mut stop);
         let received = shared.placed(engine, inbox, comm_id, peer, deadline, placement)?;
         Ok((received, piece))
     }
 }
 
+/// One data frame's identity: communicator, op, schedule position.
 fn frame_key(comm_id: u64, seq: u64, step: u32, chunk: u32) -> FrameKey {
     [comm_id, seq, (u64::from(step) << 32) | u64::from(chunk)]
 }
