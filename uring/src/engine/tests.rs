@@ -52,6 +52,23 @@ fn engine(links: usize) -> FrameEngine {
     .expect("io_uring works on the test machines")
 }
 
+/// Two one-link engines joined by the socket pair `(a, b)`: frames sent
+/// on the first arrive on the second.
+fn linked(a: impl Into<OwnedFd>, b: impl Into<OwnedFd>) -> (Arc<FrameEngine>, FrameEngine) {
+    let (ea, eb) = (Arc::new(engine(1)), engine(1));
+    ea.add_link(0, a.into());
+    eb.add_link(0, b.into());
+    (ea, eb)
+}
+
+/// Both ends of a loopback TCP connection.
+fn tcp_pair() -> (std::net::TcpStream, std::net::TcpStream) {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let a = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+    let (b, _) = listener.accept().unwrap();
+    (a, b)
+}
+
 /// Payload `i` of a stream: lengths from 0 to well past the staging buffer.
 fn payload(i: usize) -> Vec<u8> {
     let len = match i % 5 {
@@ -209,12 +226,8 @@ fn owned_frames_flush() {
 
 #[test]
 fn zero_copy_is_probed_once_per_link_and_dropped_where_the_kernel_copies() {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let a = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
-    let (b, _) = listener.accept().unwrap();
-    let (ea, eb) = (Arc::new(engine(1)), engine(1));
-    ea.add_link(0, a.into());
-    eb.add_link(0, b.into());
+    let (a, b) = tcp_pair();
+    let (ea, eb) = linked(a, b);
     let n = 12;
     let ea2 = ea.clone();
     let t = std::thread::spawn(move || {
@@ -238,9 +251,7 @@ fn zero_copy_is_probed_once_per_link_and_dropped_where_the_kernel_copies() {
 #[test]
 fn a_socket_that_refuses_zero_copy_falls_back_to_plain_sends() {
     let (a, b) = UnixStream::pair().unwrap();
-    let (ea, eb) = (Arc::new(engine(1)), engine(1));
-    ea.add_link(0, a.into());
-    eb.add_link(0, b.into());
+    let (ea, eb) = linked(a, b);
     let ea2 = ea.clone();
     let t = std::thread::spawn(move || {
         let sink = Sink::default();
@@ -318,9 +329,7 @@ fn work_queued_while_the_driver_sleeps_in_the_kernel_wakes_it() {
 #[test]
 fn frames_are_received_in_place_when_a_caller_waits_for_them() {
     let (a, b) = UnixStream::pair().unwrap();
-    let (ea, eb) = (Arc::new(engine(1)), engine(1));
-    ea.add_link(0, a.into());
-    eb.add_link(0, b.into());
+    let (ea, eb) = linked(a, b);
     let sink = Sink::default();
     // Large (received in place after the header) and small (cut from the
     // staging buffer) payloads; the key names each by its length.
@@ -505,9 +514,7 @@ fn release_keeps_a_partly_received_payload_whole() {
 #[test]
 fn posted_placements_land_in_place_while_the_caller_works_and_the_rest_are_withdrawn() {
     let (a, b) = UnixStream::pair().unwrap();
-    let (ea, eb) = (Arc::new(engine(1)), engine(1));
-    ea.add_link(0, a.into());
-    eb.add_link(0, b.into());
+    let (ea, eb) = linked(a, b);
     let sink = Sink::default();
     // The toy key is the length, so every piece has its own.
     let lens = [70_000usize, 1 << 20, 100, 5000];
@@ -598,12 +605,8 @@ fn small_frames_stay_in_order_when_the_socket_fills_mid_frame() {
     // reorder or tear while the reader is away and then drains it all.
     // Over TCP, where a non-blocking send takes part of a frame when the
     // buffer has some room left.
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let a = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
-    let (b, _) = listener.accept().unwrap();
-    let (ea, eb) = (Arc::new(engine(1)), engine(1));
-    ea.add_link(0, a.into());
-    eb.add_link(0, b.into());
+    let (a, b) = tcp_pair();
+    let (ea, eb) = linked(a, b);
     let n = 600;
     let frame = |i: usize| {
         (0..30_000 + i % 7)
