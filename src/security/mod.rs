@@ -3,10 +3,10 @@
 //! Two independent layers, both optional, configured once per process
 //! ([`Security`], from the builder or `RINGWIRE_SECRET` / `RINGWIRE_TLS*`):
 //!
-//! - a **job secret** ([`secret`]): every link and every store connection
+//! - a **job secret** (module `secret`): every link and every store connection
 //!   runs a mutual HMAC-SHA256 challenge-response before anything else is
 //!   accepted, so only processes that know the secret join the job;
-//! - **TLS or mutual TLS** ([`tls`], rustls): the connection is encrypted,
+//! - **TLS or mutual TLS** (module `tls`, rustls): the connection is encrypted,
 //!   and the accepting side (TLS) or both sides (mTLS) show a certificate
 //!   from the job's CA.
 //!
