@@ -95,8 +95,15 @@ fn all_gather_step(
     }
 }
 
+/// Chunks of the peer's half a 2-rank all-reduce sends ahead of the
+/// reductions (see [`all_reduce_pair`]).
+const PAIR_SENDS_AHEAD: usize = 4;
+
 /// Ring all-reduce of `len` elements. Work buffer: the user's buffer.
 pub fn all_reduce_ring(out: &mut Vec<Step>, rank: usize, world: usize, len: usize, chunk: usize) {
+    if world == 2 {
+        return all_reduce_pair(out, rank, len, chunk);
+    }
     let blocks = |i| block(len, world, i);
     let phase = world.saturating_sub(1);
     pipelined(out, rank, world, chunk, 2 * phase, |g| {
@@ -106,6 +113,52 @@ pub fn all_reduce_ring(out: &mut Vec<Step>, rank: usize, world: usize, len: usiz
             all_gather_step(rank, world, &blocks, g - phase)
         }
     });
+}
+
+/// The ring of two ranks, ordered for its one link: each rank sends the
+/// peer's half (step 0) and reduces into its own half what the peer sends,
+/// keeping its sends [`PAIR_SENDS_AHEAD`] chunks ahead of its reductions;
+/// then it sends its reduced half and receives the other (step 1).
+///
+/// The general ring sends a whole block before it reduces anything, and
+/// forwards each chunk as soon as it is reduced. With two ranks the
+/// forwards cannot reach the peer before the rest of the first block (one
+/// link, frames taken in order), so all they gain is nothing, and the peer's
+/// whole first half waits in buffers and is reduced from memory. Here it
+/// is reduced chunk by chunk as it arrives, while a few chunks stay in
+/// flight, and each link still carries all of step 0 before step 1.
+fn all_reduce_pair(out: &mut Vec<Step>, rank: usize, len: usize, chunk: usize) {
+    let peer = 1 - rank;
+    let (mine, theirs) = (block(len, 2, rank), block(len, 2, peer));
+    let send = |out: &mut Vec<Step>, (i, range): (usize, Range<usize>)| {
+        out.push(Step::Send {
+            peer,
+            range,
+            step: 0,
+            chunk: i as u32,
+        });
+    };
+    let mut sends = chunks(theirs.clone(), chunk).enumerate();
+    for s in sends.by_ref().take(PAIR_SENDS_AHEAD) {
+        send(out, s);
+    }
+    for (c, range) in chunks(mine.clone(), chunk).enumerate() {
+        if let Some(s) = sends.next() {
+            send(out, s);
+        }
+        out.push(Step::Recv {
+            peer,
+            range,
+            step: 0,
+            chunk: c as u32,
+            action: Action::Reduce,
+        });
+    }
+    for s in sends {
+        send(out, s);
+    }
+    super::push_sends(out, peer, mine, chunk, 1);
+    super::push_recvs(out, peer, theirs, chunk, 1, Action::Copy);
 }
 
 /// Ring reduce-scatter of `len` elements. Work buffer: a copy of the input;
@@ -137,4 +190,43 @@ pub fn all_gather_ring(
     pipelined(out, rank, world, chunk, world.saturating_sub(1), |g| {
         all_gather_step(rank, world, &blocks, g)
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_two_rank_all_reduce_reduces_as_it_sends_and_keeps_its_link_in_step_order() {
+        let (len, chunk) = (1000, 10); // 50 chunks per half
+        for rank in 0..2 {
+            let steps = crate::algo::schedule(|o| all_reduce_ring(o, rank, 2, len, chunk));
+            let mut sent_step0 = 0;
+            let mut reduced = 0;
+            let mut step1_started = false;
+            for s in &steps {
+                match s {
+                    Step::Send { step: 0, .. } => {
+                        assert!(!step1_started, "rank {rank}: step 0 sent after step 1");
+                        sent_step0 += 1;
+                    }
+                    Step::Send { .. } => step1_started = true,
+                    Step::Recv {
+                        step: 0,
+                        action: Action::Reduce,
+                        ..
+                    } => {
+                        reduced += 1;
+                        // Only a few chunks wait in the peer's buffers.
+                        assert!(
+                            sent_step0 <= reduced + PAIR_SENDS_AHEAD,
+                            "rank {rank}: {sent_step0} chunks sent before reduction {reduced}"
+                        );
+                    }
+                    Step::Recv { .. } => {}
+                }
+            }
+            assert_eq!((sent_step0, reduced), (50, 50), "rank {rank}");
+        }
+    }
 }
