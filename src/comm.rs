@@ -404,7 +404,9 @@ impl Communicator {
             scratch: Mutex::new(Vec::new()),
             counts: Mutex::new(Vec::new()),
         }));
-        let spin = tunables.spin;
+        // The executor's poll between jobs only saves a wake-up when jobs
+        // come back to back; a long one would crowd the ranks' cores.
+        let spin = tunables.spin.min(EXECUTOR_SPIN);
         let executor = runner.clone();
         let handle = std::thread::Builder::new()
             .name(format!("ringwire-exec-{}", world.rank))
@@ -1097,6 +1099,10 @@ struct Ticket {
 /// once, so work nobody waits for yet starts before anyone does. (Which
 /// algorithm an op uses is `small_message_bytes`, a separate threshold.)
 const LATENCY_BOUND_BYTES: u64 = 64 << 10;
+
+/// The executor polls at most this long after a job for the next one
+/// (`RINGWIRE_SPIN_US` may be longer: it is sized for waits on peers).
+const EXECUTOR_SPIN: Duration = Duration::from_micros(200);
 
 /// Restores the thread's home core when an op that cleared it ends.
 struct HomeCleared(Option<usize>);

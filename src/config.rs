@@ -124,10 +124,12 @@ pub const DEFAULT_SMALL_MESSAGE_BYTES: usize = 1 << 20;
 
 /// How long a waiting thread polls (yielding its core between polls)
 /// before it sleeps: long enough to cover a small op's round trip between
-/// local ranks, and the occasional peer that was held up, so a steady
-/// stream of small ops runs without a sleep and a wake-up per frame
-/// (decision 0008; 200 rather than 50 us for the tail: docs/perf.md).
-pub const DEFAULT_SPIN: Duration = Duration::from_micros(200);
+/// local ranks, the occasional peer that was held up, and a peer woken
+/// from sleep on a virtual machine (a halted vCPU took about 300 us to run
+/// again here), so a steady stream of small ops runs without a sleep and a
+/// wake-up per frame (decision 0008; 1 ms rather than 200 us: docs/perf.md,
+/// fourth session).
+pub const DEFAULT_SPIN: Duration = Duration::from_millis(1);
 
 /// A link silent this long (no data, no heartbeat) is declared dead.
 pub const DEFAULT_HEARTBEAT_TIMEOUT: Duration = Duration::from_secs(10);
