@@ -123,7 +123,7 @@ pub fn all_reduce_ring(out: &mut Vec<Step>, rank: usize, world: usize, len: usiz
 /// The general ring sends a whole block before it reduces anything, and
 /// forwards each chunk as soon as it is reduced. With two ranks the
 /// forwards cannot reach the peer before the rest of the first block (one
-/// link, frames taken in order), so all they gain is nothing, and the peer's
+/// link, frames taken in order), so they gain nothing, while the peer's
 /// whole first half waits in buffers and is reduced from memory. Here it
 /// is reduced chunk by chunk as it arrives, while a few chunks stay in
 /// flight, and each link still carries all of step 0 before step 1.
