@@ -67,6 +67,24 @@ pub(crate) enum ZeroCopy {
 /// once (`Driver::send_directly`).
 const DIRECT_SEND_BYTES: usize = 64 << 10;
 
+/// A polling driver reads small frames with plain non-blocking `recv` calls
+/// when the ring has at most this many links (`Driver::receive_directly`);
+/// beyond it, one call per link per poll would cost more than it saves.
+const DIRECT_RECV_LINKS: usize = 8;
+
+/// A non-blocking socket call's return as a ring completion's result (bytes,
+/// or minus the errno); `None` if it would have blocked or was interrupted.
+fn completion_result(n: isize) -> Option<i32> {
+    if n >= 0 {
+        return Some(n as i32);
+    }
+    match io::Error::last_os_error().raw_os_error() {
+        Some(libc::EAGAIN | libc::EINTR) => None,
+        Some(code) => Some(-code),
+        None => Some(-libc::EIO),
+    }
+}
+
 fn tag(kind: u64, link: usize) -> u64 {
     kind | ((link as u64) << 8)
 }
@@ -123,6 +141,36 @@ struct LinkIo {
 }
 
 impl LinkIo {
+    /// Where the next receive on this link writes, how much it asks for,
+    /// and its flags: the free end of the staging buffer (compacted first),
+    /// or the rest of the payload being received in place.
+    fn receive_into(&mut self, header_len: usize) -> (*mut u8, usize, i32) {
+        match &mut self.rx {
+            Rx::Staging => {
+                if self.start > 0 {
+                    self.staging.copy_within(self.start..self.end, 0);
+                    self.end -= self.start;
+                    self.start = 0;
+                }
+                let free = &mut self.staging[self.end..];
+                let want = match header_len.checked_sub(self.end) {
+                    Some(need) if self.header_only && need > 0 => need,
+                    _ => free.len(),
+                };
+                (free.as_mut_ptr(), want, 0)
+            }
+            Rx::Payload { buf, got, .. } => {
+                let rest = &mut buf.bytes_mut()[*got..];
+                (rest.as_mut_ptr(), rest.len(), libc::MSG_WAITALL)
+            }
+            Rx::Placing { target, got, .. } => (
+                target.ptr.wrapping_add(*got),
+                target.len - *got,
+                libc::MSG_WAITALL,
+            ),
+        }
+    }
+
     /// Points `msg` at what is left of the current send.
     fn describe_send(&mut self) {
         let Some(req) = &self.sending else { return };
@@ -185,6 +233,8 @@ pub(crate) struct Driver {
     cancels: Vec<u64>,
     /// Entries submitted whose completion has not been taken.
     in_flight: usize,
+    /// Entries ever pushed (the engine's tests count them).
+    pub(crate) pushed: u64,
     completions: Vec<(u64, i32, u32)>,
     touched: Vec<usize>,
     /// Sends finished this turn (id 0: an owned send), for the engine.
@@ -245,6 +295,7 @@ impl Driver {
             me: None,
             cancels: Vec::new(),
             in_flight: 0,
+            pushed: 0,
             completions: Vec::with_capacity(entries as usize * 2),
             touched: Vec::new(),
             finished: Vec::new(),
@@ -329,17 +380,23 @@ impl Driver {
         }
         for link in 0..self.links.len() {
             self.send_directly(link, sink, finished);
-            self.post(link);
         }
-        self.touched.clear();
         // Work that ended already (a withdrawn placement, a send to a dead
         // link) must reach its caller now, not after a sleep.
-        let wait = if finished.is_empty() {
-            wait
-        } else {
-            Duration::ZERO
-        };
-        self.enter(wait);
+        let ended = !finished.is_empty();
+        // A driver that will poll reads small frames itself, so staging
+        // links get no ring receive; nor do they in a turn that ends at once
+        // because its work is done (its caller polls again if it still
+        // waits). Only a turn asked not to wait (the heartbeat's tick)
+        // leaves receives in flight for the ring.
+        let direct = !wait.is_zero() && self.receives_directly();
+        for link in 0..self.links.len() {
+            let receive = !direct || !self.is_staging(link);
+            self.post_entries(link, receive);
+        }
+        self.touched.clear();
+        let wait = if ended { Duration::ZERO } else { wait };
+        self.enter(wait, direct, sink, finished);
         // Take what completed. Sends that went out in part continue at
         // once; receives are posted again by the next turn (whoever still
         // waits takes one at once), so a thread whose wait this completion
@@ -357,7 +414,7 @@ impl Driver {
             if self.ring.submission().is_empty() {
                 break; // nothing new went in; later completions are the next turn's
             }
-            self.enter(Duration::ZERO);
+            self.enter(Duration::ZERO, false, sink, finished);
         }
         self.fail_dead_work(finished);
     }
@@ -449,8 +506,16 @@ impl Driver {
     /// already there or work was queued meanwhile. Every kernel entry also
     /// runs this thread's pending completion work; entries are kept to one
     /// per call where possible (a small op's turn is a handful of system
-    /// calls, each a few microseconds on a VM).
-    fn enter(&mut self, wait: Duration) {
+    /// calls, each a few microseconds on a VM). With `direct`, links whose
+    /// receive is not in flight are read directly while polling, and get
+    /// their receive only before the driver sleeps.
+    fn enter(
+        &mut self,
+        wait: Duration,
+        direct: bool,
+        sink: &dyn FrameSink,
+        finished: &mut Vec<(u64, Outcome)>,
+    ) {
         if !self.ring.completion().is_empty() {
             if !self.ring.submission().is_empty() {
                 let _ = self.ring.submit();
@@ -458,7 +523,12 @@ impl Driver {
             return;
         }
         if wait.is_zero() || self.poked.load(Ordering::SeqCst) {
-            let _ = self.ring.submit();
+            // With nothing to submit and nothing in flight, entering the
+            // kernel would take nothing in (a small op's send turn, whose
+            // frame went out by `send_directly`).
+            if !self.ring.submission().is_empty() || self.in_flight > 0 {
+                let _ = self.ring.submit();
+            }
             return;
         }
         if !self.spin.is_zero() {
@@ -467,14 +537,28 @@ impl Driver {
             // and a wake-up (decision 0008).
             let start = Instant::now();
             loop {
-                let _ = self.ring.submit();
+                // Completion work also runs on the way out of the yield and
+                // the direct receives, so a poll that has nothing to submit
+                // needs no `io_uring_enter` of its own.
+                if !direct || !self.ring.submission().is_empty() {
+                    let _ = self.ring.submit();
+                }
                 if !self.ring.completion().is_empty() || self.poked.load(Ordering::SeqCst) {
+                    return;
+                }
+                if direct && self.receive_directly(sink, finished) {
                     return;
                 }
                 if start.elapsed() >= self.spin.min(wait) {
                     break;
                 }
                 crate::poll_yield();
+            }
+        }
+        if direct {
+            // Asleep, the driver learns of frames only from the ring.
+            for link in 0..self.links.len() {
+                self.post(link);
             }
         }
         // Only a driver asleep in the kernel needs the eventfd to learn of
@@ -505,6 +589,7 @@ impl Driver {
         let pushed = unsafe { self.ring.submission().push(entry) }.is_ok();
         if pushed {
             self.in_flight += 1;
+            self.pushed += 1;
         }
         pushed
     }
@@ -604,15 +689,9 @@ impl Driver {
                     libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
                 )
             };
-            let result = if n >= 0 {
-                n as i32
-            } else {
-                match io::Error::last_os_error().raw_os_error() {
-                    // Full (or interrupted): the ring takes it from here.
-                    Some(libc::EAGAIN | libc::EINTR) => return,
-                    Some(code) => -code,
-                    None => -libc::EIO,
-                }
+            // Full (or interrupted): the ring takes it from here.
+            let Some(result) = completion_result(n) else {
+                return;
             };
             let whole = n.max(0) as usize >= left;
             self.sent(link, result, 0, sink, finished);
@@ -620,6 +699,60 @@ impl Driver {
                 return;
             }
         }
+    }
+
+    /// Whether a polling driver reads small frames itself this turn (see
+    /// `receive_directly`).
+    fn receives_directly(&self) -> bool {
+        !self.spin.is_zero() && self.links.iter().flatten().count() <= DIRECT_RECV_LINKS
+    }
+
+    /// Whether `link` is between large payloads (its receives go to the
+    /// staging buffer).
+    fn is_staging(&self, link: usize) -> bool {
+        self.links
+            .get(link)
+            .and_then(|l| l.as_ref())
+            .is_some_and(|l| matches!(l.rx, Rx::Staging))
+    }
+
+    /// Reads what each staging link without a receive in flight has, with
+    /// one plain non-blocking `recv` per link, and handles it as a receive's
+    /// completion; true if any link had bytes (or an error). A polling
+    /// driver does this instead of keeping a ring receive in flight: that
+    /// receive's arming, completion work and withdrawal at `release` cost
+    /// more system calls than a poll's `recv` (decision 0012). Payloads
+    /// received in place keep their ring receive (`MSG_WAITALL`).
+    fn receive_directly(
+        &mut self,
+        sink: &dyn FrameSink,
+        finished: &mut Vec<(u64, Outcome)>,
+    ) -> bool {
+        let header_len = self.header_len;
+        let mut any = false;
+        for link in 0..self.links.len() {
+            let Some(l) = self.links[link].as_mut() else {
+                continue;
+            };
+            if l.dead.is_some() || l.recv_in_flight || !matches!(l.rx, Rx::Staging) {
+                continue;
+            }
+            let (ptr, len, _) = l.receive_into(header_len);
+            if len == 0 {
+                continue;
+            }
+            // SAFETY: `ptr` and `len` name the free end of this link's
+            // staging buffer, owned by the driver; the call is synchronous
+            // and no ring receive is in flight on this link.
+            let n =
+                unsafe { libc::recv(l.socket.as_raw_fd(), ptr.cast(), len, libc::MSG_DONTWAIT) };
+            let Some(result) = completion_result(n) else {
+                continue; // nothing yet (or interrupted)
+            };
+            self.received(link, result, sink, finished);
+            any = true;
+        }
+        any
     }
 
     /// Puts the next queued send in flight on `link` if none is.
@@ -639,30 +772,7 @@ impl Driver {
         let fixed = l.fixed;
         let mut recv = None;
         if receive && !l.recv_in_flight {
-            let (ptr, len, flags) = match &mut l.rx {
-                Rx::Staging => {
-                    if l.start > 0 {
-                        l.staging.copy_within(l.start..l.end, 0);
-                        l.end -= l.start;
-                        l.start = 0;
-                    }
-                    let free = &mut l.staging[l.end..];
-                    let want = match header_len.checked_sub(l.end) {
-                        Some(need) if l.header_only && need > 0 => need,
-                        _ => free.len(),
-                    };
-                    (free.as_mut_ptr(), want, 0)
-                }
-                Rx::Payload { buf, got, .. } => {
-                    let rest = &mut buf.bytes_mut()[*got..];
-                    (rest.as_mut_ptr(), rest.len(), libc::MSG_WAITALL)
-                }
-                Rx::Placing { target, got, .. } => (
-                    target.ptr.wrapping_add(*got),
-                    target.len - *got,
-                    libc::MSG_WAITALL,
-                ),
-            };
+            let (ptr, len, flags) = l.receive_into(header_len);
             let len = len.min(u32::MAX as usize) as u32;
             recv = Some(
                 match fixed {
@@ -1061,7 +1171,7 @@ impl Drop for Driver {
         // the buffers can be freed, but never forever.
         let deadline = Instant::now() + Duration::from_secs(1);
         while self.in_flight > 0 && Instant::now() < deadline {
-            self.enter(Duration::from_millis(50));
+            self.sleep_in_kernel(Duration::from_millis(50));
             let flags: Vec<u32> = self.ring.completion().map(|c| c.flags()).collect();
             self.in_flight = settled(self.in_flight, flags.into_iter());
         }
