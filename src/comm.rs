@@ -224,8 +224,14 @@ fn all_reduce_body<T: Element>(
 ) -> Result<(), Error> {
     let (rank, size) = cx.rank_and_size();
     let (n, small) = (data.len(), cx.small(data));
+    // Where ranks share cores, every op is CPU-bound: a tree reduce and
+    // broadcast moves 2(p-1) frames against doubling's p*log2(p) (decision
+    // 0013). Every rank agreed on `crowded_anywhere` at rendezvous.
+    let tree = small && cx.ex.world.crowded_anywhere;
     cx.run_schedule(data, |steps, chunk| {
-        if small {
+        if tree {
+            algo::all_reduce_tree(steps, rank, size, n, chunk)
+        } else if small {
             algo::all_reduce_doubling(steps, rank, size, n, chunk)
         } else {
             algo::all_reduce_ring(steps, rank, size, n, chunk)
@@ -637,8 +643,11 @@ impl Communicator {
     /// Element-wise reduction of `buf` across all ranks; every rank gets the
     /// result in its buffer.
     ///
-    /// Small buffers use recursive doubling, large ones the pipelined ring
-    /// (see `RINGWIRE_SMALL_MESSAGE_BYTES`). Every rank ends with the same bits.
+    /// Small buffers use recursive doubling (a tree reduce and broadcast
+    /// where some host runs more ranks than it has cores, see
+    /// [`Builder::local_ranks`](crate::Builder::local_ranks)), large ones the
+    /// pipelined ring (see `RINGWIRE_SMALL_MESSAGE_BYTES`). Every rank ends
+    /// with the same bits.
     pub fn all_reduce<T: Element, B: CollectiveBuffer<T>>(
         &self,
         mut buf: B,

@@ -42,6 +42,10 @@ pub(crate) struct World {
     /// This host's ranks outnumber its usable cores: homes then hold for
     /// small ops only (see `comm::execute`).
     pub(crate) crowded: bool,
+    /// Some host of the job is crowded (agreed by every rank at
+    /// rendezvous): small all-reduces then run as a tree reduce and
+    /// broadcast, not recursive doubling (decision 0013).
+    pub(crate) crowded_anywhere: bool,
 }
 
 /// Where the store is.
@@ -190,6 +194,18 @@ impl Builder {
         self
     }
 
+    /// This rank's index among the ranks on its host, and how many ranks
+    /// the host runs (what torchrun's LOCAL_RANK and LOCAL_WORLD_SIZE say;
+    /// `from_env` reads them and the Open MPI, Slurm and PMI equivalents).
+    /// Where a host runs more ranks than it has cores, polling threads
+    /// keep to their rank's core, and every rank of the job runs small
+    /// all-reduces as a tree reduce and broadcast, which moves fewer
+    /// frames than recursive doubling (decision 0013).
+    pub fn local_ranks(mut self, local_rank: usize, local_world_size: usize) -> Builder {
+        self.local = Some((local_rank, local_world_size));
+        self
+    }
+
     /// Explicit socket buffer size; by default the kernel autotunes. Env:
     /// RINGWIRE_SOCKET_BUFFER_BYTES.
     pub fn socket_buffer_bytes(mut self, bytes: usize) -> Builder {
@@ -309,14 +325,15 @@ impl Builder {
         // for cannot run.
         tunables.transport.choose(security.tls.is_some())?;
         let mut world = rendezvous(&self, rank, size, &tunables, &security)?;
-        if let Some((local_rank, on_host)) = self.local {
+        if let Some((local_rank, _)) = self.local {
             world.home_core = Some(local_rank);
-            world.crowded = on_host > ringwire_uring::usable_cores();
         }
         tracing::info!(
             rank,
             world_size = size,
             transport = world.transport.name(),
+            crowded_host = world.crowded,
+            crowded_job = world.crowded_anywhere,
             "ringwire communicator ready"
         );
         Communicator::start(Arc::new(world), tunables)
@@ -353,6 +370,7 @@ fn rendezvous(
                 _store: None,
                 home_core: None,
                 crowded: false,
+                crowded_anywhere: false,
             });
         }
         None => {
@@ -464,6 +482,16 @@ fn rendezvous(
     });
     let transport = start_transport(listener, local, rank, job_id, peers, t, sec)?;
 
+    // Whether some host is crowded, counted before the barrier so every
+    // rank reads the same total after it: the algorithms it selects must
+    // match on every rank.
+    let crowded = b
+        .local
+        .is_some_and(|(_, on_host)| on_host > ringwire_uring::usable_cores());
+    if crowded {
+        client.add(&key("crowded_ranks"), 1)?;
+    }
+
     // Store barrier: nobody leaves setup until everyone has every address.
     client.set(&key(&format!("ready/{rank}")), b"1")?;
     let ready: Vec<String> = (0..size).map(|q| key(&format!("ready/{q}"))).collect();
@@ -480,6 +508,7 @@ fn rendezvous(
             other => Error::Store(other),
         });
     }
+    let crowded_anywhere = client.add(&key("crowded_ranks"), 0)? > 0;
     tracing::debug!(rank, %listen, "rendezvous complete");
     Ok(World {
         rank,
@@ -491,7 +520,8 @@ fn rendezvous(
         store: Some((client.with_reply_timeout(Duration::from_secs(2)), prefix)),
         _store: store,
         home_core: None,
-        crowded: false,
+        crowded,
+        crowded_anywhere,
     })
 }
 

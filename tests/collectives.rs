@@ -6,7 +6,7 @@
 mod common;
 
 use common::sweep::{every_dtype, inputs};
-use common::{local_group, on_all, seed};
+use common::{local_group, local_group_per_rank, on_all, seed};
 use ringwire::ReduceOp;
 use ringwire::testing::{check_close, reference_reduce};
 
@@ -52,6 +52,39 @@ fn world_5() {
 #[test]
 fn world_8() {
     sweep(8);
+}
+
+/// Where one host runs more ranks than it has cores, every rank runs small
+/// all-reduces as a tree reduce and broadcast (decision 0013). Only rank 0
+/// says its host is crowded here: the others must still choose as it does.
+#[test]
+fn a_crowded_host_switches_every_rank_to_the_tree() {
+    let seed = seed();
+    for world in [3, 4, 8] {
+        for (chunk, small) in [(64, 1 << 20), (ringwire::DEFAULT_CHUNK_BYTES, 1 << 20)] {
+            let (_store, comms) = local_group_per_rank(world, |rank, b| {
+                let b = b.chunk_bytes(chunk).small_message_bytes(small);
+                // More ranks than any machine has cores.
+                if rank == 0 {
+                    b.local_ranks(0, 1 << 16)
+                } else {
+                    b
+                }
+            });
+            for r in on_all(&comms, |c| every_dtype(c, seed)) {
+                r.unwrap_or_else(|e| panic!("seed {seed} p={world} chunk {chunk}: {e}"));
+            }
+            // Rank 1 is a leaf of both trees: it sends its buffer once (to
+            // rank 0); recursive doubling would send it log2(p) times.
+            let len = 1000;
+            let sent = on_all(&comms, |c| {
+                let before = c.stats().bytes_sent;
+                c.all_reduce(vec![1f32; len], ReduceOp::Sum).wait().unwrap();
+                c.stats().bytes_sent - before
+            });
+            assert_eq!(sent[1], (len * 4) as u64, "p={world}: rank 1 sent {sent:?}");
+        }
+    }
 }
 
 #[test]

@@ -53,3 +53,26 @@ pub fn reduce_tree(
         }
     }
 }
+
+/// All-reduce as a binomial-tree reduce to rank 0, then a binomial-tree
+/// broadcast from it. Per chunk it moves 2(p-1) frames, against recursive
+/// doubling's p*log2(p), in 2*ceil(log2 p) rounds against log2(p): the
+/// better trade where ranks share cores, so every frame's CPU is time
+/// (decision 0013). Work buffer: the user's buffer (inner ranks hold
+/// partial sums until the broadcast overwrites them).
+pub fn all_reduce_tree(out: &mut Vec<Step>, rank: usize, world: usize, len: usize, chunk: usize) {
+    let start = out.len();
+    reduce_tree(out, rank, world, 0, len, chunk);
+    let broadcast = out.len();
+    super::broadcast_tree(out, rank, world, 0, len, chunk);
+    // Step numbers of its own (the other all-reduces count from 0): a rank
+    // that chose another algorithm fails on the first frame with a
+    // mismatch, instead of taking a frame that happens to fit.
+    for (i, s) in out[start..].iter_mut().enumerate() {
+        let (Step::Send { step, .. } | Step::Recv { step, .. }) = s;
+        *step = TREE_REDUCE_STEP + u32::from(start + i >= broadcast);
+    }
+}
+
+/// The step number of `all_reduce_tree`'s reduce; its broadcast is the next.
+const TREE_REDUCE_STEP: u32 = 1 << 20;

@@ -140,6 +140,7 @@ mod tests {
                                 all_reduce_ring as fn(&mut Vec<Step>, usize, usize, usize, usize),
                             ),
                             ("doubling", all_reduce_doubling),
+                            ("tree", all_reduce_tree),
                         ] {
                             let scheds: Vec<_> = (0..world)
                                 .map(|r| schedule(|o| algo(o, r, world, len, chunk)))

@@ -15,12 +15,22 @@ pub(crate) fn local_group(
     world: usize,
     configure: impl Fn(Builder) -> Builder + Sync,
 ) -> (StoreServer, Vec<Communicator>) {
+    local_group_per_rank(world, |_, b| configure(b))
+}
+
+/// As `local_group`, configuring each rank's builder knowing its rank.
+#[allow(dead_code)] // not every test file configures ranks apart
+pub(crate) fn local_group_per_rank(
+    world: usize,
+    configure: impl Fn(usize, Builder) -> Builder + Sync,
+) -> (StoreServer, Vec<Communicator>) {
     let store = StoreServer::bind("127.0.0.1:0".parse().unwrap()).expect("bind store");
     let addr = store.local_addr();
     let comms = std::thread::scope(|s| {
         let handles: Vec<_> = (0..world)
             .map(|rank| {
                 let b = configure(
+                    rank,
                     Communicator::builder()
                         .rank(rank)
                         .world_size(world)
