@@ -578,14 +578,18 @@ mod tests {
                         steps.clear();
                         all_reduce_ring(&mut steps, rank, world, len, chunk);
                         let found = PostedTail::find(&steps, 4);
-                        // The whole all-gather phase: every block but one.
-                        let own = crate::algo::block(len, world, (rank + 1) % world).len();
-                        let posts = (len - own) * 4 >= POST_AHEAD_BYTES;
-                        assert_eq!(
-                            found.is_some(),
-                            posts,
-                            "world {world} rank {rank} len {len}"
-                        );
+                        if world == 2 {
+                            // The whole all-gather phase: the other half.
+                            let own = crate::algo::block(len, world, (rank + 1) % world).len();
+                            let posts = (len - own) * 4 >= POST_AHEAD_BYTES;
+                            assert_eq!(
+                                found.is_some(),
+                                posts,
+                                "world {world} rank {rank} len {len}"
+                            );
+                        }
+                        // (Larger rings run as a wavefront: at most its last
+                        // rounds form a tail, which must keep clear too.)
                         if let Some(t) = &found {
                             check(&steps, t);
                         }

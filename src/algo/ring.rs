@@ -18,7 +18,9 @@ struct RingStep {
     action: Action,
 }
 
-/// Emits ring steps in pipelined order: the sends of step 0, then for each
+/// Emits ring steps in pipelined order (reduce-scatter and all-gather; the
+/// all-reduce of more than two ranks runs as a [`wavefront`]): the sends of
+/// step 0, then for each
 /// later step and chunk "receive chunk c of the previous step, then send chunk
 /// c of this one", then the receives of the last step. Step g's send block is
 /// always step g-1's receive block, so chunk c can go on as soon as it lands.
@@ -106,7 +108,7 @@ pub fn all_reduce_ring(out: &mut Vec<Step>, rank: usize, world: usize, len: usiz
     }
     let blocks = |i| block(len, world, i);
     let phase = world.saturating_sub(1);
-    pipelined(out, rank, world, chunk, 2 * phase, |g| {
+    wavefront(out, rank, world, chunk, 2 * phase, |g| {
         if g < phase {
             reduce_scatter_step(rank, world, &blocks, g)
         } else {
@@ -115,18 +117,87 @@ pub fn all_reduce_ring(out: &mut Vec<Step>, rank: usize, world: usize, len: usiz
     });
 }
 
+/// Chunk `c` of `range` cut into chunks of `chunk` (as [`chunks`] does).
+fn nth_chunk(range: &Range<usize>, chunk: usize, c: usize) -> Option<Range<usize>> {
+    let start = range.start.checked_add(c.checked_mul(chunk)?)?;
+    (start < range.end).then(|| start..(start + chunk).min(range.end))
+}
+
+/// Emits ring steps as a wavefront: in round `t`, chunk `t - g` of every
+/// step `g` ("receive chunk c of step g-1, then send chunk c of step g";
+/// step 0 only sends, the last receive only receives). A rank's round `t`
+/// needs only what its left neighbour sent in round `t - 1`, so no step
+/// sends a whole block ahead of what the next rank takes: each chunk is
+/// received and reduced soon after it is sent, in cache, instead of a
+/// whole block waiting in buffers (the pipelined order sends step 0 whole
+/// first; 0011 did the same for two ranks). Every link still carries
+/// frames in the order its receiver takes them: the sender emits (g, c) in
+/// round g + c, the receiver takes it in round g + c + 1, both in order of
+/// the round, then of g.
+fn wavefront(
+    out: &mut Vec<Step>,
+    rank: usize,
+    world: usize,
+    chunk: usize,
+    count: usize,
+    ring: impl Fn(usize) -> RingStep,
+) {
+    if count == 0 {
+        return;
+    }
+    let chunk = chunk.max(1);
+    let right = (rank + 1) % world;
+    let left = (rank + world - 1) % world;
+    let most = (0..count)
+        .map(|g| ring(g).send.len().div_ceil(chunk))
+        .max()
+        .unwrap_or(0);
+    for t in 0..most + count {
+        // Only steps with a chunk t - g < most: the loop stays as long as
+        // the schedule, even for worlds of thousands of ranks.
+        for g in (t + 1).saturating_sub(most)..=count.min(t) {
+            let c = t - g;
+            if g > 0 {
+                let prev = ring(g - 1);
+                let Some(range) = nth_chunk(&prev.recv, chunk, c) else {
+                    continue;
+                };
+                out.push(Step::Recv {
+                    peer: left,
+                    range,
+                    step: (g - 1) as u32,
+                    chunk: c as u32,
+                    action: prev.action,
+                });
+            }
+            if g < count {
+                if let Some(range) = nth_chunk(&ring(g).send, chunk, c) {
+                    out.push(Step::Send {
+                        peer: right,
+                        range,
+                        step: g as u32,
+                        chunk: c as u32,
+                    });
+                }
+            }
+        }
+    }
+}
+
 /// The ring of two ranks, ordered for its one link: each rank sends the
 /// peer's half (step 0) and reduces into its own half what the peer sends,
 /// keeping its sends [`PAIR_SENDS_AHEAD`] chunks ahead of its reductions;
 /// then it sends its reduced half and receives the other (step 1).
 ///
-/// The general ring sends a whole block before it reduces anything, and
+/// The pipelined ring sends a whole block before it reduces anything, and
 /// forwards each chunk as soon as it is reduced. With two ranks the
 /// forwards cannot reach the peer before the rest of the first block (one
 /// link, frames taken in order), so they gain nothing, while the peer's
 /// whole first half waits in buffers and is reduced from memory. Here it
 /// is reduced chunk by chunk as it arrives, while a few chunks stay in
-/// flight, and each link still carries all of step 0 before step 1.
+/// flight, and each link still carries all of step 0 before step 1 (so
+/// its all-gather half is one trailing run of copy receives, which exec
+/// posts ahead; decision 0010). Larger rings run as a [`wavefront`].
 fn all_reduce_pair(out: &mut Vec<Step>, rank: usize, len: usize, chunk: usize) {
     let peer = 1 - rank;
     let (mine, theirs) = (block(len, 2, rank), block(len, 2, peer));
@@ -195,6 +266,39 @@ pub fn all_gather_ring(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_larger_ring_sends_each_round_only_after_taking_the_last() {
+        // 20 chunks per block: the pipelined order would send all 20 of
+        // step 0 before its first receive. The wavefront sends one chunk
+        // per step per round, and each round's sends follow its receives.
+        let chunk = 10;
+        for world in 3..=5 {
+            let len = 200 * world + 3;
+            for rank in 0..world {
+                let steps = crate::algo::schedule(|o| all_reduce_ring(o, rank, world, len, chunk));
+                let (mut sent, mut received) = (0usize, 0usize);
+                let steps_per_op = 2 * (world - 1);
+                for s in &steps {
+                    match s {
+                        Step::Send { .. } => {
+                            sent += 1;
+                            // Ahead of the receives by at most a round
+                            // (one chunk per step) and the next round's
+                            // first send.
+                            assert!(
+                                sent <= received + steps_per_op + 1,
+                                "p={world} rank {rank}: {sent} sends after {received} receives"
+                            );
+                        }
+                        Step::Recv { .. } => received += 1,
+                    }
+                }
+                // Every step of 20-21 chunks (blocks differ by one element).
+                assert!(sent >= 20 * steps_per_op, "p={world} rank {rank}: {sent}");
+            }
+        }
+    }
 
     #[test]
     fn a_two_rank_all_reduce_reduces_as_it_sends_and_keeps_its_link_in_step_order() {
