@@ -61,7 +61,7 @@ pub(crate) struct TcpConfig {
     pub(crate) uring_required: bool,
     /// How long a receive polls (the uring plane for a completion, the
     /// portable plane for its reader thread's frame) before sleeping
-    /// (RINGWIRE_SPIN_US, default 200 us; polls yield the core, decision
+    /// (RINGWIRE_SPIN_US, default 1 ms; polls yield the core, decision
     /// 0008).
     pub(crate) spin: Duration,
 }
