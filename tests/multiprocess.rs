@@ -10,19 +10,72 @@ mod common;
 #[path = "netns/mod.rs"]
 mod netns;
 
-use std::process::{Command, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 const CHILD_VAR: &str = "RINGWIRE_TEST_CHILD";
 
+/// A port for rank 0's store that no socket uses, below the kernel's
+/// ephemeral range.
+///
+/// Two ways the port can be lost before rank 0 binds it, both seen in CI
+/// as rank 0's EADDRINUSE while this binary's tests and its two re-runs
+/// load the machine:
+/// - a port from `bind(0)` is free again once released, so any concurrent
+///   `bind(0)` or `connect()` may take it; the kernel hands out none below
+///   `ip_local_port_range` by itself;
+/// - a socket the test opens to try the port is inherited by any child
+///   another test thread spawns in that instant, and stays open, listening,
+///   until that child's `exec` (late, on two loaded cores).
+///
+/// So no socket is opened here: the ports in use are read from
+/// /proc/net/tcp{,6}. A per-process counter started at an offset from the
+/// pid keeps this binary's tests and its re-runs apart; `spawn_rank_0`
+/// retries the rare collision left.
 fn free_port() -> u16 {
-    // Only rank 0 binds this port (for its store); nothing else races for it
-    // in the test, and a collision shows as a clear bind error.
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let ephemeral_low: u32 = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse().ok())
+        .unwrap_or(32768);
+    let span = 8000.min(ephemeral_low.saturating_sub(10_000));
+    assert!(
+        span >= 100,
+        "ip_local_port_range starts at {ephemeral_low}: no room below it for test ports"
+    );
+    let low = ephemeral_low - span;
+    let in_use = ports_in_use();
+    let offset = std::process::id().wrapping_mul(97);
+    for _ in 0..span {
+        let i = NEXT.fetch_add(1, Ordering::Relaxed);
+        let port = (low + offset.wrapping_add(i) % span) as u16;
+        if !in_use.contains(&port) {
+            return port;
+        }
+    }
+    panic!("no free port in {low}..{ephemeral_low}");
+}
+
+/// Local ports of every TCP socket on this host's network namespace, in
+/// any state (listening, connected, TIME_WAIT), from /proc/net/tcp{,6}.
+fn ports_in_use() -> std::collections::HashSet<u16> {
+    ["/proc/net/tcp", "/proc/net/tcp6"]
+        .iter()
+        .filter_map(|f| std::fs::read_to_string(f).ok())
+        .flat_map(|table| {
+            table
+                .lines()
+                .skip(1)
+                .filter_map(|line| {
+                    // "  sl  local_address rem_address st ...": the local
+                    // address is HEXADDR:HEXPORT.
+                    let local = line.split_whitespace().nth(1)?;
+                    u16::from_str_radix(local.rsplit_once(':')?.1, 16).ok()
+                })
+                .collect::<Vec<_>>()
+        })
+        .collect()
 }
 
 fn launch(world: usize, seed: u64, extra_env: &[(&str, String)]) -> Vec<std::process::Output> {
@@ -58,16 +111,56 @@ fn rank_command(rank: usize, world: usize, port: u16, seed: u64) -> Command {
     cmd
 }
 
-fn spawn_ranks(world: usize, seed: u64, extra_env: &[(&str, String)]) -> Vec<std::process::Child> {
-    let port = free_port();
-    (0..world)
-        .map(|rank| {
-            let mut cmd = rank_command(rank, world, port, seed);
-            for (k, v) in extra_env {
-                cmd.env(k, v);
+/// Spawns rank 0 on a free port, as `command(port)` makes it, and waits
+/// until its store listens. If rank 0 could not bind the port (taken
+/// between `free_port`'s check and its bind: CI once saw EADDRINUSE there
+/// while this binary's other tests and its two re-runs loaded the machine)
+/// it tries another, so the test is about what it tests, not about the
+/// port. A rank 0 without a store (world 1) is returned as it runs.
+fn spawn_rank_0(world: usize, command: impl Fn(u16) -> Command) -> (Child, u16) {
+    for _ in 0..5 {
+        let port = free_port();
+        let mut child = command(port).spawn().expect("spawn rank 0");
+        if world == 1 {
+            return (child, port);
+        }
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+                return (child, port);
             }
-            cmd.spawn().expect("spawn rank")
-        })
+            if child.try_wait().expect("rank 0's status").is_some() {
+                let out = child.wait_with_output().expect("rank 0's output");
+                let text = String::from_utf8_lossy(&out.stdout).into_owned()
+                    + &String::from_utf8_lossy(&out.stderr);
+                assert!(
+                    text.contains("could not start the store"),
+                    "rank 0 ended before its store listened:\n{text}"
+                );
+                eprintln!("rank 0 could not bind port {port}; trying another");
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "rank 0's store did not listen on {port} within a minute"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+    panic!("rank 0 could not start its store on any of 5 ports");
+}
+
+fn spawn_ranks(world: usize, seed: u64, extra_env: &[(&str, String)]) -> Vec<Child> {
+    let command = |rank: usize, port: u16| {
+        let mut cmd = rank_command(rank, world, port, seed);
+        for (k, v) in extra_env {
+            cmd.env(k, v);
+        }
+        cmd
+    };
+    let (first, port) = spawn_rank_0(world, |port| command(0, port));
+    std::iter::once(first)
+        .chain((1..world).map(|rank| command(rank, port).spawn().expect("spawn rank")))
         .collect()
 }
 
@@ -248,19 +341,16 @@ fn processes_mismatch_fails_on_every_rank() {
 
 #[test]
 fn a_second_process_claiming_a_rank_is_refused() {
-    let port = free_port();
-    let spawn = |rank: usize| {
+    let command = |rank: usize, port: u16| {
         // Long enough for both claimants to reach the store while the
         // other tests of this binary load the machine (3 s failed once).
-        rank_command(rank, 3, port, 1)
-            .env("RINGWIRE_CONNECT_TIMEOUT", "8")
-            .spawn()
-            .unwrap()
+        let mut cmd = rank_command(rank, 3, port, 1);
+        cmd.env("RINGWIRE_CONNECT_TIMEOUT", "8");
+        cmd
     };
-    let first = spawn(0);
-    std::thread::sleep(Duration::from_millis(300));
-    let a = spawn(1);
-    let b = spawn(1);
+    let (first, port) = spawn_rank_0(3, |port| command(0, port));
+    let a = command(1, port).spawn().unwrap();
+    let b = command(1, port).spawn().unwrap();
     let outs: Vec<_> = [first, a, b]
         .into_iter()
         .map(|c| c.wait_with_output().unwrap())
