@@ -18,9 +18,9 @@ const CHILD_VAR: &str = "RINGWIRE_TEST_CHILD";
 /// A port for rank 0's store that no socket uses, below the kernel's
 /// ephemeral range.
 ///
-/// Two ways the port can be lost before rank 0 binds it, both seen in CI
-/// as rank 0's EADDRINUSE while this binary's tests and its two re-runs
-/// load the machine:
+/// Rank 0 once failed to bind a port found free (EADDRINUSE, in CI and in
+/// 2 of 3 local full runs, while this binary's tests and its two re-runs
+/// loaded the machine). Two ways explain it:
 /// - a port from `bind(0)` is free again once released, so any concurrent
 ///   `bind(0)` or `connect()` may take it; the kernel hands out none below
 ///   `ip_local_port_range` by itself;
@@ -60,22 +60,19 @@ fn free_port() -> u16 {
 /// Local ports of every TCP socket on this host's network namespace, in
 /// any state (listening, connected, TIME_WAIT), from /proc/net/tcp{,6}.
 fn ports_in_use() -> std::collections::HashSet<u16> {
-    ["/proc/net/tcp", "/proc/net/tcp6"]
-        .iter()
-        .filter_map(|f| std::fs::read_to_string(f).ok())
-        .flat_map(|table| {
-            table
-                .lines()
-                .skip(1)
-                .filter_map(|line| {
-                    // "  sl  local_address rem_address st ...": the local
-                    // address is HEXADDR:HEXPORT.
-                    let local = line.split_whitespace().nth(1)?;
-                    u16::from_str_radix(local.rsplit_once(':')?.1, 16).ok()
-                })
-                .collect::<Vec<_>>()
-        })
-        .collect()
+    let mut ports = std::collections::HashSet::new();
+    for table in ["/proc/net/tcp", "/proc/net/tcp6"] {
+        let Ok(table) = std::fs::read_to_string(table) else {
+            continue;
+        };
+        // "  sl  local_address rem_address st ...": the local address is
+        // HEXADDR:HEXPORT.
+        ports.extend(table.lines().skip(1).filter_map(|line| {
+            let local = line.split_whitespace().nth(1)?;
+            u16::from_str_radix(local.rsplit_once(':')?.1, 16).ok()
+        }));
+    }
+    ports
 }
 
 fn launch(world: usize, seed: u64, extra_env: &[(&str, String)]) -> Vec<std::process::Output> {
@@ -111,12 +108,10 @@ fn rank_command(rank: usize, world: usize, port: u16, seed: u64) -> Command {
     cmd
 }
 
-/// Spawns rank 0 on a free port, as `command(port)` makes it, and waits
-/// until its store listens. If rank 0 could not bind the port (taken
-/// between `free_port`'s check and its bind: CI once saw EADDRINUSE there
-/// while this binary's other tests and its two re-runs loaded the machine)
-/// it tries another, so the test is about what it tests, not about the
-/// port. A rank 0 without a store (world 1) is returned as it runs.
+/// Spawns rank 0 on a `free_port`, as `command(port)` makes it, and waits
+/// until its store listens, so the other ranks start against a store that
+/// is there. If rank 0 could not bind the port (see `free_port`) it tries
+/// another. A rank 0 without a store (world 1) is returned as it runs.
 fn spawn_rank_0(world: usize, command: impl Fn(u16) -> Command) -> (Child, u16) {
     for _ in 0..5 {
         let port = free_port();
