@@ -285,6 +285,39 @@ impl Drop for TcpTransport {
 }
 
 impl Shared {
+    /// Sends every abort this rank knows of to `peer`'s link, just made
+    /// ready. Aborts are flooded once, to the links ready at that moment, so
+    /// a link made later (the peer dials only now) hears them here. Called
+    /// after the link is registered: an abort recorded after this snapshot
+    /// finds the link in `ready_links` and is flooded to it, one recorded
+    /// before is in the snapshot (the receiver ignores a second copy).
+    fn replay_aborts(&self, peer: usize, link: &Link) {
+        let known: Vec<Vec<u8>> = lock(&self.aborted)
+            .iter()
+            .map(|(comm, n)| {
+                let abort = wire::Abort::new(n.origin as u32, n.seq, n.reason.clone());
+                wire::encode_abort(*comm, n.seq, &abort)
+            })
+            .collect();
+        if known.is_empty() {
+            return;
+        }
+        if let Some(engine) = &self.engine {
+            for frame in known {
+                engine.send_owned(peer, frame);
+            }
+            engine.notify();
+            return;
+        }
+        let mut w = lock(&link.writer);
+        for frame in known {
+            if let Err(e) = w.write_all(&frame).and_then(|()| w.flush()) {
+                tracing::debug!(rank = self.me, peer, error = %e, "could not replay an abort");
+                return;
+            }
+        }
+    }
+
     /// The error for ops of an aborted communicator.
     fn aborted_error(&self, comm_id: u64) -> Option<LinkError> {
         lock(&self.aborted)
@@ -508,19 +541,6 @@ impl Shared {
     ) -> io::Result<Arc<Link>> {
         stream.set_read_timeout(None)?;
         stream.set_write_timeout(Some(self.config.write_timeout))?;
-        // A link made after an abort (the peer dials only now) still learns
-        // of it: aborts are flooded once, so replay them to the newcomer.
-        let mut writer = writer;
-        let known: Vec<Vec<u8>> = lock(&self.aborted)
-            .iter()
-            .map(|(comm, n)| {
-                let abort = wire::Abort::new(n.origin as u32, n.seq, n.reason.clone());
-                wire::encode_abort(*comm, n.seq, &abort)
-            })
-            .collect();
-        for frame in known {
-            writer.write_all(&frame).and_then(|()| writer.flush())?;
-        }
         if let Some(engine) = &self.engine {
             // The handshake read exactly its frames (no read-ahead), so the
             // engine starts at a frame boundary.
@@ -582,6 +602,9 @@ impl Shared {
                         }
                     };
                     drop(peers);
+                    if let Ok(link) = &out {
+                        self.replay_aborts(peer, link);
+                    }
                     self.peers_changed.notify_all();
                     return out;
                 }
@@ -1035,9 +1058,10 @@ fn accept_loop(s: &Arc<Shared>, accept: impl Fn() -> io::Result<Conn>) {
                         Ok(link) => {
                             let mut peers = lock(&s2.peers);
                             if let Some(slot) = peers.get_mut(peer) {
-                                *slot = PeerState::Ready(link);
+                                *slot = PeerState::Ready(link.clone());
                             }
                             drop(peers);
+                            s2.replay_aborts(peer, &link);
                             s2.peers_changed.notify_all();
                         }
                         Err(e) => {
