@@ -73,7 +73,8 @@ ops: all_reduce broadcast reduce all_gather reduce_scatter all_to_all barrier se
       --local-links L  unix, tcp or all: what links ranks on the same host (default unix,
                      as ringwire does; tcp rows are labelled uring-tcp / portable-tcp)
       --link-limit   measure the ring link limit first (over each kind of link measured)
-                     and show busbw as a percentage of it
+                     and show busbw as a percentage of it; from 1 MiB, of the mean of
+                     two limits measured just before and just after that size
       --link-buffer S  buffer the link limit streams from and into (default 4M: fits in
                      cache; as large as the op, e.g. 256M, it streams memory like the op)
       --json FILE    write the rows as JSON

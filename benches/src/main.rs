@@ -26,6 +26,12 @@ use std::process::{Child, Command, ExitCode};
 use std::time::{Duration, Instant};
 
 const CHILD_VAR: &str = "RINGWIRE_BENCH_CHILD";
+/// Sizes from here (the issue's "from 1 MiB up") get the link limit measured
+/// just before and after them.
+const BRACKET_FROM: usize = 1 << 20;
+/// Bytes each rank streams in a bracketing link-limit measurement: short
+/// enough to stay close to the size it brackets.
+const BRACKET_BYTES: usize = 64 << 20;
 
 fn main() -> ExitCode {
     let argv: Vec<String> = std::env::args().skip(1).collect();
@@ -428,16 +434,30 @@ fn run_rank(a: &Args) -> Result<bool, String> {
             println!("# {name}: rank 0's link to rank 1 is {kind}");
         }
     }
-    // The link limit over each kind of link a variant uses.
-    let mut limits: Vec<(&str, Option<f64>)> = Vec::new();
-    if a.link_limit {
-        let bytes = 256 << 20;
+    // The link limit over each kind of link a variant uses: once before
+    // the sweep, and again around every size from `BRACKET_FROM` bytes so
+    // that a size is compared with the limit of its own moment (this VM's
+    // speed drifts 2x within minutes).
+    let measure_limits = |bytes: usize| -> Result<Vec<(&str, Option<f64>)>, String> {
+        let mut limits: Vec<(&str, Option<f64>)> = Vec::new();
         for &kind in &kinds {
             if kind == "none" || limits.iter().any(|(k, _)| *k == kind) {
                 continue;
             }
             let l = linklimit::measure(&ctrl, bytes, kind == "unix", a.link_buffer)?;
-            if lead {
+            limits.push((kind, l));
+        }
+        Ok(limits)
+    };
+    let limit_in = |limits: &[(&str, Option<f64>)], kind: &str| {
+        limits.iter().find(|(k, _)| *k == kind).and_then(|l| l.1)
+    };
+    let mut limits: Vec<(&str, Option<f64>)> = Vec::new();
+    if a.link_limit {
+        let bytes = 256 << 20;
+        limits = measure_limits(bytes)?;
+        if lead {
+            for (kind, l) in &limits {
                 match l {
                     Some(gbps) => println!(
                         "# ring link limit ({kind}): {gbps:.3} GB/s (every rank streams {} MiB to its successor at once over plain {kind} sockets, from and into {} buffers)",
@@ -447,21 +467,37 @@ fn run_rank(a: &Args) -> Result<bool, String> {
                     None => println!("# ring link limit: n/a for one rank"),
                 }
             }
-            limits.push((kind, l));
+            if limits.iter().any(|(_, l)| l.is_some()) {
+                println!(
+                    "# from {} the link column compares each size with the mean of the limits measured just before and just after it ({} MiB streams)",
+                    report::human_bytes(BRACKET_FROM),
+                    BRACKET_BYTES >> 20
+                );
+            }
         }
     }
-    let limit_of = |kind: &str| limits.iter().find(|(k, _)| *k == kind).and_then(|l| l.1);
-    let link_limit = limit_of("tcp");
+    let link_limit = limit_in(&limits, "tcp");
+    let link_limit_unix = limit_in(&limits, "unix");
     if lead {
         println!("{}", report::header());
     }
     let mut rows = Vec::new();
     let mut total_wrong = 0u64;
     let elem = a.dtype.size();
+    // Limits measured just after the previous size, if it was bracketed.
+    let mut before: Option<Vec<(&str, Option<f64>)>> = None;
+    // (kind, lowest, highest) of the bracketing limits, for the summary.
+    let mut drift: Vec<(&str, f64, f64)> = Vec::new();
     for size in args::sizes(a) {
-        if a.op != BenchOp::Barrier && a.op.shape(size, elem, world).bytes == 0 {
+        let payload = a.op.shape(size, elem, world).bytes;
+        if a.op != BenchOp::Barrier && payload == 0 {
             continue;
         }
+        let bracket = a.link_limit && world > 1 && payload >= BRACKET_FROM;
+        if bracket && before.is_none() {
+            before = Some(measure_limits(BRACKET_BYTES)?);
+        }
+        let first_row = rows.len();
         for ((name, comm), kind) in comms.iter().zip(&kinds) {
             if progress {
                 eprint!("\r[{name}] {} {size} B ...        ", a.op.name());
@@ -523,19 +559,55 @@ fn run_rank(a: &Args) -> Result<bool, String> {
                 p99_us: us(hist.value_at_quantile(0.99)),
                 max_us: us(hist.max()),
                 cpu_s_per_gb: (moved_gb > 0.0).then(|| cpu / moved_gb),
-                link_pct: limit_of(kind)
-                    .filter(|l| *l > 0.0 && bytes > 0)
-                    .map(|l| busbw / l * 100.0),
+                link_pct: None,
+                link_limit_gbps: limit_in(&limits, kind),
+                link_kind: kind.to_string(),
                 max_rss_kib: cpu_and_rss().1,
             };
-            if progress {
-                eprint!("\r{:60}\r", "");
-            }
-            println!("{}", report::format_row(&row));
             rows.push(row);
+        }
+        if bracket {
+            let after = measure_limits(BRACKET_BYTES)?;
+            let around = before.replace(after.clone()).unwrap_or_default();
+            for row in &mut rows[first_row..] {
+                if let (Some(x), Some(y)) = (
+                    limit_in(&around, &row.link_kind),
+                    limit_in(&after, &row.link_kind),
+                ) {
+                    row.link_limit_gbps = Some((x + y) / 2.0);
+                }
+            }
+            for (kind, l) in around.iter().chain(&after) {
+                let Some(l) = *l else { continue };
+                match drift.iter_mut().find(|d| d.0 == *kind) {
+                    Some(d) => (d.1, d.2) = (d.1.min(l), d.2.max(l)),
+                    None => drift.push((kind, l, l)),
+                }
+            }
+        } else {
+            before = None;
+        }
+        if !lead {
+            continue;
+        }
+        if progress {
+            eprint!("\r{:60}\r", "");
+        }
+        for row in &mut rows[first_row..] {
+            row.link_pct = row
+                .link_limit_gbps
+                .filter(|l| *l > 0.0 && row.size_bytes > 0)
+                .map(|l| row.busbw_gbps / l * 100.0);
+            println!("{}", report::format_row(row));
         }
     }
     if lead {
+        for (kind, low, high) in &drift {
+            println!(
+                "# ring link limit ({kind}) around the sizes from {}: {low:.3} to {high:.3} GB/s",
+                report::human_bytes(BRACKET_FROM)
+            );
+        }
         for (t, avg) in report::averages(&rows) {
             println!("# avg bus bandwidth: {avg:.3} GB/s ({t})");
         }
@@ -555,7 +627,7 @@ fn run_rank(a: &Args) -> Result<bool, String> {
             let doc = serde_json::json!({
                 "op": a.op.name(), "ranks": world, "dtype": a.dtype.name(), "redop": a.redop.name(),
                 "machine": machine_line(), "link_limit_gbps": link_limit,
-                "link_limit_unix_gbps": limit_of("unix"),
+                "link_limit_unix_gbps": link_limit_unix,
                 "link_buffer_bytes": a.link_limit.then_some(a.link_buffer), "rows": rows,
             });
             std::fs::write(

@@ -26,6 +26,12 @@ pub(crate) struct Row {
     pub(crate) cpu_s_per_gb: Option<f64>,
     /// busbw as a percentage of the ring link limit.
     pub(crate) link_pct: Option<f64>,
+    /// The link limit the percentage is taken of (GB/s): the mean of the
+    /// limits measured just before and after this size where it was
+    /// bracketed, else the limit measured before the sweep.
+    pub(crate) link_limit_gbps: Option<f64>,
+    /// The kind of link (tcp, unix) this row's ring ran over.
+    pub(crate) link_kind: String,
     /// Peak resident memory of rank 0 (KiB) after this row.
     pub(crate) max_rss_kib: u64,
 }
@@ -170,13 +176,13 @@ pub(crate) fn ratios(rows: &[Row]) -> Option<String> {
 
 pub(crate) fn csv(rows: &[Row]) -> String {
     let mut s = String::from(
-        "transport,size_bytes,count,dtype,redop,root,iters,time_us,algbw_gbps,busbw_gbps,wrong,p50_us,p99_us,max_us,cpu_s_per_gb,link_pct,max_rss_kib\n",
+        "transport,size_bytes,count,dtype,redop,root,iters,time_us,algbw_gbps,busbw_gbps,wrong,p50_us,p99_us,max_us,cpu_s_per_gb,link_pct,link_limit_gbps,link_kind,max_rss_kib\n",
     );
     for r in rows {
         let o = |v: Option<f64>| v.map_or(String::new(), |x| x.to_string());
         let _ = writeln!(
             s,
-            "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}",
+            "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}",
             r.transport,
             r.size_bytes,
             r.count,
@@ -193,6 +199,8 @@ pub(crate) fn csv(rows: &[Row]) -> String {
             r.max_us,
             o(r.cpu_s_per_gb),
             o(r.link_pct),
+            o(r.link_limit_gbps),
+            r.link_kind,
             r.max_rss_kib
         );
     }
@@ -231,6 +239,8 @@ mod tests {
             max_us: 3.0,
             cpu_s_per_gb: Some(0.5),
             link_pct: None,
+            link_limit_gbps: None,
+            link_kind: "tcp".into(),
             max_rss_kib: 1,
         }
     }

@@ -183,6 +183,62 @@ fn json_csv_and_plot_are_written_and_link_limit_shown() {
 }
 
 #[test]
+fn sizes_from_1_mib_are_compared_with_the_link_limit_around_them() {
+    let dir = std::env::temp_dir().join(format!("ringwire-bench-bracket-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let json = dir.join("r.json");
+    let (ok, out, err) = bench(&[
+        "all_reduce",
+        "--ranks",
+        "2",
+        "-b",
+        "256K",
+        "-e",
+        "1M",
+        "-f",
+        "4",
+        "-n",
+        "2",
+        "-w",
+        "1",
+        "--link-limit",
+        "--local-links",
+        "tcp",
+        "--json",
+        json.to_str().unwrap(),
+    ]);
+    assert!(ok, "{out}\n{err}");
+    assert!(
+        out.contains("# ring link limit (tcp) around the sizes from 1 MiB:"),
+        "{out}"
+    );
+    let doc: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let headline = doc["link_limit_gbps"].as_f64().unwrap();
+    let rows = doc["rows"].as_array().unwrap();
+    let tcp_rows: Vec<_> = rows.iter().filter(|r| r["link_kind"] == "tcp").collect();
+    assert_eq!(tcp_rows.len(), 2 * transports(), "{doc}");
+    for r in tcp_rows {
+        let limit = r["link_limit_gbps"].as_f64().unwrap();
+        let pct = r["link_pct"].as_f64().unwrap();
+        let busbw = r["busbw_gbps"].as_f64().unwrap();
+        assert!(
+            (pct - busbw / limit * 100.0).abs() < 1e-6 * pct.max(1.0),
+            "{r}"
+        );
+        // Below 1 MiB the limit measured before the sweep; from 1 MiB the
+        // mean of two measured around the size (equal to the first only by
+        // a coincidence of every bit).
+        if r["size_bytes"].as_u64().unwrap() < 1 << 20 {
+            assert_eq!(limit, headline, "{r}");
+        } else {
+            assert_ne!(limit, headline, "{r}");
+        }
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
 fn a_failing_rank_fails_the_run_with_its_rank_named() {
     // sendrecv needs two ranks; with one, the rank errors out.
     let (ok, _out, err) = bench(&["sendrecv", "--ranks", "1"]);
