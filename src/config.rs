@@ -110,6 +110,58 @@ pub(crate) struct Tunables {
     pub(crate) flight_recorder_ops: usize,
 }
 
+impl Tunables {
+    /// The settings every rank must share, as `name=value;...` for the
+    /// store: they choose how collectives cut and route their data (and
+    /// debug checks add an exchange per op), so ranks that differ would
+    /// pair frames of different schedules mid-job.
+    pub(crate) fn shared(&self) -> String {
+        self.shared_fields()
+            .iter()
+            .map(|(name, _, value)| format!("{name}={value}"))
+            .collect::<Vec<_>>()
+            .join(";")
+    }
+
+    /// Why these settings cannot run with `rank0`'s (its [`Self::shared`]
+    /// text), naming the first setting that differs and how it is set.
+    pub(crate) fn disagreement(&self, rank: usize, rank0: &str) -> Option<String> {
+        let theirs = |name: &str| {
+            rank0
+                .split(';')
+                .find_map(|kv| kv.strip_prefix(name)?.strip_prefix('='))
+        };
+        self.shared_fields().into_iter().find_map(|(name, how, mine)| {
+            let theirs = theirs(name).unwrap_or("(not set: an older ringwire)");
+            (theirs != mine).then(|| {
+                format!(
+                    "rank {rank} has {how} = {mine} but rank 0 has {theirs}: every rank needs the same value"
+                )
+            })
+        })
+    }
+
+    fn shared_fields(&self) -> [(&'static str, &'static str, String); 3] {
+        [
+            (
+                "chunk_bytes",
+                "RINGWIRE_CHUNK_BYTES (or Builder::chunk_bytes)",
+                self.chunk_bytes.to_string(),
+            ),
+            (
+                "small_message_bytes",
+                "RINGWIRE_SMALL_MESSAGE_BYTES (or Builder::small_message_bytes)",
+                self.small_message_bytes.to_string(),
+            ),
+            (
+                "debug_checks",
+                "RINGWIRE_DEBUG (or Builder::debug_checks)",
+                if self.debug_checks { "detail" } else { "off" }.to_string(),
+            ),
+        ]
+    }
+}
+
 /// Default per-op timeout, as in torch.distributed's gloo backend it is
 /// finite; unlike it, one minute rather than thirty.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(60);
@@ -273,6 +325,34 @@ mod tests {
     use super::*;
 
     use crate::testing::env_lookup as vars;
+
+    #[test]
+    fn shared_settings_name_the_first_that_differs() {
+        let base = Overrides::default().resolve(&vars(&[])).unwrap();
+        assert_eq!(base.disagreement(1, &base.shared()), None);
+        for (var, value, named) in [
+            ("RINGWIRE_CHUNK_BYTES", "4096", "RINGWIRE_CHUNK_BYTES"),
+            (
+                "RINGWIRE_SMALL_MESSAGE_BYTES",
+                "64",
+                "RINGWIRE_SMALL_MESSAGE_BYTES",
+            ),
+            ("RINGWIRE_DEBUG", "detail", "RINGWIRE_DEBUG"),
+        ] {
+            let other = Overrides::default()
+                .resolve(&vars(&[(var, value)]))
+                .unwrap();
+            let why = other.disagreement(3, &base.shared()).unwrap();
+            assert!(why.starts_with("rank 3 has "), "{why}");
+            assert!(why.contains(named), "{why}");
+            assert!(why.contains(value), "{why}");
+            // Symmetric: rank 0's side of it.
+            assert!(base.disagreement(3, &other.shared()).is_some());
+        }
+        // A rank 0 that publishes no such setting (an older build).
+        let why = base.disagreement(2, "chunk_bytes=1048576").unwrap();
+        assert!(why.contains("RINGWIRE_SMALL_MESSAGE_BYTES"), "{why}");
+    }
 
     #[test]
     fn builder_beats_env_beats_default() {

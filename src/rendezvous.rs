@@ -180,15 +180,16 @@ impl Builder {
     }
 
     /// Bytes per frame (1 MiB); larger buffers travel as pipelined chunks.
-    /// Every rank must use the same value. Env: RINGWIRE_CHUNK_BYTES.
+    /// Every rank must use the same value (setup fails on every rank,
+    /// naming it, where one differs from rank 0). Env: RINGWIRE_CHUNK_BYTES.
     pub fn chunk_bytes(mut self, bytes: usize) -> Builder {
         self.overrides.chunk_bytes = Some(bytes);
         self
     }
 
     /// Size below which all-reduce uses recursive doubling and broadcast the
-    /// binomial tree (1 MiB). Every rank must use the same value. Env:
-    /// RINGWIRE_SMALL_MESSAGE_BYTES.
+    /// binomial tree (1 MiB). Every rank must use the same value (checked
+    /// at setup, like the chunk size). Env: RINGWIRE_SMALL_MESSAGE_BYTES.
     pub fn small_message_bytes(mut self, bytes: usize) -> Builder {
         self.overrides.small_message_bytes = Some(bytes);
         self
@@ -224,7 +225,8 @@ impl Builder {
     /// Before each collective, check across ranks that every rank called the
     /// same op with the same type, count, reduce op and root (one small
     /// all-gather per op; like TORCH_DISTRIBUTED_DEBUG=DETAIL). Env:
-    /// RINGWIRE_DEBUG=detail.
+    /// RINGWIRE_DEBUG=detail. Every rank must use the same value (checked at
+    /// setup).
     pub fn debug_checks(mut self, on: bool) -> Builder {
         self.overrides.debug_checks = Some(on);
         self
@@ -418,18 +420,31 @@ fn rendezvous(
              OMPI_COMM_WORLD_RANK / SLURM_PROCID), or use a fresh RINGWIRE_JOB_ID when reusing a store"
         )));
     }
+    // A rank that cannot join publishes why in place of its address, so
+    // the others fail at once with the reason instead of timing out.
+    let refuse = |why: String| {
+        let _ = client.set(&key(&format!("addr/{rank}")), format!("!{why}").as_bytes());
+        Error::Rendezvous(why)
+    };
     if rank == 0 {
         client.set(&key("job"), &nonce.to_le_bytes())?;
+        client.set(&key("settings"), t.shared().as_bytes())?;
         client.set(&key("world_size"), size.to_string().as_bytes())?;
     }
     let root_size = client
         .get(&key("world_size"), t.connect_timeout)
         .map_err(|e| store_err(e, "waiting for rank 0 to join"))?;
     if root_size != size.to_string().as_bytes() {
-        return Err(Error::Rendezvous(format!(
-            "this rank has WORLD_SIZE={size} but rank 0 has WORLD_SIZE={}: every rank needs the same world size",
+        return Err(refuse(format!(
+            "rank {rank} has WORLD_SIZE={size} but rank 0 has WORLD_SIZE={}: every rank needs the same world size",
             String::from_utf8_lossy(&root_size)
         )));
+    }
+    let root_settings = client
+        .get(&key("settings"), t.connect_timeout)
+        .map_err(|e| store_err(e, "reading rank 0's settings"))?;
+    if let Some(why) = t.disagreement(rank, &String::from_utf8_lossy(&root_settings)) {
+        return Err(refuse(why));
     }
 
     let ip = net::choose_local_ip(b.socket_ifname.as_deref(), &addrs)?;
@@ -459,6 +474,11 @@ fn rendezvous(
             other => Error::Store(other),
         })?;
         let text = String::from_utf8_lossy(&raw);
+        if let Some(why) = text.strip_prefix('!') {
+            return Err(Error::Rendezvous(format!(
+                "rank {q} could not join, so neither can this rank: {why}"
+            )));
+        }
         let addr: SocketAddr = text
             .parse()
             .map_err(|_| Error::Rendezvous(format!("rank {q} published a bad address {text:?}")))?;

@@ -188,7 +188,61 @@ fn world_size_disagreement_is_named() {
         msg.contains("WORLD_SIZE=3") && msg.contains("WORLD_SIZE=2"),
         "{msg}"
     );
-    assert!(errs.0.is_err(), "rank 0 cannot complete without rank 1");
+    // Rank 0 learns why from the store instead of waiting for rank 1.
+    let msg = errs.0.unwrap_err().to_string();
+    assert!(
+        msg.contains("rank 1 could not join") && msg.contains("WORLD_SIZE=3"),
+        "{msg}"
+    );
+}
+
+#[test]
+fn ranks_with_different_schedule_settings_all_fail_naming_the_setting() {
+    // Each of these settings picks how collectives cut and route their
+    // data; a rank that differs from rank 0 would pair frames of different
+    // schedules. Every rank fails at setup, naming the setting and values.
+    type Set = fn(ringwire::Builder) -> ringwire::Builder;
+    let cases: [(&str, &str, Set); 3] = [
+        ("RINGWIRE_CHUNK_BYTES", "4096", |b| b.chunk_bytes(4096)),
+        ("RINGWIRE_SMALL_MESSAGE_BYTES", "64", |b| {
+            b.small_message_bytes(64)
+        }),
+        ("RINGWIRE_DEBUG", "detail", |b| b.debug_checks(true)),
+    ];
+    for (setting, value, set) in cases {
+        let store = StoreServer::bind("127.0.0.1:0".parse().unwrap()).unwrap();
+        let addr = store.local_addr();
+        let results: Vec<_> = std::thread::scope(|s| {
+            let hs: Vec<_> = (0..3)
+                .map(|rank| {
+                    let mut b = Communicator::builder()
+                        .rank(rank)
+                        .world_size(3)
+                        .store_addr(addr)
+                        .host_store(false)
+                        // Far longer than the test may take: a rank that
+                        // waited for the odd one out would fail the
+                        // message checks below, not just be slow.
+                        .connect_timeout(Duration::from_secs(60));
+                    if rank == 2 {
+                        b = set(b);
+                    }
+                    s.spawn(move || b.build().wait())
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        for (rank, r) in results.into_iter().enumerate() {
+            let msg = r.err().map(|e| e.to_string()).unwrap_or_default();
+            assert!(
+                msg.contains(setting) && msg.contains("rank 2 has") && msg.contains(value),
+                "rank {rank}, {setting}: {msg}"
+            );
+            if rank != 2 {
+                assert!(msg.contains("rank 2 could not join"), "{msg}");
+            }
+        }
+    }
 }
 
 #[test]
