@@ -33,12 +33,18 @@ pub(crate) enum Received {
     Frame(Incoming),
 }
 
-/// Receives posted by [`Transport::with_posted_recvs`].
+/// Receives posted by [`Transport::with_posted_recvs`], and the region
+/// they land in.
 pub(crate) trait PostedRecvs {
-    /// Waits for the next posted frame, which must be `expected` (`seq`,
-    /// `step`, `chunk`) with a `len`-byte payload at `offset`. Returns it as
-    /// [`Transport::recv_into`] does, with its piece of the region (where a
-    /// [`Received::Frame`] is to be copied).
+    /// Posts the receive of frame `expected` (`seq`, `step`, `chunk`),
+    /// whose `len`-byte payload goes at `offset`: from now on the caller
+    /// must not touch those bytes until it takes the frame with `next`.
+    /// Refused if the piece leaves the region or overlaps an untaken one.
+    fn post(&mut self, expected: (u64, u32, u32), offset: usize, len: usize) -> Result<(), String>;
+    /// Waits for the posted frame `expected`, posted with a `len`-byte
+    /// payload at `offset`. Returns it as [`Transport::recv_into`] does,
+    /// with its piece of the region (where a [`Received::Frame`] is to be
+    /// copied).
     fn next(
         &mut self,
         expected: (u64, u32, u32),
@@ -46,6 +52,9 @@ pub(crate) trait PostedRecvs {
         len: usize,
         deadline: Instant,
     ) -> Result<(Received, &mut [u8]), LinkError>;
+    /// The `len` bytes at `offset` of the region, unless they leave it or
+    /// overlap a piece posted and not yet taken.
+    fn region(&mut self, offset: usize, len: usize) -> Option<&mut [u8]>;
 }
 
 /// Runs `body` with "posted" receives that are received only when taken.
@@ -73,6 +82,10 @@ struct InTurn<'a, T: ?Sized> {
 }
 
 impl<T: Transport + ?Sized> PostedRecvs for InTurn<'_, T> {
+    fn post(&mut self, _: (u64, u32, u32), _: usize, _: usize) -> Result<(), String> {
+        Ok(())
+    }
+
     fn next(
         &mut self,
         expected: (u64, u32, u32),
@@ -90,6 +103,10 @@ impl<T: Transport + ?Sized> PostedRecvs for InTurn<'_, T> {
             self.transport
                 .recv_into(self.comm_id, self.peer, expected, piece, deadline)?;
         Ok((received, piece))
+    }
+
+    fn region(&mut self, offset: usize, len: usize) -> Option<&mut [u8]> {
+        self.region.get_mut(offset..offset.checked_add(len)?)
     }
 }
 
@@ -138,22 +155,21 @@ pub(crate) trait Transport: Send + Sync {
         let _ = (expected, dest);
         self.recv(comm_id, peer, deadline).map(Received::Frame)
     }
-    /// Runs `body` with receives of `pieces` (each a frame's (`seq`,
-    /// `step`, `chunk`) from `peer`, and the offset and length of its
-    /// payload's piece of `region`) posted before `body` starts, so a
-    /// transport may receive each straight into its piece while `body` does
-    /// other work first (the uring plane does). `body` takes them in order
-    /// with [`PostedRecvs::next`]; here each is received only then.
+    /// Runs `body` with `region` lent for receives from `peer` that `body`
+    /// posts ahead of their turn ([`PostedRecvs::post`]), so a transport may
+    /// receive each straight into its piece while `body` does other work
+    /// first (the uring plane does). `body` reaches the rest of the region
+    /// through [`PostedRecvs::region`] and takes each posted frame with
+    /// [`PostedRecvs::next`]; here each is received only then.
     fn with_posted_recvs(
         &self,
         comm_id: u64,
         peer: usize,
-        pieces: &mut dyn Iterator<Item = ((u64, u32, u32), usize, usize)>,
         region: &mut [u8],
         deadline: Instant,
         body: &mut dyn FnMut(&mut dyn PostedRecvs) -> Result<(), Error>,
     ) -> Result<(), Error> {
-        let _ = (pieces, deadline);
+        let _ = deadline;
         in_turn(self, comm_id, peer, region, body)
     }
     /// Returns a payload buffer for reuse.

@@ -1416,6 +1416,20 @@ struct PlacedAhead<'a, 's, 'r> {
 }
 
 impl PostedRecvs for PlacedAhead<'_, '_, '_> {
+    fn post(
+        &mut self,
+        (seq, step, chunk): (u64, u32, u32),
+        offset: usize,
+        len: usize,
+    ) -> Result<(), String> {
+        let key = frame_key(self.comm_id, seq, step, chunk);
+        self.placements.post(key, offset, len)
+    }
+
+    fn region(&mut self, offset: usize, len: usize) -> Option<&mut [u8]> {
+        self.placements.region_mut(offset, len)
+    }
+
     fn next(
         &mut self,
         (seq, step, chunk): (u64, u32, u32),
@@ -1555,7 +1569,6 @@ impl Transport for TcpTransport {
         &self,
         comm_id: u64,
         peer: usize,
-        pieces: &mut dyn Iterator<Item = ((u64, u32, u32), usize, usize)>,
         region: &mut [u8],
         deadline: Instant,
         body: &mut dyn FnMut(&mut dyn PostedRecvs) -> Result<(), Error>,
@@ -1567,10 +1580,7 @@ impl Transport for TcpTransport {
             _ => return super::in_turn(self, comm_id, peer, region, body),
         };
         let inbox = shared.inbox(comm_id, peer);
-        let mut keys = pieces.map(|((seq, step, chunk), offset, len)| {
-            (frame_key(comm_id, seq, step, chunk), offset, len)
-        });
-        engine.with_placements(peer, region, &mut keys, shared, |placements| {
+        engine.with_placements(peer, region, shared, |placements| {
             body(&mut PlacedAhead {
                 shared,
                 engine,

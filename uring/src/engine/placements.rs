@@ -1,22 +1,28 @@
 //! Receives posted ahead of their turn.
 //!
-//! What: a caller names the frames it will take last from one link (their
-//! keys, and where each goes in one region of its memory), goes on with
-//! other work, then takes them one by one in that order. A frame that
-//! arrives after it was posted lands straight in its piece; one that came
-//! earlier waits in the sink as usual.
+//! What: a caller lends one region of its memory for a scope, posts the
+//! frames it will take from one link (each frame's key and its piece of the
+//! region) whenever it knows nothing it does before taking a frame touches
+//! that piece, and takes them in any order. A frame that arrives after it
+//! was posted lands straight in its piece; one that came earlier waits in
+//! the sink as usual. Meanwhile the caller reaches the rest of the region
+//! through the scope, which refuses any part an untaken piece overlaps.
 //!
 //! Why: in a ring's all-gather phase (and a broadcast chain) a peer's
 //! chunks arrive while this rank is still reducing or forwarding earlier
 //! ones. Posted only when reached, most of them have arrived already and
 //! cost a second copy out of a pooled buffer (about a twentieth of the CPU
-//! of a large all-reduce over TCP).
+//! of a large all-reduce over TCP). With more than two ranks those receives
+//! interleave with reductions into the same region, so pieces are posted one
+//! by one as each becomes free, not all at the start.
 //!
 //! Sound without `unsafe` here: the region stays borrowed for the whole
-//! scope, and the scope ends (on unwinding too) only once every piece is
-//! taken or withdrawn and the kernel no longer writes to it. The caller's
-//! body holds a handle, never the scope itself, so it cannot move the
-//! scope's state out of it.
+//! scope; the caller gets `&mut` access only to parts no untaken piece
+//! overlaps (checked on every access), and to a piece only once it is taken
+//! and the kernel is done with it; the scope ends (on unwinding too) only
+//! once every piece is taken or withdrawn and the kernel no longer writes
+//! to it. The caller's body holds a handle, never the scope itself, so it
+//! cannot move the scope's state out of it.
 
 use super::{FrameEngine, FrameKey, FrameSink, MAX_TURN, PlaceRequest, Placement, lock};
 use std::time::Instant;
@@ -29,25 +35,26 @@ pub(crate) struct Posted {
     len: usize,
 }
 
+impl Posted {
+    fn overlaps(&self, offset: usize, len: usize) -> bool {
+        self.len > 0 && len > 0 && offset < self.offset + self.len && self.offset < offset + len
+    }
+}
+
 struct Scope<'r> {
     engine: &'r FrameEngine,
     sink: &'r dyn FrameSink,
+    link: usize,
     region: &'r mut [u8],
-    /// `spare.posted`: the pieces in posting order. The storage goes back
-    /// to the engine for reuse.
+    /// `spare.posted`: the pieces posted and not yet taken. The storage
+    /// goes back to the engine for reuse.
     spare: Spare,
-    /// Index of the next piece to take.
-    next: usize,
-    /// Why nothing was posted (pieces outside the region or overlapping).
-    refused: Option<String>,
 }
 
 /// Storage the scopes reuse, so steady-state ops allocate nothing.
 #[derive(Default)]
 pub(crate) struct Spare {
     posted: Vec<Posted>,
-    /// The pieces' (offset, len), sorted to check that none overlap.
-    sorted: Vec<(usize, usize)>,
 }
 
 /// The caller's handle on posted receives (see
@@ -57,88 +64,81 @@ pub struct Placements<'s, 'r> {
 }
 
 impl FrameEngine {
-    /// Posts a receive for each of `pieces` (a frame key, and the offset
-    /// and length of its piece of `region`; pieces must not overlap), runs
-    /// `body`, and returns once the kernel no longer writes to `region`:
-    /// pieces `body` did not take are withdrawn (one being filled is waited
-    /// for). `body` takes the pieces in posting order with
-    /// [`Placements::take`], and may drive the engine for other work
-    /// meanwhile. Pieces that leave the region or overlap are refused as a
-    /// whole: nothing is posted and every take fails saying why.
+    /// Lends `region` for receives posted on `link` while `body` runs, and
+    /// returns once the kernel no longer writes to it: pieces `body` did not
+    /// take are withdrawn (one being filled is waited for). `body` posts
+    /// pieces with [`Placements::post`], takes them with
+    /// [`Placements::take`], reaches the rest of the region with
+    /// [`Placements::region_mut`], and may drive the engine for other work
+    /// meanwhile.
     pub fn with_placements<R>(
         &self,
         link: usize,
         region: &mut [u8],
-        pieces: &mut dyn Iterator<Item = (FrameKey, usize, usize)>,
         sink: &dyn FrameSink,
         body: impl FnOnce(Placements<'_, '_>) -> R,
     ) -> R {
-        let mut spare = std::mem::take(&mut *lock(&self.spare_placements));
-        spare.posted.extend(pieces.map(|(key, offset, len)| Posted {
-            id: 0,
-            key,
-            offset,
-            len,
-        }));
-        let refused = refusal(&spare.posted, region.len(), &mut spare.sorted);
-        if refused.is_some() {
-            spare.posted.clear();
-        }
-        {
-            let mut st = lock(&self.state);
-            for p in &mut spare.posted {
-                p.id = st.next_id;
-                st.next_id += 1;
-                st.queued.placements.push(PlaceRequest {
-                    id: p.id,
-                    link,
-                    key: p.key,
-                    ptr: region[p.offset..].as_mut_ptr(),
-                    len: p.len,
-                });
-            }
-            self.poke_if_driving(&st);
-        }
+        let spare = std::mem::take(&mut *lock(&self.spare_placements));
         let mut scope = Scope {
             engine: self,
             sink,
+            link,
             region,
             spare,
-            next: 0,
-            refused,
         };
         body(Placements { scope: &mut scope })
     }
 }
 
-/// Why `pieces` cannot be posted in a region of `size` bytes, if they
-/// cannot: one leaves it, or two overlap (`sorted` is scratch space).
-fn refusal(pieces: &[Posted], size: usize, sorted: &mut Vec<(usize, usize)>) -> Option<String> {
-    sorted.clear();
-    sorted.extend(pieces.iter().map(|p| (p.offset, p.len)));
-    sorted.sort_unstable();
-    let mut end = 0;
-    for &(offset, len) in sorted.iter() {
-        let Some(this_end) = offset.checked_add(len).filter(|&e| e <= size) else {
-            return Some(format!(
+impl Placements<'_, '_> {
+    /// Posts a receive of frame `key` into the `len` bytes at `offset`: from
+    /// now on the frame lands there if it has not arrived yet. Refused (and
+    /// nothing posted) if the piece leaves the region or overlaps a piece
+    /// posted and not yet taken.
+    pub fn post(&mut self, key: FrameKey, offset: usize, len: usize) -> Result<(), String> {
+        let scope = &mut *self.scope;
+        let size = scope.region.len();
+        if offset.checked_add(len).is_none_or(|end| end > size) {
+            return Err(format!(
                 "a piece of {len} bytes at {offset} leaves the {size}-byte region"
             ));
-        };
-        if len > 0 && offset < end {
-            return Some(format!("the piece at {offset} overlaps the one before it"));
         }
-        end = end.max(this_end);
+        if let Some(p) = scope.spare.posted.iter().find(|p| p.overlaps(offset, len)) {
+            return Err(format!(
+                "the piece of {len} bytes at {offset} overlaps the untaken one of {} at {}",
+                p.len, p.offset
+            ));
+        }
+        if scope.spare.posted.iter().any(|p| p.key == key) {
+            return Err(format!("frame {key:?} is posted already"));
+        }
+        let mut st = lock(&scope.engine.state);
+        let id = st.next_id;
+        st.next_id += 1;
+        st.queued.placements.push(PlaceRequest {
+            id,
+            link: scope.link,
+            key,
+            ptr: scope.region[offset..].as_mut_ptr(),
+            len,
+        });
+        scope.engine.poke_if_driving(&st);
+        drop(st);
+        scope.spare.posted.push(Posted {
+            id,
+            key,
+            offset,
+            len,
+        });
+        Ok(())
     }
-    None
-}
 
-impl Placements<'_, '_> {
-    /// Waits for the next posted piece, which must be the frame `key` of
+    /// Waits for the posted frame `key`, which must have been posted as
     /// `len` bytes at `offset`, and returns how it ended (as
     /// [`FrameEngine::receive_in_place`]: `Stopped` once `stop` answers,
     /// unless the frame was being received already) with the piece's
-    /// memory. The piece is taken either way. Asking for any other frame
-    /// fails without taking anything.
+    /// memory. The piece is taken either way. Asking for a frame not posted
+    /// so fails without taking anything.
     pub fn take<S>(
         &mut self,
         key: FrameKey,
@@ -148,37 +148,43 @@ impl Placements<'_, '_> {
         stop: &mut dyn FnMut() -> Option<S>,
     ) -> (Placement<S>, &mut [u8]) {
         let scope = &mut *self.scope;
-        if let Some(why) = &scope.refused {
+        let Some(i) = scope.spare.posted.iter().position(|p| p.key == key) else {
             return (
-                Placement::Failed(format!("nothing was posted: {why}")),
-                &mut [],
-            );
-        }
-        let Some(piece) = scope.spare.posted.get(scope.next) else {
-            return (
-                Placement::Failed("no posted receive is left to take".into()),
+                Placement::Failed(format!("frame {key:?} was not posted")),
                 &mut [],
             );
         };
-        if (piece.key, piece.offset, piece.len) != (key, offset, len) {
+        let piece = &scope.spare.posted[i];
+        if (piece.offset, piece.len) != (offset, len) {
             return (
                 Placement::Failed(format!(
-                    "the next posted receive is frame {:?} of {} bytes at {}, not {key:?} of {len} at {offset}",
-                    piece.key, piece.len, piece.offset
+                    "frame {key:?} was posted as {} bytes at {}, not {len} at {offset}",
+                    piece.len, piece.offset
                 )),
                 &mut [],
             );
         }
         let id = piece.id;
-        scope.next += 1;
+        scope.spare.posted.swap_remove(i);
         let outcome = scope.engine.await_placement(id, until, scope.sink, stop);
         (outcome, &mut scope.region[offset..offset + len])
+    }
+
+    /// The `len` bytes at `offset`, unless they leave the region or a
+    /// piece posted and not yet taken overlaps them (the kernel may be
+    /// writing there).
+    pub fn region_mut(&mut self, offset: usize, len: usize) -> Option<&mut [u8]> {
+        let scope = &mut *self.scope;
+        if scope.spare.posted.iter().any(|p| p.overlaps(offset, len)) {
+            return None;
+        }
+        scope.region.get_mut(offset..offset.checked_add(len)?)
     }
 }
 
 impl Drop for Scope<'_> {
     fn drop(&mut self) {
-        let untaken = &self.spare.posted[self.next..];
+        let untaken = &self.spare.posted;
         if !untaken.is_empty() {
             let mut st = lock(&self.engine.state);
             st.queued.withdrawals.extend(untaken.iter().map(|p| p.id));

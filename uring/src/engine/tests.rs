@@ -599,7 +599,6 @@ fn posted_placements_land_in_place_while_the_caller_works_and_the_rest_are_withd
     // Pieces in any order: the last frame's goes first in the region.
     let offsets = [lens[3], lens[3] + lens[0], lens[3] + lens[0] + lens[1], 0];
     let mut region = vec![0u8; lens.iter().sum()];
-    let mut pieces = (0..4).map(|i| ([lens[i] as u64, 0, 0], offsets[i], lens[i]));
     let sender = {
         let ea = ea.clone();
         std::thread::spawn(move || {
@@ -610,17 +609,28 @@ fn posted_placements_land_in_place_while_the_caller_works_and_the_rest_are_withd
         })
     };
     let far = Instant::now() + Duration::from_secs(30);
-    eb.with_placements(0, &mut region, &mut pieces, &sink, |mut placed| {
+    let key = |i: usize| [lens[i] as u64, 0, 0];
+    eb.with_placements(0, &mut region, &sink, |mut placed| {
+        for i in 0..4 {
+            placed.post(key(i), offsets[i], lens[i]).unwrap();
+        }
+        // The caller reaches the region around its untaken pieces only.
+        assert!(placed.region_mut(offsets[1] + 10, 5).is_none());
+        assert!(placed.region_mut(0, lens[3] + 1).is_none());
+        assert!(placed.region_mut(lens.iter().sum(), 1).is_none());
         // Other work first: the frames arrive meanwhile and are placed.
         wait_for(&eb, &sink, |_| sender.is_finished());
-        let key = [lens[1] as u64, 0, 0];
-        let (got, piece) = placed.take(key, offsets[1], lens[1], far, &mut || None::<()>);
+        let (got, piece) = placed.take([9, 9, 9], 0, 1, far, &mut || None::<()>);
         assert!(
             matches!(got, Placement::Failed(_)) && piece.is_empty(),
-            "only the next posted piece may be taken: {got:?}"
+            "only a posted frame may be taken: {got:?}"
         );
-        let key = [lens[0] as u64, 0, 0];
-        let (got, piece) = placed.take(key, offsets[0], lens[0], far, &mut || {
+        let (got, piece) = placed.take(key(1), offsets[1], 7, far, &mut || None::<()>);
+        assert!(
+            matches!(got, Placement::Failed(_)) && piece.is_empty(),
+            "a frame is taken as it was posted: {got:?}"
+        );
+        let (got, piece) = placed.take(key(0), offsets[0], lens[0], far, &mut || {
             (!lock(&sink.frames).is_empty()).then_some("in the sink")
         });
         assert!(matches!(got, Placement::Stopped("in the sink")), "{got:?}");
@@ -628,12 +638,17 @@ fn posted_placements_land_in_place_while_the_caller_works_and_the_rest_are_withd
             piece.iter().all(|b| *b == 0),
             "a stopped piece stays untouched"
         );
-        for i in [1, 2] {
+        // Taken in the other order than posted.
+        for i in [2, 1] {
             let (len, mut late) = (lens[i], || (Instant::now() >= far).then_some("late"));
-            let (got, piece) = placed.take([len as u64, 0, 0], offsets[i], len, far, &mut late);
+            let (got, piece) = placed.take(key(i), offsets[i], len, far, &mut late);
             assert!(matches!(got, Placement::Placed(_)), "{len}: {got:?}");
             assert!(piece == frame(len), "piece of {len} bytes differs");
         }
+        let whole = placed
+            .region_mut(lens[3], lens[0] + lens[1] + lens[2])
+            .unwrap();
+        assert!(whole[lens[0]..] == [frame(lens[1]), frame(lens[2])].concat());
         // The last piece is never taken: the scope withdraws it.
     });
     sender.join().unwrap();
@@ -646,29 +661,34 @@ fn posted_placements_land_in_place_while_the_caller_works_and_the_rest_are_withd
 }
 
 #[test]
-fn overlapping_pieces_are_refused_and_every_take_says_why() {
+fn pieces_that_overlap_an_untaken_one_or_leave_the_region_are_refused() {
     let e = engine(1);
     let (a, _b) = UnixStream::pair().unwrap();
     e.add_link(0, a.into());
     let sink = Sink::default();
     let far = Instant::now() + Duration::from_secs(30);
-    for (pieces, why) in [
-        (vec![(0, 100), (50, 100)], "overlaps"),
-        (vec![(0, 100), (150, 100)], "leaves"),
-    ] {
-        let mut region = vec![0u8; 200];
-        let mut iter = pieces
-            .iter()
-            .map(|&(offset, len)| ([len as u64, 0, 0], offset, len));
-        e.with_placements(0, &mut region, &mut iter, &sink, |mut placed| {
-            let (got, piece) = placed.take([100, 0, 0], 0, 100, far, &mut || None::<()>);
-            assert!(piece.is_empty());
-            let Placement::Failed(reason) = got else {
-                panic!("{pieces:?} posted: {got:?}");
-            };
-            assert!(reason.contains(why), "{pieces:?}: {reason}");
-        });
-    }
+    let mut region = vec![0u8; 200];
+    e.with_placements(0, &mut region, &sink, |mut placed| {
+        placed.post([1, 0, 0], 0, 100).unwrap();
+        let why = placed.post([2, 0, 0], 50, 100).unwrap_err();
+        assert!(why.contains("overlaps"), "{why}");
+        let why = placed.post([2, 0, 0], 150, 100).unwrap_err();
+        assert!(why.contains("leaves"), "{why}");
+        let why = placed.post([1, 0, 0], 100, 10).unwrap_err();
+        assert!(why.contains("posted already"), "{why}");
+        // A refused piece was not posted: taking it fails.
+        let (got, piece) = placed.take([2, 0, 0], 50, 100, far, &mut || None::<()>);
+        assert!(piece.is_empty());
+        let Placement::Failed(reason) = got else {
+            panic!("a refused piece was taken: {got:?}");
+        };
+        assert!(reason.contains("not posted"), "{reason}");
+        // Once the first is taken (stopped at once: no frame comes), its
+        // place may be posted again.
+        let (got, _) = placed.take([1, 0, 0], 0, 100, far, &mut || Some("no frame"));
+        assert!(matches!(got, Placement::Stopped("no frame")), "{got:?}");
+        placed.post([2, 0, 0], 50, 100).unwrap();
+    });
 }
 
 #[test]
@@ -713,7 +733,6 @@ fn a_scope_that_ends_mid_frame_waits_until_the_piece_is_whole() {
     let sink = Sink::default();
     let p = payload(4); // 1 MiB: received in place after its header
     let mut region = vec![0u8; p.len()];
-    let mut pieces = std::iter::once(([p.len() as u64, 0, 0], 0, p.len()));
     let writer = {
         let p = p.clone();
         std::thread::spawn(move || {
@@ -726,7 +745,8 @@ fn a_scope_that_ends_mid_frame_waits_until_the_piece_is_whole() {
         })
     };
     let started = Instant::now();
-    e.with_placements(0, &mut region, &mut pieces, &sink, |_placed| {
+    e.with_placements(0, &mut region, &sink, |mut placed| {
+        placed.post([p.len() as u64, 0, 0], 0, p.len()).unwrap();
         // Drive for 40 ms (the header and half the payload arrive, the
         // rest is awaited in place), then leave without taking the piece.
         let until = started + Duration::from_millis(40);
