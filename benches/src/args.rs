@@ -39,6 +39,10 @@ pub(crate) struct Args {
     pub(crate) link_limit: bool,
     /// Bytes each side of the link limit streams from / into (cycled).
     pub(crate) link_buffer: usize,
+    /// `--link-buffer op`: the limits around a size stream from buffers as
+    /// large as that size's payload (the limit before the sweep keeps
+    /// `link_buffer`).
+    pub(crate) link_buffer_op: bool,
     pub(crate) json: Option<String>,
     pub(crate) csv: Option<String>,
     pub(crate) plot: Option<String>,
@@ -76,7 +80,8 @@ ops: all_reduce broadcast reduce all_gather reduce_scatter all_to_all barrier se
                      and show busbw as a percentage of it; from 1 MiB, of the mean of
                      two limits measured just before and just after that size
       --link-buffer S  buffer the link limit streams from and into (default 4M: fits in
-                     cache; as large as the op, e.g. 256M, it streams memory like the op)
+                     cache; as large as the op, e.g. 256M, it streams memory like the op;
+                     `op`: from 1 MiB, each size's limits stream from buffers of its size)
       --json FILE    write the rows as JSON
       --csv FILE     write the rows as CSV
       --plot FILE    write busbw against size as SVG
@@ -126,6 +131,7 @@ pub(crate) fn parse(args: &[String]) -> Result<Args, String> {
         links: LinksChoice::Unix,
         link_limit: false,
         link_buffer: 4 << 20,
+        link_buffer_op: false,
         json: None,
         csv: None,
         plot: None,
@@ -194,12 +200,15 @@ pub(crate) fn parse(args: &[String]) -> Result<Args, String> {
                 }
             }
             "--link-limit" => a.link_limit = true,
-            "--link-buffer" => {
-                a.link_buffer = parse_size(&value()?)?;
-                if a.link_buffer == 0 {
-                    return Err("--link-buffer: must be at least 1 byte".into());
+            "--link-buffer" => match value()?.as_str() {
+                "op" => a.link_buffer_op = true,
+                v => {
+                    a.link_buffer = parse_size(v)?;
+                    if a.link_buffer == 0 {
+                        return Err("--link-buffer: must be at least 1 byte".into());
+                    }
                 }
-            }
+            },
             "--local-links" => {
                 a.links = match value()?.as_str() {
                     "unix" => LinksChoice::Unix,
@@ -319,6 +328,9 @@ mod tests {
         let big = args(&["all_reduce", "--link-buffer", "256M"]).unwrap();
         assert_eq!(big.link_buffer, 256 << 20);
         assert!(args(&["all_reduce", "--link-buffer", "0"]).is_err());
+        let op = args(&["all_reduce", "--link-buffer", "op"]).unwrap();
+        assert!(op.link_buffer_op && !big.link_buffer_op);
+        assert_eq!(op.link_buffer, 4 << 20);
     }
 
     #[test]

@@ -19,17 +19,33 @@ type Accept = Box<dyn FnOnce() -> std::io::Result<Box<dyn Read + Send>> + Send>;
 /// Connects to the successor.
 type Connect = Box<dyn FnOnce() -> Result<Box<dyn Write>, String>>;
 
-/// Bytes/s (as GB/s) of the slowest rank, or `None` for a single rank;
-/// over TCP, or (`unix`) over Unix-domain sockets as ringwire links ranks on
-/// one host. Each side cycles through a `buffer`-byte buffer: one that fits
-/// in cache gives the links' own limit; one as large as an op streams
-/// memory as that op must.
+/// One measurement of the ring link limit.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct LinkLimit {
+    /// Bytes/s (as GB/s) of the slowest rank.
+    pub(crate) gbps: f64,
+    /// CPU seconds (user + system, all ranks) per GB each rank streamed:
+    /// the stream's cost per byte of bus traffic, to set beside an op's
+    /// CPU per GB divided by its bus factor.
+    pub(crate) cpu_s_per_gb: f64,
+    /// Cores the ranks kept busy on average (CPU seconds over the
+    /// slowest rank's wall time): below the host's cores, the stream is
+    /// not CPU-bound.
+    pub(crate) cores_busy: f64,
+    /// Bytes of the buffers each side streamed from and into.
+    pub(crate) buffer: usize,
+}
+
+/// The limit, or `None` for a single rank; over TCP, or (`unix`) over
+/// Unix-domain sockets as ringwire links ranks on one host. Each side
+/// cycles through a `buffer`-byte buffer: one that fits in cache gives the
+/// links' own limit; one as large as an op streams memory as that op must.
 pub(crate) fn measure(
     ctrl: &Communicator,
     bytes: usize,
     unix: bool,
     buffer: usize,
-) -> Result<Option<f64>, String> {
+) -> Result<Option<LinkLimit>, String> {
     let (rank, world) = (ctrl.rank(), ctrl.world_size());
     if world < 2 {
         return Ok(None);
@@ -117,6 +133,7 @@ pub(crate) fn measure(
     let mut out = connect()?;
     let source = vec![0x5Au8; buffer];
     ctrl.barrier().wait().map_err(|e| e.to_string())?;
+    let cpu_before = crate::cpu_and_rss().0;
     let start = Instant::now();
     let (mut left, mut at) = (bytes, 0);
     while left > 0 {
@@ -130,10 +147,22 @@ pub(crate) fn measure(
         .join()
         .map_err(|_| "link-limit reader panicked".to_string())??;
     let secs = sent.max(received).duration_since(start).as_secs_f64();
-    let rate = bytes as f64 / secs / 1e9;
+    // The reader thread has ended, so the process's CPU time includes it.
+    let cpu = crate::cpu_and_rss().0 - cpu_before;
+    let e = |e: ringwire::Error| e.to_string();
     let slowest = ctrl
-        .all_reduce(vec![rate], ReduceOp::Min)
+        .all_reduce(vec![secs], ReduceOp::Max)
         .wait()
-        .map_err(|e| e.to_string())?[0];
-    Ok(Some(slowest))
+        .map_err(e)?[0];
+    let cpu = ctrl
+        .all_reduce(vec![cpu], ReduceOp::Sum)
+        .wait()
+        .map_err(e)?[0];
+    let gb = bytes as f64 / 1e9;
+    Ok(Some(LinkLimit {
+        gbps: gb / slowest,
+        cpu_s_per_gb: cpu / gb,
+        cores_busy: cpu / slowest,
+        buffer,
+    }))
 }

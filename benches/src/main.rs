@@ -12,6 +12,7 @@
 mod args;
 mod certs;
 mod linklimit;
+use linklimit::LinkLimit;
 mod ops;
 mod plot;
 mod report;
@@ -438,46 +439,55 @@ fn run_rank(a: &Args) -> Result<bool, String> {
     // the sweep, and again around every size from `BRACKET_FROM` bytes so
     // that a size is compared with the limit of its own moment (this VM's
     // speed drifts 2x within minutes).
-    let measure_limits = |bytes: usize| -> Result<Vec<(&str, Option<f64>)>, String> {
-        let mut limits: Vec<(&str, Option<f64>)> = Vec::new();
-        for &kind in &kinds {
-            if kind == "none" || limits.iter().any(|(k, _)| *k == kind) {
-                continue;
+    let measure_limits =
+        |bytes: usize, buffer: usize| -> Result<Vec<(&str, Option<LinkLimit>)>, String> {
+            let mut limits: Vec<(&str, Option<LinkLimit>)> = Vec::new();
+            for &kind in &kinds {
+                if kind == "none" || limits.iter().any(|(k, _)| *k == kind) {
+                    continue;
+                }
+                let l = linklimit::measure(&ctrl, bytes, kind == "unix", buffer)?;
+                limits.push((kind, l));
             }
-            let l = linklimit::measure(&ctrl, bytes, kind == "unix", a.link_buffer)?;
-            limits.push((kind, l));
-        }
-        Ok(limits)
-    };
-    let limit_in = |limits: &[(&str, Option<f64>)], kind: &str| {
+            Ok(limits)
+        };
+    let limit_in = |limits: &[(&str, Option<LinkLimit>)], kind: &str| {
         limits.iter().find(|(k, _)| *k == kind).and_then(|l| l.1)
     };
-    let mut limits: Vec<(&str, Option<f64>)> = Vec::new();
+    let mut limits: Vec<(&str, Option<LinkLimit>)> = Vec::new();
     if a.link_limit {
         let bytes = 256 << 20;
-        limits = measure_limits(bytes)?;
+        limits = measure_limits(bytes, a.link_buffer)?;
         if lead {
             for (kind, l) in &limits {
                 match l {
-                    Some(gbps) => println!(
-                        "# ring link limit ({kind}): {gbps:.3} GB/s (every rank streams {} MiB to its successor at once over plain {kind} sockets, from and into {} buffers)",
+                    Some(l) => println!(
+                        "# ring link limit ({kind}): {:.3} GB/s (every rank streams {} MiB to its successor at once over plain {kind} sockets, from and into {} buffers); {:.3} CPU s per GB streamed, all ranks, {:.2} cores busy",
+                        l.gbps,
                         bytes >> 20,
-                        report::human_bytes(a.link_buffer)
+                        report::human_bytes(a.link_buffer),
+                        l.cpu_s_per_gb,
+                        l.cores_busy,
                     ),
                     None => println!("# ring link limit: n/a for one rank"),
                 }
             }
             if limits.iter().any(|(_, l)| l.is_some()) {
                 println!(
-                    "# from {} the link column compares each size with the mean of the limits measured just before and just after it ({} MiB streams)",
+                    "# from {} the link column compares each size with the mean of the limits measured just before and just after it ({} MiB streams{})",
                     report::human_bytes(BRACKET_FROM),
-                    BRACKET_BYTES >> 20
+                    BRACKET_BYTES >> 20,
+                    if a.link_buffer_op {
+                        ", from and into buffers as large as the size"
+                    } else {
+                        ""
+                    }
                 );
             }
         }
     }
-    let link_limit = limit_in(&limits, "tcp");
-    let link_limit_unix = limit_in(&limits, "unix");
+    let link_limit = limit_in(&limits, "tcp").map(|l| l.gbps);
+    let link_limit_unix = limit_in(&limits, "unix").map(|l| l.gbps);
     if lead {
         println!("{}", report::header());
     }
@@ -485,17 +495,27 @@ fn run_rank(a: &Args) -> Result<bool, String> {
     let mut total_wrong = 0u64;
     let elem = a.dtype.size();
     // Limits measured just after the previous size, if it was bracketed.
-    let mut before: Option<Vec<(&str, Option<f64>)>> = None;
+    let mut before: Option<Vec<(&str, Option<LinkLimit>)>> = None;
     // (kind, lowest, highest) of the bracketing limits, for the summary.
-    let mut drift: Vec<(&str, f64, f64)> = Vec::new();
+    // and the lowest and highest CPU per GB streamed.
+    let mut drift: Vec<(&str, [f64; 2], [f64; 2])> = Vec::new();
     for size in args::sizes(a) {
         let payload = a.op.shape(size, elem, world).bytes;
         if a.op != BenchOp::Barrier && payload == 0 {
             continue;
         }
         let bracket = a.link_limit && world > 1 && payload >= BRACKET_FROM;
+        // `--link-buffer op`: streams from buffers as large as this size's
+        // payload, as the op must (so the limit after the previous size,
+        // from smaller buffers, does not serve as this one's before).
+        let buffer = if a.link_buffer_op {
+            before = None;
+            payload
+        } else {
+            a.link_buffer
+        };
         if bracket && before.is_none() {
-            before = Some(measure_limits(BRACKET_BYTES)?);
+            before = Some(measure_limits(BRACKET_BYTES, buffer)?);
         }
         let first_row = rows.len();
         for ((name, comm), kind) in comms.iter().zip(&kinds) {
@@ -560,28 +580,36 @@ fn run_rank(a: &Args) -> Result<bool, String> {
                 max_us: us(hist.max()),
                 cpu_s_per_gb: (moved_gb > 0.0).then(|| cpu / moved_gb),
                 link_pct: None,
-                link_limit_gbps: limit_in(&limits, kind),
+                link_limit_gbps: limit_in(&limits, kind).map(|l| l.gbps),
+                link_cpu_s_per_gb: limit_in(&limits, kind).map(|l| l.cpu_s_per_gb),
+                link_buffer_bytes: limit_in(&limits, kind).map(|l| l.buffer),
                 link_kind: kind.to_string(),
                 max_rss_kib: cpu_and_rss().1,
             };
             rows.push(row);
         }
         if bracket {
-            let after = measure_limits(BRACKET_BYTES)?;
+            let after = measure_limits(BRACKET_BYTES, buffer)?;
             let around = before.replace(after.clone()).unwrap_or_default();
             for row in &mut rows[first_row..] {
                 if let (Some(x), Some(y)) = (
                     limit_in(&around, &row.link_kind),
                     limit_in(&after, &row.link_kind),
                 ) {
-                    row.link_limit_gbps = Some((x + y) / 2.0);
+                    row.link_limit_gbps = Some((x.gbps + y.gbps) / 2.0);
+                    row.link_cpu_s_per_gb = Some((x.cpu_s_per_gb + y.cpu_s_per_gb) / 2.0);
+                    row.link_buffer_bytes = Some(buffer);
                 }
             }
             for (kind, l) in around.iter().chain(&after) {
                 let Some(l) = *l else { continue };
+                let (gbps, cpu) = (l.gbps, l.cpu_s_per_gb);
                 match drift.iter_mut().find(|d| d.0 == *kind) {
-                    Some(d) => (d.1, d.2) = (d.1.min(l), d.2.max(l)),
-                    None => drift.push((kind, l, l)),
+                    Some((_, low, high)) => {
+                        *low = [low[0].min(gbps), low[1].min(cpu)];
+                        *high = [high[0].max(gbps), high[1].max(cpu)];
+                    }
+                    None => drift.push((kind, [gbps, cpu], [gbps, cpu])),
                 }
             }
         } else {
@@ -604,8 +632,12 @@ fn run_rank(a: &Args) -> Result<bool, String> {
     if lead {
         for (kind, low, high) in &drift {
             println!(
-                "# ring link limit ({kind}) around the sizes from {}: {low:.3} to {high:.3} GB/s",
-                report::human_bytes(BRACKET_FROM)
+                "# ring link limit ({kind}) around the sizes from {}: {:.3} to {:.3} GB/s, {:.3} to {:.3} CPU s per GB streamed",
+                report::human_bytes(BRACKET_FROM),
+                low[0],
+                high[0],
+                low[1],
+                high[1],
             );
         }
         for (t, avg) in report::averages(&rows) {

@@ -30,6 +30,12 @@ pub(crate) struct Row {
     /// limits measured just before and after this size where it was
     /// bracketed, else the limit measured before the sweep.
     pub(crate) link_limit_gbps: Option<f64>,
+    /// That limit's own CPU seconds (all ranks) per GB each rank streamed;
+    /// set beside `cpu_s_per_gb` over the op's bus factor, it shows how much
+    /// more CPU a byte of the op's bus traffic costs than a plain stream's.
+    pub(crate) link_cpu_s_per_gb: Option<f64>,
+    /// Bytes of the buffers that limit streamed from and into.
+    pub(crate) link_buffer_bytes: Option<usize>,
     /// The kind of link (tcp, unix) this row's ring ran over.
     pub(crate) link_kind: String,
     /// Peak resident memory of rank 0 (KiB) after this row.
@@ -176,13 +182,13 @@ pub(crate) fn ratios(rows: &[Row]) -> Option<String> {
 
 pub(crate) fn csv(rows: &[Row]) -> String {
     let mut s = String::from(
-        "transport,size_bytes,count,dtype,redop,root,iters,time_us,algbw_gbps,busbw_gbps,wrong,p50_us,p99_us,max_us,cpu_s_per_gb,link_pct,link_limit_gbps,link_kind,max_rss_kib\n",
+        "transport,size_bytes,count,dtype,redop,root,iters,time_us,algbw_gbps,busbw_gbps,wrong,p50_us,p99_us,max_us,cpu_s_per_gb,link_pct,link_limit_gbps,link_cpu_s_per_gb,link_buffer_bytes,link_kind,max_rss_kib\n",
     );
     for r in rows {
         let o = |v: Option<f64>| v.map_or(String::new(), |x| x.to_string());
         let _ = writeln!(
             s,
-            "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}",
+            "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}",
             r.transport,
             r.size_bytes,
             r.count,
@@ -200,6 +206,8 @@ pub(crate) fn csv(rows: &[Row]) -> String {
             o(r.cpu_s_per_gb),
             o(r.link_pct),
             o(r.link_limit_gbps),
+            o(r.link_cpu_s_per_gb),
+            r.link_buffer_bytes.map_or(String::new(), |b| b.to_string()),
             r.link_kind,
             r.max_rss_kib
         );
@@ -240,6 +248,8 @@ mod tests {
             cpu_s_per_gb: Some(0.5),
             link_pct: None,
             link_limit_gbps: None,
+            link_cpu_s_per_gb: None,
+            link_buffer_bytes: None,
             link_kind: "tcp".into(),
             max_rss_kib: 1,
         }

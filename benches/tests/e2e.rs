@@ -16,6 +16,21 @@ fn bench(args: &[&str]) -> (bool, String, String) {
     )
 }
 
+/// Runs the bench with `args` and `--json`; asserts it succeeded and
+/// returns its stdout and the JSON document.
+fn bench_json(name: &str, args: &[&str]) -> (String, serde_json::Value) {
+    let dir = std::env::temp_dir().join(format!("ringwire-bench-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let json = dir.join("r.json");
+    let mut all = args.to_vec();
+    all.extend(["--json", json.to_str().unwrap()]);
+    let (ok, out, err) = bench(&all);
+    assert!(ok, "{out}\n{err}");
+    let doc = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    std::fs::remove_dir_all(&dir).ok();
+    (out, doc)
+}
+
 /// The #wrong column of every data row (the short rows after the table
 /// compare transports, size by size).
 fn wrong_column(stdout: &str) -> Vec<u64> {
@@ -184,42 +199,41 @@ fn json_csv_and_plot_are_written_and_link_limit_shown() {
 
 #[test]
 fn sizes_from_1_mib_are_compared_with_the_link_limit_around_them() {
-    let dir = std::env::temp_dir().join(format!("ringwire-bench-bracket-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let json = dir.join("r.json");
-    let (ok, out, err) = bench(&[
-        "all_reduce",
-        "--ranks",
-        "2",
-        "-b",
-        "256K",
-        "-e",
-        "1M",
-        "-f",
-        "4",
-        "-n",
-        "2",
-        "-w",
-        "1",
-        "--link-limit",
-        "--local-links",
-        "tcp",
-        "--json",
-        json.to_str().unwrap(),
-    ]);
-    assert!(ok, "{out}\n{err}");
+    let (out, doc) = bench_json(
+        "bracket",
+        &[
+            "all_reduce",
+            "--ranks",
+            "2",
+            "-b",
+            "256K",
+            "-e",
+            "1M",
+            "-f",
+            "4",
+            "-n",
+            "2",
+            "-w",
+            "1",
+            "--link-limit",
+            "--local-links",
+            "tcp",
+        ],
+    );
     assert!(
-        out.contains("# ring link limit (tcp) around the sizes from 1 MiB:"),
+        out.contains("# ring link limit (tcp) around the sizes from 1 MiB:")
+            && out.contains("CPU s per GB streamed"),
         "{out}"
     );
-    let doc: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     let headline = doc["link_limit_gbps"].as_f64().unwrap();
     let rows = doc["rows"].as_array().unwrap();
     let tcp_rows: Vec<_> = rows.iter().filter(|r| r["link_kind"] == "tcp").collect();
     assert_eq!(tcp_rows.len(), 2 * transports(), "{doc}");
     for r in tcp_rows {
         let limit = r["link_limit_gbps"].as_f64().unwrap();
+        // The stream's own CPU cost comes with it (all ranks' CPU time).
+        let link_cpu = r["link_cpu_s_per_gb"].as_f64().unwrap();
+        assert!(link_cpu > 0.0 && link_cpu.is_finite(), "{r}");
         let pct = r["link_pct"].as_f64().unwrap();
         let busbw = r["busbw_gbps"].as_f64().unwrap();
         assert!(
@@ -235,7 +249,44 @@ fn sizes_from_1_mib_are_compared_with_the_link_limit_around_them() {
             assert_ne!(limit, headline, "{r}");
         }
     }
-    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn link_buffer_op_streams_each_sizes_limits_from_buffers_of_its_size() {
+    let (out, doc) = bench_json(
+        "opbuf",
+        &[
+            "all_reduce",
+            "--ranks",
+            "2",
+            "-b",
+            "512K",
+            "-e",
+            "2M",
+            "-f",
+            "4",
+            "-n",
+            "2",
+            "-w",
+            "1",
+            "--transport",
+            "uring",
+            "--link-limit",
+            "--link-buffer",
+            "op",
+        ],
+    );
+    assert!(out.contains("buffers as large as the size"), "{out}");
+    let rows = doc["rows"].as_array().unwrap();
+    let buffer_of = |size: u64| {
+        let row = rows.iter().find(|r| r["size_bytes"] == size).unwrap();
+        assert!(row["link_cpu_s_per_gb"].as_f64().unwrap() > 0.0, "{row}");
+        row["link_buffer_bytes"].as_u64()
+    };
+    // Below 1 MiB, the limit measured before the sweep (4 MiB buffers);
+    // from 1 MiB, limits streamed from buffers the size of the op.
+    assert_eq!(buffer_of(512 << 10), Some(4 << 20), "{doc}");
+    assert_eq!(buffer_of(2 << 20), Some(2 << 20), "{doc}");
 }
 
 #[test]
