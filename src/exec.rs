@@ -155,15 +155,9 @@ impl Run<'_> {
         for (at, current) in steps.iter().enumerate() {
             if let Work::Posted { posted, ahead } = work {
                 ahead
-                    .post_due(steps, at, &mut |s| match s {
-                        Step::Recv {
-                            range, step, chunk, ..
-                        } => posted.post(
-                            (self.sig.seq, *step, *chunk),
-                            range.start * elem,
-                            range.len() * elem,
-                        ),
-                        Step::Send { .. } => Err("a send is not posted".into()),
+                    .post_due(steps, at, &mut |range, step, chunk| {
+                        let (offset, len) = (range.start * elem, range.len() * elem);
+                        posted.post((self.sig.seq, step, chunk), offset, len)
                     })
                     .map_err(|why| self.internal(format!("posting a receive ahead: {why}")))?;
             }
@@ -389,36 +383,39 @@ impl PostAhead {
         matches!(step, Step::Recv { peer, action: Action::Copy, .. } if *peer == self.peer)
     }
 
-    /// Before step `at` runs: posts (with `post`), in schedule order, every
-    /// receive whose range no step from `at` up to it touches. Every
-    /// receive is posted by the time it is reached (its own turn, at the
-    /// latest).
+    /// Before step `at` runs: posts (with `post`: the receive's range, step
+    /// and chunk), in schedule order, every receive whose range no step
+    /// from `at` up to it touches. Every receive is posted by the time it
+    /// is reached (its own turn, at the latest).
     fn post_due(
         &mut self,
         steps: &[Step],
         at: usize,
-        post: &mut dyn FnMut(&Step) -> Result<(), String>,
+        post: &mut dyn FnMut(Range<usize>, u32, u32) -> Result<(), String>,
     ) -> Result<(), String> {
         if self.blocked_by.is_some_and(|b| at <= b) {
             return Ok(());
         }
         self.blocked_by = None;
-        while let Some(step) = steps.get(self.cursor) {
+        while let Some(s) = steps.get(self.cursor) {
             let i = self.cursor;
-            if !self.posts(step) {
-                self.cursor += 1;
-                continue;
-            }
-            let range = range_of(step);
-            let touches = |s: &Step| {
-                let r = range_of(s);
-                !r.is_empty() && r.start < range.end && range.start < r.end
+            let (range, step, chunk) = match s {
+                Step::Recv {
+                    range, step, chunk, ..
+                } if self.posts(s) => (range, step, chunk),
+                _ => {
+                    self.cursor += 1;
+                    continue;
+                }
             };
-            if let Some(b) = (at..i).rev().find(|&k| touches(&steps[k])) {
+            if let Some(b) = (at..i)
+                .rev()
+                .find(|&k| overlap(&range_of(&steps[k]), range))
+            {
                 self.blocked_by = Some(b);
                 break;
             }
-            post(step)?;
+            post(range.clone(), *step, *chunk)?;
             self.cursor += 1;
         }
         Ok(())
@@ -429,6 +426,11 @@ fn range_of(s: &Step) -> Range<usize> {
     match s {
         Step::Send { range, .. } | Step::Recv { range, .. } => range.clone(),
     }
+}
+
+/// Whether two ranges share an element (empty ones share none).
+fn overlap(a: &Range<usize>, b: &Range<usize>) -> bool {
+    !a.is_empty() && !b.is_empty() && a.start < b.end && b.start < a.end
 }
 
 fn link_error(
@@ -474,9 +476,8 @@ mod tests {
     use super::*;
     use crate::algo::{all_gather_ring, all_reduce_ring, broadcast_chain, reduce_scatter_ring};
 
-    fn overlap(a: &Step, b: &Step) -> bool {
-        let (a, b) = (range_of(a), range_of(b));
-        !a.is_empty() && !b.is_empty() && a.start < b.end && b.start < a.end
+    fn touch(a: &Step, b: &Step) -> bool {
+        overlap(&range_of(a), &range_of(b))
     }
 
     /// Runs `PostAhead` over `steps` as exec does and returns, per step,
@@ -491,8 +492,12 @@ mod tests {
         let mut point = vec![None; steps.len()];
         for at in 0..steps.len() {
             ahead
-                .post_due(steps, at, &mut |s| {
-                    let i = steps.iter().position(|x| std::ptr::eq(x, s)).unwrap();
+                .post_due(steps, at, &mut |range, step, chunk| {
+                    let is = |s: &Step| {
+                        matches!(s, Step::Recv { range: r, step: t, chunk: c, .. }
+                            if (r, *t, *c) == (&range, step, chunk))
+                    };
+                    let i = steps.iter().position(is).unwrap();
                     assert_eq!(point[i], None, "step {i} posted twice");
                     point[i] = Some(at);
                     Ok(())
@@ -510,7 +515,7 @@ mod tests {
             let Some(p) = *p else { continue };
             let free_from = (0..i)
                 .rev()
-                .find(|&k| overlap(&steps[k], &steps[i]))
+                .find(|&k| touch(&steps[k], &steps[i]))
                 .map_or(0, |k| k + 1);
             assert!(
                 p >= free_from,
@@ -540,11 +545,7 @@ mod tests {
             for &i in &posted {
                 // Posted when its range is free, never held back behind
                 // another receive, and more than a round before its turn.
-                let free_from = (0..i)
-                    .rev()
-                    .find(|&k| overlap(&steps[k], &steps[i]))
-                    .unwrap()
-                    + 1;
+                let free_from = (0..i).rev().find(|&k| touch(&steps[k], &steps[i])).unwrap() + 1;
                 assert_eq!(point[i], Some(free_from), "rank {rank} step {i}");
                 assert!(
                     i - free_from > 2 * world,

@@ -506,14 +506,16 @@ fn run_rank(a: &Args) -> Result<bool, String> {
         }
         let bracket = a.link_limit && world > 1 && payload >= BRACKET_FROM;
         // `--link-buffer op`: streams from buffers as large as this size's
-        // payload, as the op must (so the limit after the previous size,
-        // from smaller buffers, does not serve as this one's before).
+        // payload, as the op must; the limit after the previous size, from
+        // smaller buffers, does not serve as this one's before.
         let buffer = if a.link_buffer_op {
-            before = None;
             payload
         } else {
             a.link_buffer
         };
+        if a.link_buffer_op {
+            before = None;
+        }
         if bracket && before.is_none() {
             before = Some(measure_limits(BRACKET_BYTES, buffer)?);
         }

@@ -191,7 +191,7 @@ pub struct FrameEngine {
     poked: Arc<AtomicBool>,
     fixed_files: bool,
     /// Storage of [`FrameEngine::with_placements`], kept for reuse.
-    spare_placements: Mutex<placements::Spare>,
+    spare_placements: Mutex<Vec<placements::Posted>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {

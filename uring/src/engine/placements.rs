@@ -46,14 +46,8 @@ struct Scope<'r> {
     sink: &'r dyn FrameSink,
     link: usize,
     region: &'r mut [u8],
-    /// `spare.posted`: the pieces posted and not yet taken. The storage
-    /// goes back to the engine for reuse.
-    spare: Spare,
-}
-
-/// Storage the scopes reuse, so steady-state ops allocate nothing.
-#[derive(Default)]
-pub(crate) struct Spare {
+    /// The pieces posted and not yet taken. The storage goes back to the
+    /// engine for reuse, so steady-state ops allocate nothing.
     posted: Vec<Posted>,
 }
 
@@ -78,13 +72,13 @@ impl FrameEngine {
         sink: &dyn FrameSink,
         body: impl FnOnce(Placements<'_, '_>) -> R,
     ) -> R {
-        let spare = std::mem::take(&mut *lock(&self.spare_placements));
+        let posted = std::mem::take(&mut *lock(&self.spare_placements));
         let mut scope = Scope {
             engine: self,
             sink,
             link,
             region,
-            spare,
+            posted,
         };
         body(Placements { scope: &mut scope })
     }
@@ -103,13 +97,13 @@ impl Placements<'_, '_> {
                 "a piece of {len} bytes at {offset} leaves the {size}-byte region"
             ));
         }
-        if let Some(p) = scope.spare.posted.iter().find(|p| p.overlaps(offset, len)) {
+        if let Some(p) = scope.posted.iter().find(|p| p.overlaps(offset, len)) {
             return Err(format!(
                 "the piece of {len} bytes at {offset} overlaps the untaken one of {} at {}",
                 p.len, p.offset
             ));
         }
-        if scope.spare.posted.iter().any(|p| p.key == key) {
+        if scope.posted.iter().any(|p| p.key == key) {
             return Err(format!("frame {key:?} is posted already"));
         }
         let mut st = lock(&scope.engine.state);
@@ -124,7 +118,7 @@ impl Placements<'_, '_> {
         });
         scope.engine.poke_if_driving(&st);
         drop(st);
-        scope.spare.posted.push(Posted {
+        scope.posted.push(Posted {
             id,
             key,
             offset,
@@ -148,13 +142,13 @@ impl Placements<'_, '_> {
         stop: &mut dyn FnMut() -> Option<S>,
     ) -> (Placement<S>, &mut [u8]) {
         let scope = &mut *self.scope;
-        let Some(i) = scope.spare.posted.iter().position(|p| p.key == key) else {
+        let Some(i) = scope.posted.iter().position(|p| p.key == key) else {
             return (
                 Placement::Failed(format!("frame {key:?} was not posted")),
                 &mut [],
             );
         };
-        let piece = &scope.spare.posted[i];
+        let piece = &scope.posted[i];
         if (piece.offset, piece.len) != (offset, len) {
             return (
                 Placement::Failed(format!(
@@ -165,7 +159,7 @@ impl Placements<'_, '_> {
             );
         }
         let id = piece.id;
-        scope.spare.posted.swap_remove(i);
+        scope.posted.swap_remove(i);
         let outcome = scope.engine.await_placement(id, until, scope.sink, stop);
         (outcome, &mut scope.region[offset..offset + len])
     }
@@ -175,16 +169,19 @@ impl Placements<'_, '_> {
     /// writing there).
     pub fn region_mut(&mut self, offset: usize, len: usize) -> Option<&mut [u8]> {
         let scope = &mut *self.scope;
-        if scope.spare.posted.iter().any(|p| p.overlaps(offset, len)) {
+        let end = offset
+            .checked_add(len)
+            .filter(|&end| end <= scope.region.len())?;
+        if scope.posted.iter().any(|p| p.overlaps(offset, len)) {
             return None;
         }
-        scope.region.get_mut(offset..offset.checked_add(len)?)
+        scope.region.get_mut(offset..end)
     }
 }
 
 impl Drop for Scope<'_> {
     fn drop(&mut self) {
-        let untaken = &self.spare.posted;
+        let untaken = &self.posted;
         if !untaken.is_empty() {
             let mut st = lock(&self.engine.state);
             st.queued.withdrawals.extend(untaken.iter().map(|p| p.id));
@@ -198,11 +195,11 @@ impl Drop for Scope<'_> {
                     .progress(seen, Instant::now() + MAX_TURN, self.sink);
             }
         }
-        let mut spare = std::mem::take(&mut self.spare);
-        spare.posted.clear();
+        let mut posted = std::mem::take(&mut self.posted);
+        posted.clear();
         let mut kept = lock(&self.engine.spare_placements);
-        if kept.posted.capacity() < spare.posted.capacity() {
-            *kept = spare;
+        if kept.capacity() < posted.capacity() {
+            *kept = posted;
         }
     }
 }
