@@ -202,6 +202,19 @@ pub(crate) struct Overrides {
     pub(crate) debug_checks: Option<bool>,
 }
 
+/// A byte count, with the suffixes `crate::env::parse_bytes` takes.
+fn env_bytes(lookup: &dyn Fn(&str) -> Option<String>, var: &str) -> Result<Option<u64>, Error> {
+    match lookup(var) {
+        None => Ok(None),
+        Some(v) if v.trim().is_empty() => Ok(None),
+        Some(v) => crate::env::parse_bytes(&v).map(Some).ok_or_else(|| {
+            Error::Rendezvous(format!(
+                "{var}={v}: expected a number of bytes, e.g. 262144, 256K, 4M or 1G"
+            ))
+        }),
+    }
+}
+
 fn env_number(lookup: &dyn Fn(&str) -> Option<String>, var: &str) -> Result<Option<u64>, Error> {
     match lookup(var) {
         None => Ok(None),
@@ -246,7 +259,7 @@ impl Overrides {
         };
         let chunk_bytes = match self.chunk_bytes {
             Some(c) => c,
-            None => env_number(lookup, "RINGWIRE_CHUNK_BYTES")?
+            None => env_bytes(lookup, "RINGWIRE_CHUNK_BYTES")?
                 .map_or(DEFAULT_CHUNK_BYTES, |c| c as usize),
         };
         if !(8..=(64 << 20)).contains(&chunk_bytes) {
@@ -256,12 +269,12 @@ impl Overrides {
         }
         let small_message_bytes = match self.small_message_bytes {
             Some(c) => c,
-            None => env_number(lookup, "RINGWIRE_SMALL_MESSAGE_BYTES")?
+            None => env_bytes(lookup, "RINGWIRE_SMALL_MESSAGE_BYTES")?
                 .map_or(DEFAULT_SMALL_MESSAGE_BYTES, |c| c as usize),
         };
         let socket_buffer = match self.socket_buffer {
             Some(c) => Some(c),
-            None => env_number(lookup, "RINGWIRE_SOCKET_BUFFER_BYTES")?.map(|c| c as usize),
+            None => env_bytes(lookup, "RINGWIRE_SOCKET_BUFFER_BYTES")?.map(|c| c as usize),
         };
         let transport = match self.transport {
             Some(t) => t,
@@ -412,5 +425,25 @@ mod tests {
             .resolve(&vars(&[("RINGWIRE_CHUNK_BYTES", "1")]))
             .unwrap_err();
         assert!(err.to_string().contains("RINGWIRE_CHUNK_BYTES"), "{err}");
+        let err = Overrides::default()
+            .resolve(&vars(&[("RINGWIRE_SOCKET_BUFFER_BYTES", "4MB")]))
+            .unwrap_err();
+        let msg = err.to_string();
+        assert!(msg.contains("RINGWIRE_SOCKET_BUFFER_BYTES=4MB"), "{msg}");
+        assert!(msg.contains("4M"), "{msg}");
+    }
+
+    #[test]
+    fn byte_settings_take_suffixes() {
+        let t = Overrides::default()
+            .resolve(&vars(&[
+                ("RINGWIRE_CHUNK_BYTES", "256K"),
+                ("RINGWIRE_SMALL_MESSAGE_BYTES", "64KiB"),
+                ("RINGWIRE_SOCKET_BUFFER_BYTES", "2m"),
+            ]))
+            .unwrap();
+        assert_eq!(t.chunk_bytes, 256 << 10);
+        assert_eq!(t.small_message_bytes, 64 << 10);
+        assert_eq!(t.socket_buffer, Some(2 << 20));
     }
 }

@@ -288,6 +288,28 @@ pub fn discover_from_process() -> Result<LaunchConfig, EnvError> {
     discover(|var| std::env::var_os(var).map(|v| v.to_string_lossy().into_owned()))
 }
 
+/// Parses a byte count: a whole number with an optional binary suffix,
+/// `K`, `M` or `G` (also `KiB`, `MiB`, `GiB`; any case), as in `4096`,
+/// `64K`, `16M`, `1G`. `None` when the text is not one or overflows.
+/// The `RINGWIRE_*_BYTES` variables and the benchmark harness's sizes use it.
+pub fn parse_bytes(text: &str) -> Option<u64> {
+    let t = text.trim();
+    let lower = t.to_ascii_lowercase();
+    let unit = lower.strip_suffix("ib").unwrap_or(&lower);
+    let (digits, shift) = match unit.as_bytes().last() {
+        Some(b'k') => (&unit[..unit.len() - 1], 10),
+        Some(b'm') => (&unit[..unit.len() - 1], 20),
+        Some(b'g') => (&unit[..unit.len() - 1], 30),
+        // "16iB" is not a size.
+        _ if unit.len() != lower.len() => return None,
+        _ => (unit, 0),
+    };
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    digits.parse::<u64>().ok()?.checked_mul(1 << shift)
+}
+
 fn parse_usize(var: &'static str, value: &str, expected: &'static str) -> Result<usize, EnvError> {
     value.parse().map_err(|_| EnvError::NotANumber {
         var,
@@ -352,6 +374,39 @@ mod tests {
             .map(|&(k, v)| (k.to_owned(), v.to_owned()))
             .collect();
         discover(|k| map.get(k).cloned())
+    }
+
+    #[test]
+    fn byte_counts_take_binary_suffixes() {
+        for (text, bytes) in [
+            ("0", 0),
+            ("4096", 4096),
+            (" 64K ", 64 << 10),
+            ("64k", 64 << 10),
+            ("4M", 4 << 20),
+            ("4MiB", 4 << 20),
+            ("4mib", 4 << 20),
+            ("1G", 1 << 30),
+            ("2GiB", 2 << 30),
+        ] {
+            assert_eq!(parse_bytes(text), Some(bytes), "{text:?}");
+        }
+        for text in [
+            "",
+            "K",
+            "MiB",
+            "4iB",
+            "4 M",
+            "-4M",
+            "+4",
+            "4.5M",
+            "4T",
+            "0x10",
+            "4MB",
+            "99999999999G",
+        ] {
+            assert_eq!(parse_bytes(text), None, "{text:?}");
+        }
     }
 
     const MASTER: [(&str, &str); 2] = [("MASTER_ADDR", "10.0.0.1"), ("MASTER_PORT", "29500")];

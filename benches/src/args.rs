@@ -43,6 +43,9 @@ pub(crate) struct Args {
     /// large as that size's payload (the limit before the sweep keeps
     /// `link_buffer`).
     pub(crate) link_buffer_op: bool,
+    /// SO_SNDBUF / SO_RCVBUF of the link limit's sockets (`None`: the
+    /// kernel's defaults, as plain sockets have).
+    pub(crate) link_socket_buffer: Option<usize>,
     pub(crate) json: Option<String>,
     pub(crate) csv: Option<String>,
     pub(crate) plot: Option<String>,
@@ -82,6 +85,9 @@ ops: all_reduce broadcast reduce all_gather reduce_scatter all_to_all barrier se
       --link-buffer S  buffer the link limit streams from and into (default 4M: fits in
                      cache; as large as the op, e.g. 256M, it streams memory like the op;
                      `op`: from 1 MiB, each size's limits stream from buffers of its size)
+      --link-socket-buffer S  SO_SNDBUF/SO_RCVBUF of the link limit's sockets (default:
+                     the kernel's, as plain sockets have; ringwire's engine sets 1M on
+                     Unix links, see docs/decisions/0015)
       --json FILE    write the rows as JSON
       --csv FILE     write the rows as CSV
       --plot FILE    write busbw against size as SVG
@@ -91,19 +97,11 @@ ops: all_reduce broadcast reduce all_gather reduce_scatter all_to_all barrier se
       --secret S     job secret on every link and the store (or RINGWIRE_SECRET)
 ";
 
-/// Parses `64`, `4K`, `16M`, `1G` (binary multiples).
+/// Parses `64`, `4K`, `16M`, `1G` (binary multiples), as ringwire's
+/// `RINGWIRE_*_BYTES` variables do.
 pub(crate) fn parse_size(text: &str) -> Result<usize, String> {
-    let t = text.trim();
-    let (digits, mult) = match t.chars().last() {
-        Some('K' | 'k') => (&t[..t.len() - 1], 1usize << 10),
-        Some('M' | 'm') => (&t[..t.len() - 1], 1 << 20),
-        Some('G' | 'g') => (&t[..t.len() - 1], 1 << 30),
-        _ => (t, 1),
-    };
-    digits
-        .parse::<usize>()
-        .ok()
-        .and_then(|n| n.checked_mul(mult))
+    ringwire::env::parse_bytes(text)
+        .and_then(|n| usize::try_from(n).ok())
         .ok_or_else(|| format!("{text:?} is not a size (use e.g. 8, 64K, 16M, 1G)"))
 }
 
@@ -132,6 +130,7 @@ pub(crate) fn parse(args: &[String]) -> Result<Args, String> {
         link_limit: false,
         link_buffer: 4 << 20,
         link_buffer_op: false,
+        link_socket_buffer: None,
         json: None,
         csv: None,
         plot: None,
@@ -209,6 +208,7 @@ pub(crate) fn parse(args: &[String]) -> Result<Args, String> {
                     }
                 }
             },
+            "--link-socket-buffer" => a.link_socket_buffer = Some(parse_size(&value()?)?),
             "--local-links" => {
                 a.links = match value()?.as_str() {
                     "unix" => LinksChoice::Unix,
@@ -331,6 +331,10 @@ mod tests {
         let op = args(&["all_reduce", "--link-buffer", "op"]).unwrap();
         assert!(op.link_buffer_op && !big.link_buffer_op);
         assert_eq!(op.link_buffer, 4 << 20);
+        assert_eq!(args(&["all_reduce"]).unwrap().link_socket_buffer, None);
+        let sized = args(&["all_reduce", "--link-socket-buffer", "1M"]).unwrap();
+        assert_eq!(sized.link_socket_buffer, Some(1 << 20));
+        assert!(args(&["all_reduce", "--link-socket-buffer", "lots"]).is_err());
     }
 
     #[test]

@@ -40,11 +40,14 @@ pub(crate) struct LinkLimit {
 /// Unix-domain sockets as ringwire links ranks on one host. Each side
 /// cycles through a `buffer`-byte buffer: one that fits in cache gives the
 /// links' own limit; one as large as an op streams memory as that op must.
+/// `socket_buffer` sets SO_SNDBUF / SO_RCVBUF on both ends (else the
+/// kernel's defaults).
 pub(crate) fn measure(
     ctrl: &Communicator,
     bytes: usize,
     unix: bool,
     buffer: usize,
+    socket_buffer: Option<usize>,
 ) -> Result<Option<LinkLimit>, String> {
     let (rank, world) = (ctrl.rank(), ctrl.world_size());
     if world < 2 {
@@ -83,12 +86,17 @@ pub(crate) fn measure(
             .map_err(|e| e.to_string())?;
         let theirs = lookup(next)?;
         (
-            Box::new(move || Ok(Box::new(listener.accept()?.0) as Box<dyn Read + Send>)),
+            Box::new(move || {
+                let theirs = listener.accept()?.0;
+                size_buffers(&theirs, socket_buffer).map_err(std::io::Error::other)?;
+                Ok(Box::new(theirs) as Box<dyn Read + Send>)
+            }),
             Box::new(move || {
                 let addr =
                     UnixAddr::from_abstract_name(theirs.as_bytes()).map_err(|e| e.to_string())?;
                 let out = UnixStream::connect_addr(&addr)
                     .map_err(|e| format!("connect to unix:@{theirs}: {e}"))?;
+                size_buffers(&out, socket_buffer)?;
                 Ok(Box::new(out) as Box<dyn Write>)
             }),
         )
@@ -104,11 +112,16 @@ pub(crate) fn measure(
             .parse()
             .map_err(|e| format!("bad address from the store: {e}"))?;
         (
-            Box::new(move || Ok(Box::new(listener.accept()?.0) as Box<dyn Read + Send>)),
+            Box::new(move || {
+                let theirs = listener.accept()?.0;
+                size_buffers(&theirs, socket_buffer).map_err(std::io::Error::other)?;
+                Ok(Box::new(theirs) as Box<dyn Read + Send>)
+            }),
             Box::new(move || {
                 let out =
                     TcpStream::connect(next).map_err(|e| format!("connect to {next}: {e}"))?;
                 out.set_nodelay(true).map_err(|e| e.to_string())?;
+                size_buffers(&out, socket_buffer)?;
                 Ok(Box::new(out) as Box<dyn Write>)
             }),
         )
@@ -165,4 +178,15 @@ pub(crate) fn measure(
         cores_busy: cpu / slowest,
         buffer,
     }))
+}
+
+/// Sets both socket buffers to `size`, if given (the kernel doubles it and
+/// caps it at net.core.wmem_max / rmem_max).
+fn size_buffers(socket: impl std::os::fd::AsFd, size: Option<usize>) -> Result<(), String> {
+    let Some(size) = size else { return Ok(()) };
+    let socket = socket2::SockRef::from(&socket);
+    socket
+        .set_send_buffer_size(size)
+        .and_then(|()| socket.set_recv_buffer_size(size))
+        .map_err(|e| format!("link limit: setting socket buffers to {size} B: {e}"))
 }

@@ -446,7 +446,8 @@ fn run_rank(a: &Args) -> Result<bool, String> {
                 if kind == "none" || limits.iter().any(|(k, _)| *k == kind) {
                     continue;
                 }
-                let l = linklimit::measure(&ctrl, bytes, kind == "unix", buffer)?;
+                let unix = kind == "unix";
+                let l = linklimit::measure(&ctrl, bytes, unix, buffer, a.link_socket_buffer)?;
                 limits.push((kind, l));
             }
             Ok(limits)
@@ -462,10 +463,14 @@ fn run_rank(a: &Args) -> Result<bool, String> {
             for (kind, l) in &limits {
                 match l {
                     Some(l) => println!(
-                        "# ring link limit ({kind}): {:.3} GB/s (every rank streams {} MiB to its successor at once over plain {kind} sockets, from and into {} buffers); {:.3} CPU s per GB streamed, all ranks, {:.2} cores busy",
+                        "# ring link limit ({kind}): {:.3} GB/s (every rank streams {} MiB to its successor at once over plain {kind} sockets, from and into {} buffers{}); {:.3} CPU s per GB streamed, all ranks, {:.2} cores busy",
                         l.gbps,
                         bytes >> 20,
                         report::human_bytes(a.link_buffer),
+                        a.link_socket_buffer.map_or(String::new(), |b| format!(
+                            ", socket buffers set to {}",
+                            report::human_bytes(b)
+                        )),
                         l.cpu_s_per_gb,
                         l.cores_busy,
                     ),
@@ -662,7 +667,9 @@ fn run_rank(a: &Args) -> Result<bool, String> {
                 "op": a.op.name(), "ranks": world, "dtype": a.dtype.name(), "redop": a.redop.name(),
                 "machine": machine_line(), "link_limit_gbps": link_limit,
                 "link_limit_unix_gbps": link_limit_unix,
-                "link_buffer_bytes": a.link_limit.then_some(a.link_buffer), "rows": rows,
+                "link_buffer_bytes": a.link_limit.then_some(a.link_buffer),
+                "link_socket_buffer_bytes": a.link_limit.then_some(a.link_socket_buffer).flatten(),
+                "rows": rows,
             });
             std::fs::write(
                 path,

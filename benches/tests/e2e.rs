@@ -290,6 +290,39 @@ fn link_buffer_op_streams_each_sizes_limits_from_buffers_of_its_size() {
 }
 
 #[test]
+fn link_socket_buffer_sizes_the_limits_sockets_and_says_so() {
+    let (out, doc) = bench_json(
+        "sockbuf",
+        &[
+            "all_reduce",
+            "--ranks",
+            "2",
+            "-b",
+            "1K",
+            "-e",
+            "1K",
+            "-n",
+            "2",
+            "-w",
+            "1",
+            "--link-limit",
+            "--local-links",
+            "all",
+            "--link-socket-buffer",
+            "256K",
+        ],
+    );
+    for kind in ["unix", "tcp"] {
+        let line = out
+            .lines()
+            .find(|l| l.starts_with(&format!("# ring link limit ({kind}):")))
+            .unwrap_or_else(|| panic!("no {kind} limit in {out}"));
+        assert!(line.contains("socket buffers set to 256 KiB"), "{line}");
+    }
+    assert_eq!(doc["link_socket_buffer_bytes"], 256 << 10, "{doc}");
+}
+
+#[test]
 fn a_failing_rank_fails_the_run_with_its_rank_named() {
     // sendrecv needs two ranks; with one, the rank errors out.
     let (ok, _out, err) = bench(&["sendrecv", "--ranks", "1"]);

@@ -15,7 +15,7 @@
 //! waits drives it), so a send never waits for the peer's executor: this is
 //! what lets each rank run its schedule strictly in order without deadlock.
 
-use super::conn::Conn;
+use super::conn::{Conn, ConnKind};
 use super::{AlignedBuf, Incoming, LinkError, PostedRecvs, Received, Transport};
 use crate::error::Error;
 use crate::security::secret::{self, NONCE_LEN, Role};
@@ -32,6 +32,21 @@ use std::os::unix::net::{SocketAddr as UnixAddr, UnixListener, UnixStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
+
+/// SO_SNDBUF / SO_RCVBUF of the engine's Unix-domain links unless
+/// RINGWIRE_SOCKET_BUFFER_BYTES says otherwise (decision 0015). A Unix
+/// stream socket does not autotune: the kernel's 208 KiB default lets a
+/// 1 MiB chunk through only in pieces, each a wake-up of the receiver on a
+/// shared core. The kernel doubles the value and caps it at wmem_max.
+pub(crate) const ENGINE_UNIX_SOCKET_BUFFER: usize = 1 << 20;
+
+/// A link's SO_SNDBUF / SO_RCVBUF: the configured size, else
+/// [`ENGINE_UNIX_SOCKET_BUFFER`] on the engine's Unix links, else `None`
+/// (kernel defaults; TCP autotunes, which an explicit size would stop).
+fn socket_buffer_for(configured: Option<usize>, engine: bool, kind: ConnKind) -> Option<usize> {
+    let engine_unix = engine && kind == ConnKind::Unix;
+    configured.or(engine_unix.then_some(ENGINE_UNIX_SOCKET_BUFFER))
+}
 
 /// Settings of the portable transport.
 #[derive(Clone, Debug)]
@@ -528,7 +543,12 @@ impl Shared {
     }
 
     fn configure(&self, stream: &Conn) -> io::Result<()> {
-        stream.configure(self.config.socket_buffer)
+        let size = socket_buffer_for(
+            self.config.socket_buffer,
+            self.engine.is_some(),
+            stream.kind(),
+        );
+        stream.configure(size)
     }
 
     /// Installs an established connection (its socket, for control, and
@@ -1624,6 +1644,25 @@ impl Transport for TcpTransport {
     fn release(&self) {
         if let Some(engine) = &self.shared.engine {
             engine.release(&*self.shared);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_the_engines_unix_links_get_a_default_socket_buffer() {
+        let default = Some(ENGINE_UNIX_SOCKET_BUFFER);
+        assert_eq!(socket_buffer_for(None, true, ConnKind::Unix), default);
+        // TCP keeps autotuning; the portable plane keeps kernel defaults.
+        assert_eq!(socket_buffer_for(None, true, ConnKind::Tcp), None);
+        assert_eq!(socket_buffer_for(None, false, ConnKind::Unix), None);
+        assert_eq!(socket_buffer_for(None, false, ConnKind::Tcp), None);
+        // RINGWIRE_SOCKET_BUFFER_BYTES wins everywhere.
+        for (engine, kind) in [(true, ConnKind::Unix), (false, ConnKind::Tcp)] {
+            assert_eq!(socket_buffer_for(Some(4096), engine, kind), Some(4096));
         }
     }
 }
