@@ -207,7 +207,9 @@ impl Builder {
         self
     }
 
-    /// Explicit socket buffer size; by default the kernel autotunes. Env:
+    /// Explicit SO_SNDBUF / SO_RCVBUF on every link. By default TCP links
+    /// autotune, the io_uring engine's Unix links get 1 MiB and the
+    /// portable plane's keep the kernel's default (decision 0015). Env:
     /// RINGWIRE_SOCKET_BUFFER_BYTES.
     pub fn socket_buffer_bytes(mut self, bytes: usize) -> Builder {
         self.overrides.socket_buffer = Some(bytes);

@@ -58,7 +58,8 @@ pub(crate) struct TcpConfig {
     /// A send blocked longer than this fails (the peer stopped reading).
     pub(crate) write_timeout: Duration,
     /// SO_SNDBUF / SO_RCVBUF; `None` keeps the kernel's autotuning, which
-    /// on Linux grows further than an explicit size capped by wmem_max.
+    /// on Linux grows further than an explicit size capped by wmem_max
+    /// (but see `socket_buffer_for`: the engine's Unix links get one).
     pub(crate) socket_buffer: Option<usize>,
     /// Idle links carry a heartbeat this often.
     pub(crate) heartbeat_interval: Duration,
