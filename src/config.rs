@@ -202,45 +202,42 @@ pub(crate) struct Overrides {
     pub(crate) debug_checks: Option<bool>,
 }
 
-/// A byte count, with the suffixes `crate::env::parse_bytes` takes.
-fn env_bytes(lookup: &dyn Fn(&str) -> Option<String>, var: &str) -> Result<Option<u64>, Error> {
+/// `var` parsed by `parse`; unset or blank is `None`, anything `parse`
+/// refuses an error naming the variable, its value and `expected`.
+fn env_parsed<T>(
+    lookup: &dyn Fn(&str) -> Option<String>,
+    var: &str,
+    parse: impl Fn(&str) -> Option<T>,
+    expected: &str,
+) -> Result<Option<T>, Error> {
     match lookup(var) {
         None => Ok(None),
         Some(v) if v.trim().is_empty() => Ok(None),
-        Some(v) => crate::env::parse_bytes(&v).map(Some).ok_or_else(|| {
-            Error::Rendezvous(format!(
-                "{var}={v}: expected a number of bytes, e.g. 262144, 256K, 4M or 1G"
-            ))
-        }),
+        Some(v) => parse(v.trim())
+            .map(Some)
+            .ok_or_else(|| Error::Rendezvous(format!("{var}={v}: expected {expected}"))),
     }
 }
 
+/// A byte count, with the suffixes `crate::env::parse_bytes` takes.
+fn env_bytes(lookup: &dyn Fn(&str) -> Option<String>, var: &str) -> Result<Option<u64>, Error> {
+    let expected = "a number of bytes, e.g. 262144, 256K, 4M or 1G";
+    env_parsed(lookup, var, crate::env::parse_bytes, expected)
+}
+
 fn env_number(lookup: &dyn Fn(&str) -> Option<String>, var: &str) -> Result<Option<u64>, Error> {
-    match lookup(var) {
-        None => Ok(None),
-        Some(v) if v.trim().is_empty() => Ok(None),
-        Some(v) => v
-            .trim()
-            .parse::<u64>()
-            .map(Some)
-            .map_err(|_| Error::Rendezvous(format!("{var}={v}: expected a whole number"))),
-    }
+    env_parsed(lookup, var, |v| v.parse().ok(), "a whole number")
 }
 
 fn env_seconds(
     lookup: &dyn Fn(&str) -> Option<String>,
     var: &str,
 ) -> Result<Option<Duration>, Error> {
-    match lookup(var) {
-        None => Ok(None),
-        Some(v) if v.trim().is_empty() => Ok(None),
-        Some(v) => match v.trim().parse::<f64>() {
-            Ok(s) if s.is_finite() && s > 0.0 => Ok(Some(Duration::from_secs_f64(s))),
-            _ => Err(Error::Rendezvous(format!(
-                "{var}={v}: expected a positive number of seconds"
-            ))),
-        },
-    }
+    let seconds = |v: &str| {
+        let s = v.parse::<f64>().ok()?;
+        (s.is_finite() && s > 0.0).then(|| Duration::from_secs_f64(s))
+    };
+    env_parsed(lookup, var, seconds, "a positive number of seconds")
 }
 
 impl Overrides {

@@ -86,11 +86,7 @@ pub(crate) fn measure(
             .map_err(|e| e.to_string())?;
         let theirs = lookup(next)?;
         (
-            Box::new(move || {
-                let theirs = listener.accept()?.0;
-                size_buffers(&theirs, socket_buffer).map_err(std::io::Error::other)?;
-                Ok(Box::new(theirs) as Box<dyn Read + Send>)
-            }),
+            Box::new(move || accepted(listener.accept()?.0, socket_buffer)),
             Box::new(move || {
                 let addr =
                     UnixAddr::from_abstract_name(theirs.as_bytes()).map_err(|e| e.to_string())?;
@@ -112,11 +108,7 @@ pub(crate) fn measure(
             .parse()
             .map_err(|e| format!("bad address from the store: {e}"))?;
         (
-            Box::new(move || {
-                let theirs = listener.accept()?.0;
-                size_buffers(&theirs, socket_buffer).map_err(std::io::Error::other)?;
-                Ok(Box::new(theirs) as Box<dyn Read + Send>)
-            }),
+            Box::new(move || accepted(listener.accept()?.0, socket_buffer)),
             Box::new(move || {
                 let out =
                     TcpStream::connect(next).map_err(|e| format!("connect to {next}: {e}"))?;
@@ -178,6 +170,15 @@ pub(crate) fn measure(
         cores_busy: cpu / slowest,
         buffer,
     }))
+}
+
+/// The predecessor's stream, its buffers sized as asked.
+fn accepted<S: Read + Send + std::os::fd::AsFd + 'static>(
+    stream: S,
+    socket_buffer: Option<usize>,
+) -> std::io::Result<Box<dyn Read + Send>> {
+    size_buffers(&stream, socket_buffer).map_err(std::io::Error::other)?;
+    Ok(Box::new(stream))
 }
 
 /// Sets both socket buffers to `size`, if given (the kernel doubles it and

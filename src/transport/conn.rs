@@ -11,6 +11,21 @@ use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::time::Duration;
 
+/// SO_SNDBUF / SO_RCVBUF of the engine's Unix-domain links unless
+/// RINGWIRE_SOCKET_BUFFER_BYTES says otherwise (decision 0015). A Unix
+/// stream socket does not autotune: the kernel's 208 KiB default lets a
+/// 1 MiB chunk through only in pieces, each a wake-up of the receiver on a
+/// shared core. The kernel doubles the value and caps it at wmem_max.
+pub(crate) const ENGINE_UNIX_SOCKET_BUFFER: usize = 1 << 20;
+
+/// A link's SO_SNDBUF / SO_RCVBUF: the configured size, else
+/// [`ENGINE_UNIX_SOCKET_BUFFER`] on the engine's Unix links, else `None`
+/// (kernel defaults; TCP autotunes, which an explicit size would stop).
+fn socket_buffer_for(configured: Option<usize>, engine: bool, kind: ConnKind) -> Option<usize> {
+    let engine_unix = engine && kind == ConnKind::Unix;
+    configured.or(engine_unix.then_some(ENGINE_UNIX_SOCKET_BUFFER))
+}
+
 /// A link's socket.
 #[derive(Debug)]
 pub(crate) enum Conn {
@@ -72,12 +87,12 @@ impl Conn {
     }
 
     /// Latency over throughput for TCP (frames are written whole); socket
-    /// buffer sizes when configured.
-    pub(crate) fn configure(&self, buffer: Option<usize>) -> io::Result<()> {
+    /// buffers as [`socket_buffer_for`] says.
+    pub(crate) fn configure(&self, configured: Option<usize>, engine: bool) -> io::Result<()> {
         if let Conn::Tcp(s) = self {
             s.set_nodelay(true)?;
         }
-        if let Some(size) = buffer {
+        if let Some(size) = socket_buffer_for(configured, engine, self.kind()) {
             let sock = socket2::SockRef::from(self);
             sock.set_send_buffer_size(size)?;
             sock.set_recv_buffer_size(size)?;
@@ -175,5 +190,59 @@ impl Write for Conn {
 
     fn flush(&mut self) -> io::Result<()> {
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn send_buffer(conn: &Conn) -> usize {
+        socket2::SockRef::from(conn).send_buffer_size().unwrap()
+    }
+
+    /// What the kernel reports after SO_SNDBUF = `size`: doubled, capped at
+    /// net.core.wmem_max (root may not raise past it without FORCE).
+    fn granted(size: usize) -> usize {
+        let max: usize = std::fs::read_to_string("/proc/sys/net/core/wmem_max")
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        2 * size.min(max)
+    }
+
+    #[test]
+    fn only_the_engines_unix_links_get_a_default_socket_buffer() {
+        let unix = || Conn::Unix(UnixStream::pair().unwrap().0);
+        let kernel_default = send_buffer(&unix());
+
+        let engine_link = unix();
+        engine_link.configure(None, true).unwrap();
+        assert_eq!(
+            send_buffer(&engine_link),
+            granted(ENGINE_UNIX_SOCKET_BUFFER)
+        );
+        assert_ne!(send_buffer(&engine_link), kernel_default);
+
+        // The portable plane keeps the kernel's default.
+        let portable_link = unix();
+        portable_link.configure(None, false).unwrap();
+        assert_eq!(send_buffer(&portable_link), kernel_default);
+
+        // RINGWIRE_SOCKET_BUFFER_BYTES wins on either plane.
+        for engine in [true, false] {
+            let link = unix();
+            link.configure(Some(64 << 10), engine).unwrap();
+            assert_eq!(send_buffer(&link), granted(64 << 10));
+        }
+
+        // TCP keeps autotuning: no explicit size on the engine's links.
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let tcp = Conn::Tcp(TcpStream::connect(listener.local_addr().unwrap()).unwrap());
+        let before = send_buffer(&tcp);
+        tcp.configure(None, true).unwrap();
+        assert_eq!(send_buffer(&tcp), before);
+        assert_eq!(socket_buffer_for(None, true, ConnKind::Tcp), None);
     }
 }

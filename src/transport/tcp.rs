@@ -15,7 +15,7 @@
 //! waits drives it), so a send never waits for the peer's executor: this is
 //! what lets each rank run its schedule strictly in order without deadlock.
 
-use super::conn::{Conn, ConnKind};
+use super::conn::Conn;
 use super::{AlignedBuf, Incoming, LinkError, PostedRecvs, Received, Transport};
 use crate::error::Error;
 use crate::security::secret::{self, NONCE_LEN, Role};
@@ -33,21 +33,6 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-/// SO_SNDBUF / SO_RCVBUF of the engine's Unix-domain links unless
-/// RINGWIRE_SOCKET_BUFFER_BYTES says otherwise (decision 0015). A Unix
-/// stream socket does not autotune: the kernel's 208 KiB default lets a
-/// 1 MiB chunk through only in pieces, each a wake-up of the receiver on a
-/// shared core. The kernel doubles the value and caps it at wmem_max.
-pub(crate) const ENGINE_UNIX_SOCKET_BUFFER: usize = 1 << 20;
-
-/// A link's SO_SNDBUF / SO_RCVBUF: the configured size, else
-/// [`ENGINE_UNIX_SOCKET_BUFFER`] on the engine's Unix links, else `None`
-/// (kernel defaults; TCP autotunes, which an explicit size would stop).
-fn socket_buffer_for(configured: Option<usize>, engine: bool, kind: ConnKind) -> Option<usize> {
-    let engine_unix = engine && kind == ConnKind::Unix;
-    configured.or(engine_unix.then_some(ENGINE_UNIX_SOCKET_BUFFER))
-}
-
 /// Settings of the portable transport.
 #[derive(Clone, Debug)]
 pub(crate) struct TcpConfig {
@@ -59,7 +44,7 @@ pub(crate) struct TcpConfig {
     pub(crate) write_timeout: Duration,
     /// SO_SNDBUF / SO_RCVBUF; `None` keeps the kernel's autotuning, which
     /// on Linux grows further than an explicit size capped by wmem_max
-    /// (but see `socket_buffer_for`: the engine's Unix links get one).
+    /// (but the engine's Unix links get one: `conn::ENGINE_UNIX_SOCKET_BUFFER`).
     pub(crate) socket_buffer: Option<usize>,
     /// Idle links carry a heartbeat this often.
     pub(crate) heartbeat_interval: Duration,
@@ -544,12 +529,7 @@ impl Shared {
     }
 
     fn configure(&self, stream: &Conn) -> io::Result<()> {
-        let size = socket_buffer_for(
-            self.config.socket_buffer,
-            self.engine.is_some(),
-            stream.kind(),
-        );
-        stream.configure(size)
+        stream.configure(self.config.socket_buffer, self.engine.is_some())
     }
 
     /// Installs an established connection (its socket, for control, and
@@ -1645,25 +1625,6 @@ impl Transport for TcpTransport {
     fn release(&self) {
         if let Some(engine) = &self.shared.engine {
             engine.release(&*self.shared);
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn only_the_engines_unix_links_get_a_default_socket_buffer() {
-        let default = Some(ENGINE_UNIX_SOCKET_BUFFER);
-        assert_eq!(socket_buffer_for(None, true, ConnKind::Unix), default);
-        // TCP keeps autotuning; the portable plane keeps kernel defaults.
-        assert_eq!(socket_buffer_for(None, true, ConnKind::Tcp), None);
-        assert_eq!(socket_buffer_for(None, false, ConnKind::Unix), None);
-        assert_eq!(socket_buffer_for(None, false, ConnKind::Tcp), None);
-        // RINGWIRE_SOCKET_BUFFER_BYTES wins everywhere.
-        for (engine, kind) in [(true, ConnKind::Unix), (false, ConnKind::Tcp)] {
-            assert_eq!(socket_buffer_for(Some(4096), engine, kind), Some(4096));
         }
     }
 }
