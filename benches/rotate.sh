@@ -28,9 +28,12 @@ for ((r = 0; r < rounds; r++)); do
         label=${s%%=*}; vars=${s#*=}
         env_args=()
         [ "$vars" = "-" ] || IFS=, read -ra env_args <<< "$vars"
-        echo "round $((r + 1))/$rounds: $label" >&2
-        env "${env_args[@]}" "$bench" "$@" 2>/dev/null |
-            awk -v l="$label" '$1 ~ /^(uring|portable)/ {print l, $1, $2, $7, $14}' >> "$rows"
+        out=$(env "${env_args[@]}" "$bench" "$@" 2>/dev/null)
+        awk -v l="$label" '$1 ~ /^(uring|portable)/ {print l, $1, $2, $7, $14}' <<< "$out" >> "$rows"
+        # The VM's core-to-core round trip before and after (about 55 ns near,
+        # 300+ far: a far phase slows every run, so rounds may be judged by it).
+        trips=$(sed -n 's/^# core-to-core round trip.*: \([0-9]*\) ns$/\1/p' <<< "$out" | paste -sd' ')
+        echo "round $((r + 1))/$rounds: $label (core round trip ns: ${trips:-none})" >&2
     done
 done
 python3 - "$rows" "${settings[@]%%=*}" <<'EOF'

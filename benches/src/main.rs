@@ -11,6 +11,7 @@
 
 mod args;
 mod certs;
+mod cores;
 mod linklimit;
 use linklimit::LinkLimit;
 mod ops;
@@ -111,6 +112,9 @@ fn launch(n: usize, argv: &[String], args: &Args) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    // Before any rank runs, and after all have ended: the probe spins on two
+    // cores, so it must not overlap the ranks.
+    print_line(cores::line("before the ranks start"));
     let port = store.local_addr().port().to_string();
     let mut children: Vec<Option<Child>> = Vec::new();
     for rank in 0..n {
@@ -180,10 +184,19 @@ fn launch(n: usize, argv: &[String], args: &Args) -> ExitCode {
         std::thread::sleep(Duration::from_millis(20));
     }
     drop(pki);
+    print_line(cores::line("after they end"));
     if failed {
         ExitCode::FAILURE
     } else {
         ExitCode::SUCCESS
+    }
+}
+
+fn print_line(line: Option<String>) {
+    if let Some(line) = line {
+        use std::io::Write;
+        println!("{line}");
+        let _ = std::io::stdout().flush();
     }
 }
 

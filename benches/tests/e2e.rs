@@ -335,3 +335,41 @@ fn a_failing_rank_fails_the_run_with_its_rank_named() {
     assert!(!ok);
     assert!(err.contains("--transport") && err.contains("quic"), "{err}");
 }
+
+#[test]
+fn the_launcher_reports_the_core_to_core_round_trip_around_the_run() {
+    let (ok, out, err) = bench(&[
+        "all_reduce",
+        "--ranks",
+        "2",
+        "-b",
+        "8",
+        "-e",
+        "8",
+        "-n",
+        "2",
+    ]);
+    assert!(ok, "{out}\n{err}");
+    let trips: Vec<&str> = out
+        .lines()
+        .filter(|l| l.starts_with("# core-to-core round trip"))
+        .collect();
+    if std::thread::available_parallelism().map_or(1, |n| n.get()) < 2 {
+        assert!(trips.is_empty(), "{out}");
+        return;
+    }
+    assert_eq!(trips.len(), 2, "{out}");
+    let first = out.lines().next().unwrap();
+    let last = out.lines().last().unwrap();
+    assert!(first.contains("before the ranks start: "), "{out}");
+    assert!(last.contains("after they end: "), "{out}");
+    for line in [first, last] {
+        let ns: u64 = line
+            .rsplit(": ")
+            .next()
+            .and_then(|t| t.strip_suffix(" ns"))
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("no round trip in {line}"));
+        assert!(ns > 0, "{line}");
+    }
+}
