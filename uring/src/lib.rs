@@ -37,7 +37,7 @@ pub use engine::{
 
 pub use memlock::{MemlockLimit, memlock};
 pub use probe::{Support, Unavailable, probe};
-pub use spin::{poll_yield, set_home_core, usable_cores};
+pub use spin::{poll_yield, set_home_core, usable_core_ids, usable_cores};
 
 /// For tests: simulating hosts where io_uring is refused.
 #[cfg(target_os = "linux")]

@@ -46,14 +46,19 @@ pub fn set_home_core(home: Option<usize>) -> Option<usize> {
 
 /// The number of cores this process may run on (its affinity mask).
 pub fn usable_cores() -> usize {
-    sched_getaffinity(Pid::from_raw(0))
-        .map(|set| {
-            (0..CpuSet::count())
-                .filter(|&c| set.is_set(c).unwrap_or(false))
-                .count()
-        })
-        .unwrap_or(1)
-        .max(1)
+    usable_core_ids().len().max(1)
+}
+
+/// The ids of the cores this process may run on, in order (empty if the
+/// affinity mask cannot be read).
+pub fn usable_core_ids() -> Vec<usize> {
+    sched_getaffinity(Pid::from_raw(0)).map_or_else(|_| Vec::new(), |set| cores_in(&set))
+}
+
+fn cores_in(set: &CpuSet) -> Vec<usize> {
+    (0..CpuSet::count())
+        .filter(|&c| set.is_set(c).unwrap_or(false))
+        .collect()
 }
 
 /// Yields the core between two polls; if another thread ran meanwhile and
@@ -82,9 +87,7 @@ fn move_home(home: usize) -> Option<usize> {
     LAST_MOVE.set(Some(now));
     let me = Pid::from_raw(0);
     let allowed = sched_getaffinity(me).ok()?;
-    let usable: Vec<usize> = (0..CpuSet::count())
-        .filter(|&c| allowed.is_set(c).unwrap_or(false))
-        .collect();
+    let usable = cores_in(&allowed);
     if usable.len() < 2 {
         return None;
     }
@@ -115,9 +118,7 @@ mod tests {
                 return;
             }
             let here = sched_getcpu().unwrap();
-            let usable: Vec<usize> = (0..CpuSet::count())
-                .filter(|&c| before.is_set(c).unwrap())
-                .collect();
+            let usable = cores_in(&before);
             let home = usable.iter().position(|&c| c != here).unwrap();
             move_home(home);
             assert_eq!(
