@@ -46,6 +46,9 @@ pub(crate) struct Args {
     /// SO_SNDBUF / SO_RCVBUF of the link limit's sockets (`None`: the
     /// kernel's defaults, as plain sockets have).
     pub(crate) link_socket_buffer: Option<usize>,
+    /// Where in a 4 KiB page the op's buffers start (`None`: wherever the
+    /// allocator puts a `Vec`).
+    pub(crate) buffer_offset: Option<usize>,
     pub(crate) json: Option<String>,
     pub(crate) csv: Option<String>,
     pub(crate) plot: Option<String>,
@@ -88,6 +91,9 @@ ops: all_reduce broadcast reduce all_gather reduce_scatter all_to_all barrier se
       --link-socket-buffer S  SO_SNDBUF/SO_RCVBUF of the link limit's sockets (default:
                      the kernel's, as plain sockets have; ringwire's engine sets 1M on
                      Unix links, see docs/decisions/0015)
+      --buffer-offset B  start the op's buffers B bytes into a 4 KiB page (default: where
+                     the allocator puts them); the kernel's copies slow down at some
+                     source/destination alignments, see docs/perf.md
       --json FILE    write the rows as JSON
       --csv FILE     write the rows as CSV
       --plot FILE    write busbw against size as SVG
@@ -96,6 +102,9 @@ ops: all_reduce broadcast reduce all_gather reduce_scatter all_to_all barrier se
                      CA and certificates are generated (else RINGWIRE_TLS_CA/CERT/KEY)
       --secret S     job secret on every link and the store (or RINGWIRE_SECRET)
 ";
+
+/// The page size `--buffer-offset` counts within.
+pub(crate) const PAGE: usize = 4096;
 
 /// Parses `64`, `4K`, `16M`, `1G` (binary multiples), as ringwire's
 /// `RINGWIRE_*_BYTES` variables do.
@@ -131,6 +140,7 @@ pub(crate) fn parse(args: &[String]) -> Result<Args, String> {
         link_buffer: 4 << 20,
         link_buffer_op: false,
         link_socket_buffer: None,
+        buffer_offset: None,
         json: None,
         csv: None,
         plot: None,
@@ -209,6 +219,7 @@ pub(crate) fn parse(args: &[String]) -> Result<Args, String> {
                 }
             },
             "--link-socket-buffer" => a.link_socket_buffer = Some(parse_size(&value()?)?),
+            "--buffer-offset" => a.buffer_offset = Some(number(value()?, "--buffer-offset")?),
             "--local-links" => {
                 a.links = match value()?.as_str() {
                     "unix" => LinksChoice::Unix,
@@ -246,6 +257,15 @@ pub(crate) fn parse(args: &[String]) -> Result<Args, String> {
             "-b {} is larger than -e {}",
             a.min_bytes, a.max_bytes
         ));
+    }
+    if let Some(offset) = a.buffer_offset {
+        let element = a.dtype.size();
+        if offset >= PAGE || offset % element != 0 {
+            return Err(format!(
+                "--buffer-offset {offset}: must be below {PAGE} and a multiple of the \
+                 {element}-byte element"
+            ));
+        }
     }
     if a.ranks == Some(0) {
         return Err("--ranks must be at least 1".into());
@@ -328,6 +348,12 @@ mod tests {
         let big = args(&["all_reduce", "--link-buffer", "256M"]).unwrap();
         assert_eq!(big.link_buffer, 256 << 20);
         assert!(args(&["all_reduce", "--link-buffer", "0"]).is_err());
+        assert_eq!(args(&["all_reduce"]).unwrap().buffer_offset, None);
+        let placed = args(&["all_reduce", "--buffer-offset", "48"]).unwrap();
+        assert_eq!(placed.buffer_offset, Some(48));
+        assert!(args(&["all_reduce", "--buffer-offset", "4096"]).is_err());
+        assert!(args(&["all_reduce", "--buffer-offset", "6"]).is_err());
+        assert!(args(&["all_reduce", "-d", "u8", "--buffer-offset", "7"]).is_ok());
         let op = args(&["all_reduce", "--link-buffer", "op"]).unwrap();
         assert!(op.link_buffer_op && !big.link_buffer_op);
         assert_eq!(op.link_buffer, 4 << 20);

@@ -250,7 +250,7 @@ fn measure<T: Element>(
 ) -> Result<Measured, String> {
     let e = |e: ringwire::Error| e.to_string();
     let shape = a.op.shape(size, size_of::<T>(), comm.world_size());
-    let mut runner = Runner::<T>::new(a.op, a.redop, a.root, shape);
+    let mut runner = Runner::<T>::new(a.op, a.redop, a.root, shape, a.buffer_offset);
     let wrong = if a.check {
         runner.check(comm, a.inject_wrong).map_err(e)?
     } else {

@@ -6,7 +6,7 @@
 //! the other ranks' inputs (at 256 MiB per rank that matters).
 
 use ringwire::testing::{count_wrong, reference_reduce};
-use ringwire::{Communicator, DType, Element, ReduceOp};
+use ringwire::{CollectiveBuffer, Communicator, DType, Element, ReduceOp};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum BenchOp {
@@ -177,23 +177,99 @@ fn wrong_copied<T: Element>(got: &[T], rank: usize, offset: usize, op: ReduceOp)
         .count()
 }
 
+/// A buffer of `len` elements starting at a chosen offset within a 4 KiB
+/// page (`--buffer-offset`): a window into a larger `Vec`. The kernel's
+/// copies into and out of socket buffers run at very different speeds
+/// depending on how source and destination line up within a page, so where
+/// a buffer starts is a benchmark parameter.
+pub(crate) struct Placed<T> {
+    store: Vec<T>,
+    start: usize,
+    len: usize,
+}
+
+impl<T: Element> Placed<T> {
+    /// `len` zeroed elements, starting `page_offset` bytes into a page
+    /// (`None`: a plain `Vec`, wherever the allocator puts it). The offset
+    /// is a multiple of the element size (checked by the argument parser).
+    pub(crate) fn new(len: usize, page_offset: Option<usize>) -> Placed<T> {
+        let Some(offset) = page_offset else {
+            return Placed {
+                store: vec![T::default(); len],
+                start: 0,
+                len,
+            };
+        };
+        let element = size_of::<T>();
+        let spare = crate::args::PAGE / element;
+        let store = vec![T::default(); len + spare];
+        let address = store.as_ptr() as usize;
+        // Elements are aligned to their size, so stepping whole elements
+        // reaches every multiple of it within the page.
+        let skip = (offset + crate::args::PAGE - address % crate::args::PAGE) % crate::args::PAGE;
+        Placed {
+            store,
+            start: skip / element,
+            len,
+        }
+    }
+}
+
+impl<T: Element> std::ops::Deref for Placed<T> {
+    type Target = [T];
+    fn deref(&self) -> &[T] {
+        &self.store[self.start..self.start + self.len]
+    }
+}
+
+impl<T: Element> std::ops::DerefMut for Placed<T> {
+    fn deref_mut(&mut self) -> &mut [T] {
+        &mut self.store[self.start..self.start + self.len]
+    }
+}
+
+impl<T: Element> CollectiveBuffer<T> for Placed<T> {
+    fn as_slice(&self) -> &[T] {
+        self
+    }
+    fn as_mut_slice(&mut self) -> &mut [T] {
+        self
+    }
+}
+
+impl<T> Default for Placed<T> {
+    fn default() -> Placed<T> {
+        Placed {
+            store: Vec::new(),
+            start: 0,
+            len: 0,
+        }
+    }
+}
+
 /// One op's buffers, reused across iterations.
 pub(crate) struct Runner<T: Element> {
     op: BenchOp,
     redop: ReduceOp,
     root: usize,
-    input: Vec<T>,
-    output: Vec<T>,
+    input: Placed<T>,
+    output: Placed<T>,
 }
 
 impl<T: Element> Runner<T> {
-    pub(crate) fn new(op: BenchOp, redop: ReduceOp, root: usize, shape: Shape) -> Runner<T> {
+    pub(crate) fn new(
+        op: BenchOp,
+        redop: ReduceOp,
+        root: usize,
+        shape: Shape,
+        page_offset: Option<usize>,
+    ) -> Runner<T> {
         Runner {
             op,
             redop,
             root,
-            input: vec![T::default(); shape.input],
-            output: vec![T::default(); shape.output],
+            input: Placed::new(shape.input, page_offset),
+            output: Placed::new(shape.output, page_offset),
         }
     }
 
@@ -323,6 +399,21 @@ mod tests {
             }
         );
         assert_eq!(BenchOp::AllToAll.shape(8, 4, 4).bytes, 0);
+    }
+
+    #[test]
+    fn placed_buffers_start_at_the_asked_page_offset() {
+        for offset in [0, 4, 48, 52, 4092] {
+            let mut buf = Placed::<f32>::new(1000, Some(offset));
+            assert_eq!(buf.as_ptr() as usize % 4096, offset);
+            assert_eq!(buf.len(), 1000);
+            buf.as_mut_slice().fill(1.5);
+            assert!(buf.iter().all(|&x| x == 1.5));
+        }
+        let bytes = Placed::<u8>::new(10, Some(4095));
+        assert_eq!(bytes.as_ptr() as usize % 4096, 4095);
+        assert_eq!(Placed::<f64>::new(7, None).len(), 7);
+        assert!(Placed::<f32>::new(0, Some(64)).is_empty());
     }
 
     #[test]
