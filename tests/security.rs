@@ -139,13 +139,16 @@ fn rank_addr(store: &StoreServer, sec: &Security, rank: usize) -> SocketAddr {
     published(store, sec, "addr", rank).parse().unwrap()
 }
 
+/// One whole control frame, checked by `decode_frame`; its header and payload.
 fn read_frame(s: &mut impl Read) -> std::io::Result<(Header, Vec<u8>)> {
-    let mut head = [0u8; HEADER_LEN];
-    s.read_exact(&mut head)?;
-    let h = Header::decode(&head, wire::MAX_CONTROL_PAYLOAD).map_err(std::io::Error::other)?;
-    let mut p = vec![0u8; h.payload_len_usize()];
-    s.read_exact(&mut p)?;
-    Ok((h, p))
+    let mut frame = vec![0u8; HEADER_LEN];
+    s.read_exact(&mut frame)?;
+    let h = Header::decode(&frame, wire::MAX_CONTROL_PAYLOAD).map_err(std::io::Error::other)?;
+    frame.resize(h.frame_len(), 0);
+    s.read_exact(&mut frame[HEADER_LEN..])?;
+    wire::decode_frame(&frame, wire::MAX_CONTROL_PAYLOAD).map_err(std::io::Error::other)?;
+    let start = h.payload_offset();
+    Ok((h, frame[start..start + h.payload_len_usize()].to_vec()))
 }
 
 #[test]

@@ -54,9 +54,28 @@ fn seeds() -> Vec<(&'static str, &'static str, Vec<u8>)> {
     };
     let mut all_reduce_with_payload = all_reduce.encode().to_vec();
     all_reduce_with_payload.extend(1.5f32.to_le_bytes().repeat(4));
+    all_reduce_with_payload.resize(128, 0);
+    // The same frame with its payload 40 bytes further on, as a sender
+    // whose payload sits at 32 mod 64 in memory writes it.
+    let padded = all_reduce.with_pad(40);
+    let mut all_reduce_padded = padded.encode().to_vec();
+    all_reduce_padded.resize(padded.payload_offset(), 0);
+    all_reduce_padded.extend(1.5f32.to_le_bytes().repeat(4));
+    all_reduce_padded.resize(padded.frame_len(), 0);
     let mut http = b"GET / HTTP/1.1\r\nHost: localhost:29500\r\n".to_vec();
     http.resize(64, b'\n');
 
+    // A hello with an 8-byte pad, one byte of it not zero.
+    let hello_bad_pad = {
+        let header = Header::decode(&hello_frame, MAX_PAYLOAD)
+            .unwrap()
+            .with_pad(8);
+        let mut frame = header.encode().to_vec();
+        frame.extend_from_slice(&[0, 0, 0, 7, 0, 0, 0, 0]);
+        frame.extend_from_slice(&hello.encode().unwrap());
+        frame.resize(header.frame_len(), 0);
+        frame
+    };
     let hello_payload = hello.encode().unwrap();
     let ack_payload = ack_no.encode();
     let abort_payload = abort.encode();
@@ -99,6 +118,11 @@ fn seeds() -> Vec<(&'static str, &'static str, Vec<u8>)> {
         ),
         (
             "frame",
+            "valid_data_all_reduce_f32_padded.bin",
+            all_reduce_padded,
+        ),
+        (
+            "frame",
             "valid_data_broadcast_bf16_root3.bin",
             Header::data(9, 5, OpKind::Broadcast, DType::BF16)
                 .with_root(3)
@@ -131,9 +155,20 @@ fn seeds() -> Vec<(&'static str, &'static str, Vec<u8>)> {
         ("frame", "bad_magic_http_get.bin", http),
         (
             "frame",
-            "bad_version_2.bin",
-            with(hello_frame.clone(), 4, &[2, 0]),
+            "bad_version_1.bin",
+            with(hello_frame.clone(), 4, &[1, 0]),
         ),
+        (
+            "frame",
+            "pad_64.bin",
+            with(all_reduce.encode().to_vec(), 27, &[64]),
+        ),
+        (
+            "frame",
+            "nonzero_trailing_padding_abort.bin",
+            with(abort_frame.clone(), abort_frame.len() - 1, &[1]),
+        ),
+        ("frame", "nonzero_pad_hello.bin", hello_bad_pad),
         (
             "frame",
             "unknown_kind_9.bin",
@@ -362,4 +397,37 @@ fn regenerate_seed_corpus() {
         fs::create_dir_all(&dir).unwrap();
         fs::write(dir.join(name), bytes).unwrap();
     }
+}
+
+#[test]
+fn padding_seeds_fail_for_their_reason() {
+    use ringwire::wire::WireError;
+    let reason = |name: &str| {
+        let (_, _, bytes) = seeds().into_iter().find(|s| s.1 == name).unwrap();
+        decode_frame(&bytes, MAX_PAYLOAD).unwrap_err()
+    };
+    assert_eq!(reason("pad_64.bin"), WireError::PadTooLong { pad: 64 });
+    for name in [
+        "nonzero_pad_hello.bin",
+        "nonzero_trailing_padding_abort.bin",
+    ] {
+        assert!(
+            matches!(
+                reason(name),
+                WireError::NonZeroReserved {
+                    field: "frame padding",
+                    ..
+                }
+            ),
+            "{name}: {:?}",
+            reason(name)
+        );
+    }
+    assert!(matches!(
+        reason("bad_version_1.bin"),
+        WireError::UnsupportedVersion {
+            got: 1,
+            supported: 2
+        }
+    ));
 }

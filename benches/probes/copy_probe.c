@@ -6,7 +6,8 @@
 //  1. `rep movsb` runs about 15x slower when (dst - src) mod 4096 is 1..15.
 //     A TCP send copies a frame's payload to the socket's page fragment
 //     right after the 56-byte header, so a payload at page offset 41..55
-//     (with the fragment at offset 0) is copied that slowly.
+//     (with the fragment at offset 0) was copied that slowly, until wire
+//     version 2 padded the header to keep the payload's alignment (0016).
 //  2. Writing lines another core has just read costs a cross-core snoop per
 //     line: 2-9 GB/s against about 45 on one core, and the cross-core part
 //     moves with the host's vCPU placement.

@@ -171,6 +171,14 @@ impl Read for Conn {
             Conn::Unix(s) => s.read(buf),
         }
     }
+
+    /// One `readv`: a frame's pad, payload and trailing zeros in one call.
+    fn read_vectored(&mut self, bufs: &mut [io::IoSliceMut<'_>]) -> io::Result<usize> {
+        match self {
+            Conn::Tcp(s) => s.read_vectored(bufs),
+            Conn::Unix(s) => s.read_vectored(bufs),
+        }
+    }
 }
 
 impl Write for Conn {

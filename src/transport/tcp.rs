@@ -23,10 +23,10 @@ use crate::security::{self, Opening, Security};
 use crate::wire::handshake::security_mismatch;
 use crate::wire::{self, FrameKind, HEADER_LEN, Header, Hello, HelloAck};
 use ringwire_uring::{
-    EngineConfig, FrameEngine, FrameKey, FrameSink, LinkFault, Placement, Placements,
+    EngineConfig, FrameEngine, FrameKey, FrameSink, LinkFault, PayloadAt, Placement, Placements,
 };
 use std::collections::{HashMap, VecDeque};
-use std::io::{self, IoSlice, Read, Write};
+use std::io::{self, IoSlice, IoSliceMut, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::os::unix::net::{SocketAddr as UnixAddr, UnixListener, UnixStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -195,6 +195,7 @@ impl TcpTransport {
             true => match FrameEngine::new(EngineConfig {
                 links: world,
                 header_len: HEADER_LEN,
+                frame_align: wire::FRAME_ALIGN,
                 staging: STAGING_BYTES,
                 zero_copy_from: Some(ZERO_COPY_FROM),
                 spin: config.spin,
@@ -968,7 +969,8 @@ fn read_ack(stream: &mut dyn Read) -> io::Result<Result<HelloAck, String>> {
 /// plaintext peer sent in answer to a TLS ClientHello.
 fn plaintext_refusal(bytes: &[u8]) -> Option<String> {
     let header = Header::decode(bytes.get(..HEADER_LEN)?, wire::MAX_CONTROL_PAYLOAD).ok()?;
-    let payload = bytes.get(HEADER_LEN..HEADER_LEN + header.payload_len_usize())?;
+    let start = header.payload_offset();
+    let payload = bytes.get(start..start + header.payload_len_usize())?;
     (header.kind == FrameKind::HandshakeAck)
         .then(|| HelloAck::decode(payload).ok().map(|a| a.reason))
         .flatten()
@@ -993,13 +995,42 @@ fn control_header(kind: FrameKind, len: usize) -> Header {
     Header::control(kind, 0, 0, len as u32)
 }
 
-/// Writes header and payload with one `writev` (retried on short writes):
-/// one syscall per frame and no copy into a staging buffer.
+/// Zeros for the padding around payloads.
+static ZEROS: [u8; wire::FRAME_ALIGN] = [0; wire::FRAME_ALIGN];
+
+/// Payloads from this size on are sent at their own alignment (the header's
+/// `pad`, decision 0016); below it a slow copy costs less than the pad.
+const ALIGN_PAYLOADS_FROM: usize = 1024;
+
+/// `header` with the pad that keeps `payload`'s alignment in the socket's
+/// buffer, for payloads large enough to be worth it.
+fn aligned_for(header: &Header, payload: &[u8]) -> Header {
+    match payload.len() >= ALIGN_PAYLOADS_FROM {
+        true => header.with_pad(wire::aligning_pad(payload.as_ptr() as usize)),
+        false => header.with_pad(0),
+    }
+}
+
+/// The header and its pad, as the frame starts.
+fn padded_head(header: &Header) -> ([u8; HEADER_LEN + wire::FRAME_ALIGN], usize) {
+    let mut head = [0; HEADER_LEN + wire::FRAME_ALIGN];
+    head[..HEADER_LEN].copy_from_slice(&header.encode());
+    (head, header.payload_offset())
+}
+
+/// Writes a whole frame (header, pad, payload, trailing zeros) with one
+/// `writev` (retried on short writes): one syscall per frame and no copy
+/// into a staging buffer.
 fn write_frame(stream: &mut dyn Write, header: &Header, payload: &[u8]) -> io::Result<()> {
-    let head = header.encode();
-    let mut slices = [IoSlice::new(&head), IoSlice::new(payload)];
-    let used = if payload.is_empty() { 1 } else { 2 };
-    let mut bufs = &mut slices[..used];
+    let (head, head_len) = padded_head(header);
+    let mut slices = [
+        IoSlice::new(&head[..head_len]),
+        IoSlice::new(payload),
+        IoSlice::new(&ZEROS[..header.trail_len()]),
+    ];
+    let mut bufs = &mut slices[..];
+    // Drops empty slices: a write of nothing but them would return 0.
+    IoSlice::advance_slices(&mut bufs, 0);
     while !bufs.is_empty() {
         match stream.write_vectored(bufs) {
             Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
@@ -1016,9 +1047,42 @@ fn read_control(stream: &mut dyn Read) -> io::Result<(Header, Vec<u8>)> {
     let mut head = [0u8; HEADER_LEN];
     stream.read_exact(&mut head)?;
     let header = Header::decode(&head, wire::MAX_CONTROL_PAYLOAD).map_err(io::Error::other)?;
-    let mut payload = vec![0u8; header.payload_len_usize()];
-    stream.read_exact(&mut payload)?;
+    let payload = read_control_payload(stream, &header)?;
     Ok((header, payload))
+}
+
+/// The rest of a control frame after its header (capped by the header's
+/// check): its payload, without the pad and trailing zeros around it.
+fn read_control_payload(stream: &mut dyn Read, header: &Header) -> io::Result<Vec<u8>> {
+    let mut rest = vec![0u8; header.frame_len() - HEADER_LEN];
+    stream.read_exact(&mut rest)?;
+    let start = usize::from(header.pad);
+    rest.truncate(start + header.payload_len_usize());
+    rest.drain(..start);
+    Ok(rest)
+}
+
+/// Reads a data frame's pad, payload (into `payload`) and trailing zeros,
+/// with as few reads as the stream allows.
+fn read_data_payload(stream: &mut dyn Read, header: &Header, payload: &mut [u8]) -> io::Result<()> {
+    let mut pad = [0u8; wire::FRAME_ALIGN];
+    let mut tail = [0u8; wire::FRAME_ALIGN];
+    let mut slices = [
+        IoSliceMut::new(&mut pad[..usize::from(header.pad)]),
+        IoSliceMut::new(payload),
+        IoSliceMut::new(&mut tail[..header.trail_len()]),
+    ];
+    let mut bufs = &mut slices[..];
+    IoSliceMut::advance_slices(&mut bufs, 0);
+    while !bufs.is_empty() {
+        match stream.read_vectored(bufs) {
+            Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
+            Ok(n) => IoSliceMut::advance_slices(&mut bufs, n),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
 }
 
 /// Accepts connections (from `accept`: the TCP or the Unix listener) until
@@ -1100,7 +1164,7 @@ impl Drop for PendingHandshake<'_> {
 /// that ACKs, so only silence at this level reveals it).
 fn heartbeat_loop(s: &Arc<Shared>) {
     let interval = s.config.heartbeat_interval.max(Duration::from_millis(10));
-    let beat = Header::control(FrameKind::Heartbeat, 0, 0, 0).encode();
+    let beat = wire::encode_heartbeat(0, 0);
     while !s.closing.load(Ordering::SeqCst) {
         std::thread::park_timeout(interval / 2);
         if s.closing.load(Ordering::SeqCst) {
@@ -1161,7 +1225,8 @@ fn read_loop(s: &Arc<Shared>, peer: usize, mut stream: LinkReader) {
         match header.kind {
             FrameKind::Data => {
                 let mut buf = s.take_buf();
-                if let Err(e) = stream.read_exact(buf.prepare(header.payload_len_usize())) {
+                let payload = buf.prepare(header.payload_len_usize());
+                if let Err(e) = read_data_payload(&mut stream, &header, payload) {
                     break describe_read_error(peer, &e);
                 }
                 let inbox = s.inbox(header.comm_id, peer);
@@ -1175,10 +1240,10 @@ fn read_loop(s: &Arc<Shared>, peer: usize, mut stream: LinkReader) {
                 if header.payload_len > wire::MAX_CONTROL_PAYLOAD {
                     break format!("rank {peer} sent an oversized control frame");
                 }
-                let mut payload = vec![0u8; header.payload_len_usize()];
-                if let Err(e) = stream.read_exact(&mut payload) {
-                    break describe_read_error(peer, &e);
-                }
+                let payload = match read_control_payload(&mut stream, &header) {
+                    Ok(payload) => payload,
+                    Err(e) => break describe_read_error(peer, &e),
+                };
                 if header.kind == FrameKind::Abort {
                     match wire::Abort::decode(&payload) {
                         Ok(a) => s.on_abort(Some(peer), header.comm_id, a),
@@ -1195,17 +1260,21 @@ fn read_loop(s: &Arc<Shared>, peer: usize, mut stream: LinkReader) {
 /// The uring plane hands frames here, whichever thread drives it; the
 /// checks and messages are the reader thread's (`read_loop`).
 impl FrameSink for Shared {
-    fn payload_len(&self, peer: usize, head: &[u8]) -> Result<usize, String> {
+    fn payload(&self, peer: usize, head: &[u8]) -> Result<PayloadAt, String> {
         self.last_recv[peer].store(self.now_ms(), Ordering::Relaxed);
         let header = Header::decode(head, self.config.max_payload)
             .map_err(|e| format!("rank {peer} sent a bad frame header: {e}"))?;
+        let at = PayloadAt {
+            pad: usize::from(header.pad),
+            len: header.payload_len_usize(),
+        };
         match header.kind {
-            FrameKind::Data => Ok(header.payload_len_usize()),
+            FrameKind::Data => Ok(at),
             FrameKind::Heartbeat | FrameKind::Abort => {
                 if header.payload_len > wire::MAX_CONTROL_PAYLOAD {
                     return Err(format!("rank {peer} sent an oversized control frame"));
                 }
-                Ok(header.payload_len_usize())
+                Ok(at)
             }
             other => Err(format!(
                 "rank {peer} sent an unexpected {} frame",
@@ -1219,7 +1288,7 @@ impl FrameSink for Shared {
     }
 
     fn frame(&self, peer: usize, head: &[u8], payload: AlignedBuf) {
-        // `payload_len` accepted this header already.
+        // `payload` accepted this header already.
         let Ok(header) = Header::decode(head, self.config.max_payload) else {
             return;
         };
@@ -1286,9 +1355,10 @@ impl Shared {
                 format!("rank {peer} stopped reading (send blocked past the write timeout)"),
             );
         };
+        let (head, head_len) = padded_head(header);
         let result = engine.send(
             peer,
-            &header.encode(),
+            &head[..head_len],
             payload,
             give_up,
             &mut on_stall,
@@ -1478,6 +1548,7 @@ impl Transport for TcpTransport {
         deadline: Instant,
     ) -> Result<(), LinkError> {
         let link = self.shared.link(peer, deadline, header.comm_id)?;
+        let header = &aligned_for(header, payload);
         if let Some(engine) = &self.shared.engine {
             return self.shared.engine_send(engine, peer, header, payload);
         }
@@ -1625,6 +1696,79 @@ impl Transport for TcpTransport {
     fn release(&self) {
         if let Some(engine) = &self.shared.engine {
             engine.release(&*self.shared);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dtype::DType;
+    use crate::wire::OpKind;
+
+    fn data_header(len: usize) -> Header {
+        Header::data(1, 2, OpKind::Broadcast, DType::U8).with_payload_len(len as u32)
+    }
+
+    #[test]
+    fn large_payloads_keep_their_alignment_and_small_ones_get_no_pad() {
+        let memory = vec![7u8; 8192];
+        for offset in 0..128 {
+            let payload = &memory[offset..offset + 4096];
+            let h = aligned_for(&data_header(4096), payload);
+            assert_eq!(
+                h.payload_offset() % wire::FRAME_ALIGN,
+                payload.as_ptr() as usize % wire::FRAME_ALIGN,
+                "offset {offset}"
+            );
+            let small = &memory[offset..offset + ALIGN_PAYLOADS_FROM - 1];
+            assert_eq!(aligned_for(&data_header(small.len()), small).pad, 0);
+        }
+    }
+
+    #[test]
+    fn frames_written_padded_read_back_whole_over_a_socket() {
+        let (a, b) = UnixStream::pair().unwrap();
+        let (mut writer, mut reader) = (Conn::Unix(a), Conn::Unix(b));
+        let memory: Vec<u8> = (0..20_000).map(|i| (i * 7 + 3) as u8).collect();
+        let cases: Vec<(usize, usize)> = (0..64)
+            .map(|i| (i * 5 % 64, [0, 1, 63, 64, 1000, 1024, 4099, 12_345][i % 8]))
+            .collect();
+        let expected = cases.clone();
+        let sender = std::thread::spawn(move || {
+            for (offset, len) in cases {
+                let payload = &memory[offset..offset + len];
+                let header = aligned_for(&data_header(len), payload);
+                write_frame(&mut writer, &header, payload).unwrap();
+            }
+            // Then a control frame: the stream is still in step.
+            let abort = wire::Abort::new(0, 1, "done").encode();
+            write_frame(
+                &mut writer,
+                &control_header(FrameKind::Abort, abort.len()),
+                &abort,
+            )
+            .unwrap();
+            memory
+        });
+        let mut got = Vec::new();
+        for _ in &expected {
+            let mut head = [0u8; HEADER_LEN];
+            reader.read_exact(&mut head).unwrap();
+            let header = Header::decode(&head, u32::MAX).unwrap();
+            let mut payload = vec![0u8; header.payload_len_usize()];
+            read_data_payload(&mut reader, &header, &mut payload).unwrap();
+            got.push(payload);
+        }
+        let (header, payload) = read_control(&mut reader).unwrap();
+        assert_eq!(header.kind, FrameKind::Abort);
+        assert_eq!(wire::Abort::decode(&payload).unwrap().reason, "done");
+        let memory = sender.join().unwrap();
+        for ((offset, len), payload) in expected.into_iter().zip(got) {
+            assert!(
+                payload == memory[offset..offset + len],
+                "offset {offset}, len {len}"
+            );
         }
     }
 }

@@ -44,6 +44,12 @@ pub enum WireError {
     #[error("{field}: reserved field is {value:#x}, expected 0 (a corrupt frame or a newer peer)")]
     NonZeroReserved { field: &'static str, value: u32 },
 
+    /// The header's pad is a whole frame line or more.
+    #[error(
+        "frame header: pad of {pad} bytes, at most 63 allowed (a corrupt frame or a newer peer)"
+    )]
+    PadTooLong { pad: u8 },
+
     /// The header announces a payload larger than the receiver accepts.
     #[error(
         "frame header: payload of {len} bytes exceeds the limit of {max} bytes \

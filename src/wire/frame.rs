@@ -12,7 +12,7 @@ use super::control::Abort;
 use super::handshake::{Hello, HelloAck};
 use super::header::Header;
 use super::kind::FrameKind;
-use super::{HEADER_LEN, MAX_CONTROL_PAYLOAD, WireError};
+use super::{FRAME_ALIGN, HEADER_LEN, MAX_CONTROL_PAYLOAD, WireError};
 
 /// A decoded frame. Every variant keeps its header, whose `kind` matches the
 /// variant and whose `payload_len` is the length of the (encoded) payload.
@@ -81,8 +81,9 @@ impl Frame {
 }
 
 /// Decodes the frame at the front of `bytes`; returns it and the number of
-/// bytes it took (the header alone for a data frame, whose payload the caller
-/// reads itself; header and payload for a control frame).
+/// bytes it took (the header alone for a data frame, whose pad, payload and
+/// trailing zeros the caller reads itself; the whole frame for a control
+/// frame, whose pad and trailing bytes must be zero).
 ///
 /// `max_payload` bounds every frame's `payload_len`; control frames are also
 /// bounded by [`MAX_CONTROL_PAYLOAD`]. When `bytes` holds less than the frame,
@@ -100,7 +101,7 @@ pub fn decode_frame(bytes: &[u8], max_payload: u32) -> Result<(Frame, usize), Wi
                 len: header.payload_len,
             });
         }
-        FrameKind::Heartbeat => return Ok((Frame::Heartbeat(header), HEADER_LEN)),
+        FrameKind::Heartbeat => {}
         FrameKind::Handshake | FrameKind::HandshakeAck | FrameKind::Abort => {}
     }
     if header.payload_len > MAX_CONTROL_PAYLOAD {
@@ -111,13 +112,26 @@ pub fn decode_frame(bytes: &[u8], max_payload: u32) -> Result<(Frame, usize), Wi
         });
     }
     let total = header.frame_len();
-    let Some(payload) = bytes.get(HEADER_LEN..total) else {
+    let Some(frame) = bytes.get(..total) else {
         return Err(WireError::Truncated {
             needed: total,
             got: bytes.len(),
         });
     };
+    let (start, end) = (
+        header.payload_offset(),
+        header.payload_offset() + header.payload_len_usize(),
+    );
+    let padding = frame[HEADER_LEN..start].iter().chain(&frame[end..]);
+    if let Some(&value) = padding.into_iter().find(|&&b| b != 0) {
+        return Err(WireError::NonZeroReserved {
+            field: "frame padding",
+            value: u32::from(value),
+        });
+    }
+    let payload = &frame[start..end];
     let frame = match kind {
+        FrameKind::Heartbeat => Frame::Heartbeat(header),
         FrameKind::Handshake => Frame::Hello(header, Hello::decode(payload)?),
         FrameKind::HandshakeAck => Frame::HelloAck(header, HelloAck::decode(payload)?),
         _ => Frame::Abort(header, Abort::decode(payload)?),
@@ -142,22 +156,29 @@ pub fn encode_abort(comm_id: u64, seq: u64, abort: &Abort) -> Vec<u8> {
     control_frame(FrameKind::Abort, comm_id, seq, &abort.encode())
 }
 
-/// A complete `Heartbeat` frame (a header with no payload).
-pub fn encode_heartbeat(comm_id: u64, seq: u64) -> [u8; HEADER_LEN] {
-    Header::control(FrameKind::Heartbeat, comm_id, seq, 0).encode()
+/// A complete `Heartbeat` frame (a header with no payload, made a whole
+/// frame line by zeros).
+pub fn encode_heartbeat(comm_id: u64, seq: u64) -> [u8; FRAME_ALIGN] {
+    let mut frame = [0; FRAME_ALIGN];
+    frame[..HEADER_LEN]
+        .copy_from_slice(&Header::control(FrameKind::Heartbeat, comm_id, seq, 0).encode());
+    frame
 }
 
 fn control_frame(kind: FrameKind, comm_id: u64, seq: u64, payload: &[u8]) -> Vec<u8> {
     with_payload(Header::control(kind, comm_id, seq, 0), payload)
 }
 
-/// `header` (with its `payload_len` set to `payload.len()`) followed by `payload`.
+/// The whole frame: `header` (with its `payload_len` set to
+/// `payload.len()`), its pad, `payload` and the trailing zeros.
 fn with_payload(header: Header, payload: &[u8]) -> Vec<u8> {
     // Control payloads are a few hundred bytes at most (see MAX_CONTROL_PAYLOAD).
     let header = header.with_payload_len(u32::try_from(payload.len()).unwrap_or(u32::MAX));
-    let mut out = Vec::with_capacity(HEADER_LEN + payload.len());
+    let mut out = Vec::with_capacity(header.frame_len());
     out.extend_from_slice(&header.encode());
+    out.resize(header.payload_offset(), 0);
     out.extend_from_slice(payload);
+    out.resize(header.frame_len(), 0);
     out
 }
 
@@ -192,7 +213,8 @@ mod tests {
             (FrameKind::Handshake, 7, 1, OpKind::None)
         );
         assert_eq!(*hello, Hello::new(0xAB, 2, 4));
-        assert_eq!(used, HEADER_LEN + h.payload_len_usize());
+        assert_eq!(used, h.frame_len());
+        assert_eq!(used % FRAME_ALIGN, 0);
 
         let expected_kinds = [
             FrameKind::Handshake,
@@ -324,15 +346,18 @@ mod tests {
         let mut next = hello.clone();
         next.extend_from_slice(b"next frame");
         assert_eq!(decode_frame(&next, MAX).unwrap().1, hello.len());
-        let mut short = hello.clone();
-        short[36] -= 1; // payload_len one short of the hello
-        short.pop();
+        let payload = Hello::new(0xAB, 2, 4).encode().unwrap();
+        let short = with_payload(
+            Header::control(FrameKind::Handshake, 0, 0, 0),
+            &payload[..payload.len() - 1],
+        );
         assert!(matches!(
             decode_frame(&short, MAX),
             Err(WireError::PayloadTruncated { what: "hello", .. })
         ));
         let mut ack = encode_hello_ack(0, 0, &HelloAck::reject("ok?"));
-        let last = ack.len() - 1;
+        let (h, _) = decode_frame(&ack, MAX).unwrap();
+        let last = h.header().payload_offset() + h.header().payload_len_usize() - 1;
         ack[last] = 0xfe;
         assert!(matches!(
             decode_frame(&ack, MAX),
@@ -352,6 +377,46 @@ mod tests {
             assert!(bytes.len() - HEADER_LEN <= MAX_CONTROL_PAYLOAD as usize);
             assert!(decode_frame(&bytes, MAX).is_ok());
         }
+    }
+
+    #[test]
+    fn control_frames_are_padded_with_zeros_only() {
+        let abort = Abort::new(1, 2, "x");
+        let padded = with_payload(
+            Header::control(FrameKind::Abort, 3, 4, 0).with_pad(5),
+            &abort.encode(),
+        );
+        let (frame, used) = decode_frame(&padded, MAX).unwrap();
+        assert_eq!(used, padded.len());
+        assert_eq!(used, 128, "56 + 5 + 15 rounds up to two lines");
+        assert_eq!(
+            frame,
+            Frame::Abort(
+                Header::control(FrameKind::Abort, 3, 4, 15).with_pad(5),
+                abort
+            )
+        );
+        assert_eq!(frame.encode().unwrap(), padded);
+        for at in [HEADER_LEN, HEADER_LEN + 4, used - 1] {
+            let mut bad = padded.clone();
+            bad[at] = 7;
+            assert_eq!(
+                decode_frame(&bad, MAX),
+                Err(WireError::NonZeroReserved {
+                    field: "frame padding",
+                    value: 7
+                }),
+                "byte {at}"
+            );
+        }
+        // A heartbeat is one line: its header and 8 zeros.
+        assert_eq!(
+            decode_frame(&encode_heartbeat(1, 2)[..HEADER_LEN], MAX),
+            Err(WireError::Truncated {
+                needed: 64,
+                got: 56
+            })
+        );
     }
 
     #[test]

@@ -364,7 +364,7 @@ mod tests {
         let bytes = hello().encode().unwrap();
         assert_eq!(size_of::<RawHello>(), 22);
         assert_eq!(bytes.len(), 22 + 5);
-        assert_eq!(bytes[0..2], [1, 0]);
+        assert_eq!(bytes[0..2], [2, 0]);
         assert_eq!(bytes[2], u8::from(cfg!(target_endian = "little")));
         assert_eq!(bytes[3], 0);
         assert_eq!(bytes[4..12], 0xDEAD_BEEF_0000_0001u64.to_le_bytes());
@@ -588,7 +588,7 @@ mod tests {
         assert_eq!(
             validate_hello(
                 &Hello {
-                    protocol_version: 2,
+                    protocol_version: 1,
                     ..h.clone()
                 },
                 7,
@@ -596,8 +596,8 @@ mod tests {
                 0
             ),
             Err(WireError::UnsupportedVersion {
-                got: 2,
-                supported: 1
+                got: 1,
+                supported: 2
             })
         );
         let foreign = Hello {

@@ -18,19 +18,29 @@
 //! |     24 |    1 | `op`          | [`OpKind`] (0 for control frames)                   |
 //! |     25 |    1 | `dtype`       | [`DType`] byte, 0 for none                          |
 //! |     26 |    1 | `reduce_op`   | [`ReduceOp`] byte, 0 for none                       |
-//! |     27 |    1 | `reserved`    | must be 0                                           |
+//! |     27 |    1 | `pad`         | zero bytes between header and payload, 0..=63       |
 //! |     28 |    4 | `step`        | schedule step the frame belongs to                  |
 //! |     32 |    4 | `chunk`       | chunk index within the step                         |
 //! |     36 |    4 | `payload_len` | bytes that follow the header                        |
 //! |     40 |    4 | `root`        | root rank for rooted collectives                    |
 //! |     44 |    8 | `count`       | element count of the whole collective               |
 //! |     52 |    4 | `reserved2`   | must be 0                                           |
+//!
+//! A frame is the header, `pad` zero bytes, `payload_len` payload bytes, and
+//! zero bytes up to the next multiple of [`FRAME_ALIGN`] (64). The sender
+//! picks `pad` so that the payload lies at the same offset within a 64-byte
+//! line in the socket's buffer as in its own memory
+//! ([`aligning_pad`]): the kernel's copy of a payload runs up to 15x
+//! slower when its destination sits 1-15 bytes past its source modulo
+//! 4 KiB, and a fixed 56-byte header put it there for some source offsets
+//! (docs/decisions/0016). Whole frames keep the next frame's start
+//! aligned too, whatever came before it on the socket.
 
 use zerocopy::little_endian::{U16, U32, U64};
 use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout, Unaligned};
 
 use super::kind::{FrameKind, OpKind};
-use super::{HEADER_LEN, MAGIC, PROTOCOL_VERSION, WireError};
+use super::{FRAME_ALIGN, HEADER_LEN, MAGIC, PROTOCOL_VERSION, WireError};
 use crate::dtype::{DType, ReduceOp};
 
 /// The frame header exactly as it is on the wire. Use [`Header`] unless you
@@ -49,7 +59,7 @@ pub struct RawHeader {
     pub op: u8,
     pub dtype: u8,
     pub reduce_op: u8,
-    pub reserved: u8,
+    pub pad: u8,
     pub step: U32,
     pub chunk: U32,
     pub payload_len: U32,
@@ -72,7 +82,10 @@ pub struct Header {
     pub reduce_op: Option<ReduceOp>,
     pub step: u32,
     pub chunk: u32,
-    /// Bytes of payload that follow the header.
+    /// Zero bytes between the header and the payload (below
+    /// [`FRAME_ALIGN`]); see [`aligning_pad`].
+    pub pad: u8,
+    /// Bytes of payload that follow the header and the pad.
     pub payload_len: u32,
     pub root: u32,
     pub count: u64,
@@ -91,6 +104,7 @@ impl Header {
             reduce_op: None,
             step: 0,
             chunk: 0,
+            pad: 0,
             payload_len,
             root: 0,
             count: 0,
@@ -149,9 +163,31 @@ impl Header {
         usize::try_from(self.payload_len).unwrap_or(usize::MAX)
     }
 
-    /// Header plus payload, in bytes.
+    /// Sets the pad between header and payload (below [`FRAME_ALIGN`]).
+    #[must_use]
+    pub const fn with_pad(mut self, pad: u8) -> Header {
+        self.pad = pad;
+        self
+    }
+
+    /// Where the payload starts, counted from the frame's first byte.
+    pub fn payload_offset(&self) -> usize {
+        HEADER_LEN + usize::from(self.pad)
+    }
+
+    /// The whole frame in bytes: header, pad, payload and the zero bytes
+    /// that round it up to a multiple of [`FRAME_ALIGN`].
     pub fn frame_len(&self) -> usize {
-        HEADER_LEN.saturating_add(self.payload_len_usize())
+        self.payload_offset()
+            .saturating_add(self.payload_len_usize())
+            .saturating_add(FRAME_ALIGN - 1)
+            / FRAME_ALIGN
+            * FRAME_ALIGN
+    }
+
+    /// The zero bytes after the payload.
+    pub fn trail_len(&self) -> usize {
+        trail_len(self.payload_offset() + self.payload_len_usize())
     }
 
     /// The raw wire form.
@@ -166,7 +202,7 @@ impl Header {
             op: self.op as u8,
             dtype: self.dtype.map_or(0, |d| d as u8),
             reduce_op: self.reduce_op.map_or(0, |r| r as u8),
-            reserved: 0,
+            pad: self.pad,
             step: U32::new(self.step),
             chunk: U32::new(self.chunk),
             payload_len: U32::new(self.payload_len),
@@ -218,11 +254,8 @@ impl Header {
             0 => None,
             b => Some(ReduceOp::from_u8(b).ok_or(unknown("header.reduce_op", b))?),
         };
-        if raw.reserved != 0 {
-            return Err(WireError::NonZeroReserved {
-                field: "header.reserved",
-                value: u32::from(raw.reserved),
-            });
+        if usize::from(raw.pad) >= FRAME_ALIGN {
+            return Err(WireError::PadTooLong { pad: raw.pad });
         }
         if raw.reserved2.get() != 0 {
             return Err(WireError::NonZeroReserved {
@@ -247,11 +280,28 @@ impl Header {
             reduce_op,
             step: raw.step.get(),
             chunk: raw.chunk.get(),
+            pad: raw.pad,
             payload_len,
             root: raw.root.get(),
             count: raw.count.get(),
         })
     }
+}
+
+/// The pad that puts a payload starting at memory address `payload_address`
+/// at the same offset within a [`FRAME_ALIGN`]-byte line of the frame as it
+/// has in memory (`HEADER_LEN + pad ≡ payload_address`, mod 64). Frames
+/// start aligned in the socket's buffer, so the kernel then copies the
+/// payload between equally aligned addresses.
+pub fn aligning_pad(payload_address: usize) -> u8 {
+    // Below FRAME_ALIGN (64), so it fits a byte.
+    (payload_address.wrapping_sub(HEADER_LEN) % FRAME_ALIGN) as u8
+}
+
+/// The zero bytes that round `len` (header, pad and payload) up to a whole
+/// frame.
+pub fn trail_len(len: usize) -> usize {
+    (FRAME_ALIGN - len % FRAME_ALIGN) % FRAME_ALIGN
 }
 
 #[cfg(test)]
@@ -316,6 +366,7 @@ pub(crate) mod tests {
             .with_payload_len(4096)
             .with_root(2)
             .with_count(1 << 40)
+            .with_pad(9)
     }
 
     #[test]
@@ -324,12 +375,12 @@ pub(crate) mod tests {
         assert_eq!(align_of::<RawHeader>(), 1);
         let bytes = sample().encode();
         assert_eq!(&bytes[0..4], b"RGWR");
-        assert_eq!(bytes[4..6], [1, 0]);
+        assert_eq!(bytes[4..6], [2, 0]);
         assert_eq!(bytes[6], FrameKind::Data as u8);
         assert_eq!(bytes[7], 0);
         assert_eq!(bytes[8..16], 0x0102_0304_0506_0708u64.to_le_bytes());
         assert_eq!(bytes[16..24], 42u64.to_le_bytes());
-        assert_eq!(bytes[24..28], [1, 1, 1, 0]);
+        assert_eq!(bytes[24..28], [1, 1, 1, 9]);
         assert_eq!(bytes[28..32], 3u32.to_le_bytes());
         assert_eq!(bytes[32..36], 7u32.to_le_bytes());
         assert_eq!(bytes[36..40], 4096u32.to_le_bytes());
@@ -380,7 +431,40 @@ pub(crate) mod tests {
         };
         assert_eq!(Header::decode(&h.encode(), u32::MAX), Ok(h));
         assert_eq!(h.payload_len_usize(), u32::MAX as usize);
-        assert_eq!(h.frame_len(), 56 + u32::MAX as usize);
+        // Rounded up to whole 64-byte lines: 56 + 2^32 - 1 bytes.
+        assert_eq!(h.frame_len(), (1 << 32) + 64);
+        assert_eq!(h.trail_len(), 9);
+        let padded = h.with_pad(63);
+        assert_eq!(Header::decode(&padded.encode(), u32::MAX), Ok(padded));
+        assert_eq!(padded.frame_len(), (1 << 32) + 128);
+    }
+
+    #[test]
+    fn frames_are_whole_lines_and_the_pad_keeps_the_payload_aligned() {
+        for len in [0u32, 1, 7, 8, 63, 64, 65, 4096, 1 << 20] {
+            for pad in [0u8, 1, 8, 55, 63] {
+                let h = sample().with_payload_len(len).with_pad(pad);
+                let end = h.payload_offset() + len as usize;
+                assert_eq!(h.payload_offset(), 56 + pad as usize);
+                assert_eq!(h.frame_len() % FRAME_ALIGN, 0, "len {len} pad {pad}");
+                assert!(h.frame_len() >= end && h.frame_len() < end + FRAME_ALIGN);
+                assert_eq!(h.trail_len(), h.frame_len() - end);
+            }
+        }
+        assert_eq!(sample().with_payload_len(8).with_pad(0).frame_len(), 64);
+        // The payload lands at its own address's offset within a line.
+        for address in [0usize, 16, 41, 48, 55, 56, 57, 63, 64, 4095, 4096 + 44] {
+            let pad = aligning_pad(address);
+            assert!(usize::from(pad) < FRAME_ALIGN);
+            assert_eq!(
+                (HEADER_LEN + usize::from(pad)) % 64,
+                address % 64,
+                "{address}"
+            );
+        }
+        assert_eq!(aligning_pad(56), 0);
+        assert_eq!(aligning_pad(48), 56);
+        assert_eq!(aligning_pad(16), 24);
     }
 
     #[test]
@@ -414,17 +498,17 @@ pub(crate) mod tests {
             Err(WireError::BadMagic(*b"GGWR"))
         );
         assert_eq!(
-            Header::decode(&patched(4, 2), u32::MAX),
+            Header::decode(&patched(4, 1), u32::MAX),
             Err(WireError::UnsupportedVersion {
-                got: 2,
-                supported: 1
+                got: 1,
+                supported: 2
             })
         );
         assert_eq!(
             Header::decode(&patched(5, 1), u32::MAX),
             Err(WireError::UnsupportedVersion {
-                got: 257,
-                supported: 1
+                got: 258,
+                supported: 2
             })
         );
         let unknown = |field, value| Err(WireError::UnknownField { field, value });
@@ -449,11 +533,12 @@ pub(crate) mod tests {
             unknown("header.reduce_op", 6)
         );
         assert_eq!(
-            Header::decode(&patched(27, 1), u32::MAX),
-            Err(WireError::NonZeroReserved {
-                field: "header.reserved",
-                value: 1
-            })
+            Header::decode(&patched(27, 64), u32::MAX),
+            Err(WireError::PadTooLong { pad: 64 })
+        );
+        assert_eq!(
+            Header::decode(&patched(27, 255), u32::MAX),
+            Err(WireError::PadTooLong { pad: 255 })
         );
         assert_eq!(
             Header::decode(&patched(55, 0x80), u32::MAX),

@@ -3,7 +3,8 @@
 //! Every frame starts with a fixed 56-byte [`Header`] (all integers little
 //! endian, no padding, no alignment requirement) that says what the frame is
 //! ([`FrameKind`]), which communicator and collective it belongs to, and how
-//! many payload bytes follow. Data frames carry a chunk of a user buffer, whose
+//! many payload bytes follow, after a pad of its own size; zero bytes end the
+//! frame on a multiple of [`FRAME_ALIGN`]. Data frames carry a chunk of a user buffer, whose
 //! bytes the transport reads straight into place; control frames
 //! ([`Hello`], [`HelloAck`], [`Abort`], heartbeats) carry a small, self-describing
 //! payload that this module decodes.
@@ -39,17 +40,22 @@ pub use frame::{
     Frame, decode_frame, encode_abort, encode_heartbeat, encode_hello, encode_hello_ack,
 };
 pub use handshake::{Hello, HelloAck, validate_hello};
-pub use header::{Header, RawHeader};
+pub use header::{Header, RawHeader, aligning_pad, trail_len};
 pub use kind::{FrameKind, OpKind};
 
 /// The first four bytes of every frame.
 pub const MAGIC: [u8; 4] = *b"RGWR";
 
 /// The protocol version this build speaks, carried in every header and in [`Hello`].
-pub const PROTOCOL_VERSION: u16 = 1;
+/// Version 2 added the header's `pad` and whole 64-byte frames (decision 0016).
+pub const PROTOCOL_VERSION: u16 = 2;
 
 /// Size of the fixed frame header in bytes (56).
 pub const HEADER_LEN: usize = size_of::<RawHeader>();
+
+/// Every frame is a whole number of these bytes, and the header's `pad` is
+/// below it (see [`header`]).
+pub const FRAME_ALIGN: usize = 64;
 
 /// Largest `auth` field a [`Hello`] may carry, in bytes.
 pub const MAX_AUTH_LEN: usize = 512;

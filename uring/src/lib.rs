@@ -31,8 +31,8 @@ pub use aligned::AlignedBuf;
 pub use counting::CountingAllocator;
 #[cfg(target_os = "linux")]
 pub use engine::{
-    EngineConfig, FrameEngine, FrameKey, FrameSink, LinkFault, MAX_HEADER, Placement, Placements,
-    SendResult,
+    EngineConfig, FrameEngine, FrameKey, FrameSink, LinkFault, MAX_FRAME_ALIGN, MAX_HEADER,
+    PayloadAt, Placement, Placements, SendResult,
 };
 
 pub use memlock::{MemlockLimit, memlock};

@@ -12,8 +12,8 @@
 #![allow(unsafe_code)]
 
 use super::{
-    Body, EngineConfig, FrameSink, LinkFault, MAX_HEADER, Outcome, PlaceRequest, Queued,
-    SendRequest,
+    Body, EngineConfig, FrameSink, LinkFault, MAX_FRAME_ALIGN, MAX_HEADER, Outcome, PlaceRequest,
+    Queued, SendRequest,
 };
 use crate::AlignedBuf;
 use io_uring::{IoUring, opcode, squeue, types};
@@ -85,6 +85,9 @@ fn completion_result(n: isize) -> Option<i32> {
     }
 }
 
+/// The zeros that end frames (sends point at them; nothing writes here).
+static ZEROS: [u8; MAX_FRAME_ALIGN] = [0; MAX_FRAME_ALIGN];
+
 fn tag(kind: u64, link: usize) -> u64 {
     kind | ((link as u64) << 8)
 }
@@ -97,12 +100,15 @@ enum Rx {
         head: [u8; MAX_HEADER],
         buf: AlignedBuf,
         got: usize,
+        /// Zeros after the payload, skipped once it is in.
+        tail: usize,
     },
     /// Receiving one payload straight into a waiting caller's memory.
     Placing {
         head: [u8; MAX_HEADER],
         target: PlaceRequest,
         got: usize,
+        tail: usize,
     },
 }
 
@@ -114,6 +120,9 @@ struct LinkIo {
     /// Unparsed bytes are `staging[start..end]`.
     start: usize,
     end: usize,
+    /// Bytes still to drop before the next header (the last frame's
+    /// trailing zeros).
+    skip: usize,
     rx: Rx,
     /// The last frame was large, so the next staging receive asks for a
     /// header only: in a stream of large frames each payload then lands
@@ -129,7 +138,7 @@ struct LinkIo {
     send_in_flight: bool,
     send_owner: Option<ThreadId>,
     msg: Box<libc::msghdr>,
-    iov: Box<[libc::iovec; 2]>,
+    iov: Box<[libc::iovec; 3]>,
     /// Set once the link failed; later sends fail with it at once.
     dead: Option<String>,
     zero_copy: ZeroCopy,
@@ -143,8 +152,11 @@ struct LinkIo {
 impl LinkIo {
     /// Where the next receive on this link writes, how much it asks for,
     /// and its flags: the free end of the staging buffer (compacted first),
-    /// or the rest of the payload being received in place.
-    fn receive_into(&mut self, header_len: usize) -> (*mut u8, usize, i32) {
+    /// or the rest of the payload being received in place. `header_ask` is
+    /// what a header-only receive asks for: a header and the longest pad,
+    /// so a large payload's first bytes may come along (copied out of
+    /// staging), but nothing of the frame after it.
+    fn receive_into(&mut self, header_ask: usize) -> (*mut u8, usize, i32) {
         match &mut self.rx {
             Rx::Staging => {
                 if self.start > 0 {
@@ -153,7 +165,7 @@ impl LinkIo {
                     self.start = 0;
                 }
                 let free = &mut self.staging[self.end..];
-                let want = match header_len.checked_sub(self.end) {
+                let want = match (self.skip + header_ask).checked_sub(self.end) {
                     Some(need) if self.header_only && need > 0 => need,
                     _ => free.len(),
                 };
@@ -194,6 +206,14 @@ impl LinkIo {
             };
             n += 1;
         }
+        let tail_done = done.saturating_sub(len);
+        if tail_done < req.tail {
+            self.iov[n] = libc::iovec {
+                iov_base: ZEROS.as_ptr() as *mut libc::c_void,
+                iov_len: req.tail - tail_done,
+            };
+            n += 1;
+        }
         // SAFETY: `msghdr` is plain old data; all-zero is its empty value.
         *self.msg = unsafe { std::mem::zeroed() };
         self.msg.msg_iov = self.iov.as_mut_ptr();
@@ -217,6 +237,10 @@ pub(crate) struct Driver {
     ring: IoUring,
     links: Vec<Option<Box<LinkIo>>>,
     header_len: usize,
+    /// Every frame is a multiple of this many bytes.
+    frame_align: usize,
+    /// What a header-only receive asks for: a header and the longest pad.
+    header_ask: usize,
     staging: usize,
     fixed_files: bool,
     wake_fd: RawFd,
@@ -285,7 +309,11 @@ impl Driver {
             ring,
             links: (0..config.links).map(|_| None).collect(),
             header_len: config.header_len,
-            staging: config.staging.max(config.header_len * 4),
+            frame_align: config.frame_align,
+            header_ask: config.header_len + config.frame_align - 1,
+            staging: config
+                .staging
+                .max(4 * (config.header_len + config.frame_align)),
             fixed_files,
             wake_fd: wake.as_fd().as_raw_fd(),
             wake_word: Box::new(0),
@@ -621,6 +649,7 @@ impl Driver {
             staging: vec![0u8; self.staging].into_boxed_slice(),
             start: 0,
             end: 0,
+            skip: 0,
             rx: Rx::Staging,
             header_only: false,
             recv_in_flight: false,
@@ -635,7 +664,7 @@ impl Driver {
                 [libc::iovec {
                     iov_base: std::ptr::null_mut(),
                     iov_len: 0,
-                }; 2],
+                }; 3],
             ),
             dead: None,
             zero_copy: ZeroCopy::Untried,
@@ -681,7 +710,8 @@ impl Driver {
             l.describe_send();
             // SAFETY: `msg` and `iov` describe the rest of the request in
             // `sending`, whose bytes are owned by it or borrowed from a
-            // caller parked until it completes; the call is synchronous.
+            // caller parked until it completes (its trailing zeros are a
+            // static); the call is synchronous.
             let n = unsafe {
                 libc::sendmsg(
                     l.socket.as_raw_fd(),
@@ -728,7 +758,7 @@ impl Driver {
         sink: &dyn FrameSink,
         finished: &mut Vec<(u64, Outcome)>,
     ) -> bool {
-        let header_len = self.header_len;
+        let header_ask = self.header_ask;
         let mut any = false;
         for link in 0..self.links.len() {
             let Some(l) = self.links[link].as_mut() else {
@@ -737,7 +767,7 @@ impl Driver {
             if l.dead.is_some() || l.recv_in_flight || !matches!(l.rx, Rx::Staging) {
                 continue;
             }
-            let (ptr, len, _) = l.receive_into(header_len);
+            let (ptr, len, _) = l.receive_into(header_ask);
             if len == 0 {
                 continue;
             }
@@ -761,7 +791,7 @@ impl Driver {
     }
 
     fn post_entries(&mut self, link: usize, receive: bool) {
-        let header_len = self.header_len;
+        let header_ask = self.header_ask;
         let Some(l) = self.links.get_mut(link).and_then(|l| l.as_mut()) else {
             return;
         };
@@ -772,7 +802,7 @@ impl Driver {
         let fixed = l.fixed;
         let mut recv = None;
         if receive && !l.recv_in_flight {
-            let (ptr, len, flags) = l.receive_into(header_len);
+            let (ptr, len, flags) = l.receive_into(header_ask);
             let len = len.min(u32::MAX as usize) as u32;
             recv = Some(
                 match fixed {
@@ -837,7 +867,8 @@ impl Driver {
             // SAFETY: `msghdr`/`iovec` are boxed in the link and describe
             // the request in `sending`, which is not moved or dropped until
             // the completion is taken; its bytes are owned by the request or
-            // borrowed from a caller parked until then (see `SendRequest`).
+            // borrowed from a caller parked until then (see `SendRequest`),
+            // and its trailing zeros are a static.
             if unsafe { self.push(&entry) } {
                 let l = self.links[link].as_mut().expect("link present");
                 l.send_in_flight = true;
@@ -880,7 +911,7 @@ impl Driver {
         sink: &dyn FrameSink,
         finished: &mut Vec<(u64, Outcome)>,
     ) {
-        let header_len = self.header_len;
+        let (header_len, frame_align) = (self.header_len, self.frame_align);
         let Some(l) = self.links.get_mut(link).and_then(|l| l.as_mut()) else {
             return;
         };
@@ -908,11 +939,17 @@ impl Driver {
         }
         let n = result as usize;
         match &mut l.rx {
-            Rx::Placing { head, target, got } => {
+            Rx::Placing {
+                head,
+                target,
+                got,
+                tail,
+            } => {
                 *got += n;
                 if *got == target.len {
-                    let head = *head;
+                    let (head, tail) = (*head, *tail);
                     l.header_only = true;
+                    l.skip = tail;
                     let Rx::Placing { target, .. } = std::mem::replace(&mut l.rx, Rx::Staging)
                     else {
                         unreachable!()
@@ -921,11 +958,17 @@ impl Driver {
                 }
                 return;
             }
-            Rx::Payload { head, buf, got } => {
+            Rx::Payload {
+                head,
+                buf,
+                got,
+                tail,
+            } => {
                 *got += n;
                 if *got == buf.len() {
-                    let head = *head;
+                    let (head, tail) = (*head, *tail);
                     l.header_only = true;
+                    l.skip = tail;
                     let Rx::Payload { buf, .. } = std::mem::replace(&mut l.rx, Rx::Staging) else {
                         unreachable!()
                     };
@@ -938,6 +981,9 @@ impl Driver {
         // Cut whole frames out of the staging buffer.
         let mut refused = None;
         loop {
+            let dropped = l.skip.min(l.end - l.start);
+            l.start += dropped;
+            l.skip -= dropped;
             let avail = l.end - l.start;
             if avail < header_len {
                 break;
@@ -945,17 +991,29 @@ impl Driver {
             let mut head_copy = [0u8; MAX_HEADER];
             head_copy[..header_len].copy_from_slice(&l.staging[l.start..l.start + header_len]);
             let head = &head_copy[..header_len];
-            let len = match sink.payload_len(link, head) {
-                Ok(len) => len,
+            let (pad, len) = match sink.payload(link, head) {
+                Ok(at) if at.pad < frame_align => (at.pad, at.len),
+                Ok(at) => {
+                    refused = Some(format!(
+                        "a frame's pad of {} bytes is not below the frame alignment {frame_align}",
+                        at.pad
+                    ));
+                    break;
+                }
                 Err(reason) => {
                     refused = Some(reason);
                     break;
                 }
             };
-            if header_len + len <= l.staging.len() {
+            let lead = header_len + pad;
+            if avail < lead {
+                break; // the pad is on its way
+            }
+            let tail = super::tail_len(lead + len, frame_align);
+            if lead + len <= l.staging.len() {
                 l.header_only = false; // small frames come many per receive
             }
-            let body = l.start + header_len;
+            let body = l.start + lead;
             let placed = match (l.targets.is_empty(), sink.frame_key(link, head)) {
                 (false, Some(key)) => l.targets.iter().position(|t| t.key == key && t.len == len),
                 _ => None,
@@ -964,7 +1022,7 @@ impl Driver {
                 // A caller waits for exactly this frame: straight into its
                 // memory, no pooled buffer, no second copy.
                 let target = l.targets.swap_remove(i);
-                let have = (avail - header_len).min(len);
+                let have = (avail - lead).min(len);
                 // SAFETY: `target` names `len` bytes of a caller's memory
                 // that nothing else touches until the engine reports this
                 // placement finished (see `PlaceRequest`); `have <= len`, and
@@ -974,7 +1032,8 @@ impl Driver {
                 };
                 if have == len {
                     finished.push((target.id, Outcome::Placed(head_copy)));
-                    l.start += header_len + len;
+                    l.start += lead + len;
+                    l.skip = tail;
                     continue;
                 }
                 l.start = 0;
@@ -983,23 +1042,25 @@ impl Driver {
                     head: head_copy,
                     target,
                     got: have,
+                    tail,
                 };
                 break;
             }
-            if avail >= header_len + len {
+            if avail >= lead + len {
                 let mut buf = sink.buffer();
                 buf.prepare(len)
                     .copy_from_slice(&l.staging[body..body + len]);
                 sink.frame(link, head, buf);
-                l.start += header_len + len;
+                l.start += lead + len;
+                l.skip = tail;
                 continue;
             }
-            if header_len + len <= l.staging.len() {
+            if lead + len <= l.staging.len() {
                 break; // the rest of a small frame is on its way
             }
             // A large payload: take what is here, receive the rest in place.
             let mut buf = sink.buffer();
-            let have = avail - header_len;
+            let have = avail - lead;
             buf.prepare(len)[..have].copy_from_slice(&l.staging[body..l.end]);
             l.start = 0;
             l.end = 0;
@@ -1007,6 +1068,7 @@ impl Driver {
                 head: head_copy,
                 buf,
                 got: have,
+                tail,
             };
             break;
         }

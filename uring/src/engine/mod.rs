@@ -35,15 +35,28 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-/// Longest header an engine frames (bytes).
-pub const MAX_HEADER: usize = 64;
+/// Longest header an engine frames (bytes), with the pad a sender may put
+/// between header and payload.
+pub const MAX_HEADER: usize = 128;
+
+/// Largest [`EngineConfig::frame_align`].
+pub const MAX_FRAME_ALIGN: usize = 64;
+
+/// Where a frame's payload is, as its header says: `pad` bytes after the
+/// header, `len` bytes long.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PayloadAt {
+    pub pad: usize,
+    pub len: usize,
+}
 
 /// What the engine needs from the protocol above it. Called by whichever
 /// thread drives, outside the engine's own locks.
 pub trait FrameSink {
-    /// The payload length a header announces, or why the header is refused
-    /// (the link is then failed with that reason).
-    fn payload_len(&self, link: usize, header: &[u8]) -> Result<usize, String>;
+    /// Where the payload a header announces is (its pad below
+    /// [`EngineConfig::frame_align`]), or why the header is refused (the
+    /// link is then failed with that reason).
+    fn payload(&self, link: usize, header: &[u8]) -> Result<PayloadAt, String>;
     /// An empty buffer to receive a payload into (so the sink can pool them).
     fn buffer(&self) -> AlignedBuf;
     /// A whole frame arrived on `link`.
@@ -54,7 +67,7 @@ pub trait FrameSink {
         None
     }
     /// `link` is dead: the peer closed it, it was reset, or it sent a header
-    /// [`FrameSink::payload_len`] refused.
+    /// [`FrameSink::payload`] refused.
     fn link_failed(&self, link: usize, fault: LinkFault);
 }
 
@@ -76,6 +89,11 @@ pub struct EngineConfig {
     pub links: usize,
     /// Bytes of every frame header (at most [`MAX_HEADER`]).
     pub header_len: usize,
+    /// Every frame ends with zeros up to a multiple of this many bytes (1:
+    /// none; at most [`MAX_FRAME_ALIGN`]). The engine adds them to what it
+    /// sends and skips them in what it receives; a sender's pad before the
+    /// payload is part of the header it passes to [`FrameEngine::send`].
+    pub frame_align: usize,
     /// Per-link staging buffer for small frames; payloads that do not fit
     /// are received in place.
     pub staging: usize,
@@ -134,6 +152,8 @@ pub(crate) struct SendRequest {
     pub(crate) head: [u8; MAX_HEADER],
     pub(crate) head_len: usize,
     pub(crate) body: Body,
+    /// Zeros after the body, up to a whole frame.
+    pub(crate) tail: usize,
     pub(crate) sent: usize,
 }
 
@@ -146,12 +166,15 @@ pub(crate) enum Body {
 }
 
 impl SendRequest {
+    pub(crate) fn body_len(&self) -> usize {
+        match &self.body {
+            Body::Borrowed { len, .. } => *len,
+            Body::Owned(v) => v.len(),
+        }
+    }
+
     pub(crate) fn total(&self) -> usize {
-        self.head_len
-            + match &self.body {
-                Body::Borrowed { len, .. } => *len,
-                Body::Owned(v) => v.len(),
-            }
+        self.head_len + self.body_len() + self.tail
     }
 }
 
@@ -192,6 +215,12 @@ pub struct FrameEngine {
     fixed_files: bool,
     /// Storage of [`FrameEngine::with_placements`], kept for reuse.
     spare_placements: Mutex<Vec<placements::Posted>>,
+    frame_align: usize,
+}
+
+/// The zeros that round a frame of `len` bytes up to a multiple of `align`.
+pub(crate) fn tail_len(len: usize, align: usize) -> usize {
+    (align - len % align) % align
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -212,6 +241,7 @@ impl FrameEngine {
     /// Sets up a ring sized for `config.links` links.
     pub fn new(config: EngineConfig) -> std::io::Result<FrameEngine> {
         assert!(config.header_len > 0 && config.header_len <= MAX_HEADER);
+        assert!(config.frame_align > 0 && config.frame_align <= MAX_FRAME_ALIGN);
         let wake = nix::sys::eventfd::EventFd::from_flags(
             nix::sys::eventfd::EfdFlags::EFD_CLOEXEC | nix::sys::eventfd::EfdFlags::EFD_NONBLOCK,
         )?;
@@ -234,6 +264,7 @@ impl FrameEngine {
             poked,
             fixed_files,
             spare_placements: Mutex::default(),
+            frame_align: config.frame_align,
         })
     }
 
@@ -406,7 +437,8 @@ impl FrameEngine {
         self.wake_sleepers(st);
     }
 
-    /// Sends one frame (`header` then `payload`) on `link` and returns when
+    /// Sends one frame (`header` then `payload`, then zeros up to
+    /// [`EngineConfig::frame_align`]) on `link` and returns when
     /// the kernel has taken all of it. If it has not by `give_up`,
     /// `on_stall` runs once (it should shut the link down, which makes the
     /// kernel finish the send with an error); the call still returns only
@@ -422,6 +454,7 @@ impl FrameEngine {
     ) -> SendResult {
         let mut head = [0u8; MAX_HEADER];
         head[..header.len()].copy_from_slice(header);
+        let tail = tail_len(header.len() + payload.len(), self.frame_align);
         let id = self.queue(|st, id| {
             st.queued.sends.push(SendRequest {
                 id,
@@ -432,6 +465,7 @@ impl FrameEngine {
                     ptr: payload.as_ptr(),
                     len: payload.len(),
                 },
+                tail,
                 sent: 0,
             })
         });
@@ -545,9 +579,11 @@ impl FrameEngine {
         }
     }
 
-    /// Queues a control frame (whole, header included) on `link`; it goes
-    /// out with the next driver turn. [`FrameEngine::flush`] waits for it.
+    /// Queues a control frame (whole, header included; zeros are added up
+    /// to [`EngineConfig::frame_align`]) on `link`; it goes out with the
+    /// next driver turn. [`FrameEngine::flush`] waits for it.
     pub fn send_owned(&self, link: usize, frame: Vec<u8>) {
+        let tail = tail_len(frame.len(), self.frame_align);
         let mut st = lock(&self.state);
         st.owned_pending += 1;
         st.queued.sends.push(SendRequest {
@@ -556,6 +592,7 @@ impl FrameEngine {
             head: [0; MAX_HEADER],
             head_len: 0,
             body: Body::Owned(frame),
+            tail,
             sent: 0,
         });
         self.poke_if_driving(&st);
