@@ -20,6 +20,13 @@
 #                   the CPUs to be >= 85% idle over 2 s (0: don't) [WAIT_IDLE]
 #   --retry-busy 2  run a library's sweep again (at most this many times) when
 #                   other processes used > 0.25 cores during it [RETRY_BUSY]
+#   --far-ns 150    measure the core-to-core round trip (ringwire-bench
+#                   core-round-trip) before and after each library's sweep, and
+#                   run the sweep again (at most --retry-busy times) when either
+#                   is above this: on this VM the host sometimes places the two
+#                   vCPUs far apart (55 ns near, 300-425 far), and every TCP
+#                   library then runs 2-2.5x slower (docs/perf.md, tenth
+#                   session); 0: don't check [FAR_NS]
 #   --rounds 1      run every library's sweep this many times, round-robin
 #                   (on a noisy VM one sweep's ratios swing 2x); the table shows
 #                   per-size medians over the rounds, and the median and range
@@ -46,6 +53,7 @@ OUT=${OUT:-}
 WAIT_IDLE=${WAIT_IDLE:-60}
 RETRY_BUSY=${RETRY_BUSY:-2}
 ROUNDS=${ROUNDS:-1}
+FAR_NS=${FAR_NS:-150}
 
 while [ $# -gt 0 ]; do
     case "$1" in
@@ -62,12 +70,14 @@ while [ $# -gt 0 ]; do
         --wait-idle) WAIT_IDLE=$2; shift 2 ;;
         --retry-busy) RETRY_BUSY=$2; shift 2 ;;
         --rounds) ROUNDS=$2; shift 2 ;;
+        --far-ns) FAR_NS=$2; shift 2 ;;
         -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
         *) echo "run.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
     esac
 done
 
 case "$ROUNDS" in ''|*[!0-9]*|0) echo "run.sh: --rounds wants a whole number from 1, got '$ROUNDS'" >&2; exit 2 ;; esac
+case "$FAR_NS" in ''|*[!0-9]*) echo "run.sh: --far-ns wants a whole number of ns (0: off), got '$FAR_NS'" >&2; exit 2 ;; esac
 
 BUILD=$ROOT/target/compare
 OUT=${OUT:-$BUILD/run-$(date -u +%Y%m%dT%H%M%SZ)}
@@ -136,7 +146,7 @@ versions="ringwire $(cd "$ROOT" && git describe --always --dirty 2>/dev/null || 
 has mpi && versions+="; $(mpirun --version 2>/dev/null | head -1)"
 has gloo && versions+="; torch $("$TORCHPY" -c 'import torch; print(torch.__version__)' 2>/dev/null)"
 {
-    echo "command: bash benches/compare/run.sh --ranks \"$RANKS\" -b $MINB -e $MAXB -f $FACTOR -w $WARMUP -n $ITERS -m $MAX_SECONDS --rounds $ROUNDS --peers \"$PEERS\""
+    echo "command: bash benches/compare/run.sh --ranks \"$RANKS\" -b $MINB -e $MAXB -f $FACTOR -w $WARMUP -n $ITERS -m $MAX_SECONDS --rounds $ROUNDS --far-ns $FAR_NS --peers \"$PEERS\""
     echo "machine: $machine, $(awk '/MemTotal/ {printf "%d GiB", $2 / 1048576 + 0.5}' /proc/meminfo)"
     echo "versions: $versions"
     echo "settings: f32 sum, $WARMUP warm-up, up to $ITERS timed ops per size capped near ${MAX_SECONDS} s, time = mean of the slowest rank per op"
@@ -203,15 +213,31 @@ cpu_snap() { # sets SNAP: "<CPU s all processes used> <CPU s this shell's childr
     SNAP="$(awk -v j="$busy" -v hz="$(getconf CLK_TCK)" 'BEGIN { printf "%.3f", j / hz }') $child $(date +%s.%N)"
 }
 
+round_trip() { # the core-to-core round trip in ns now, or "?"
+    local ns=""
+    [ "$FAR_NS" = 0 ] || [ ! -x "$RWBENCH" ] ||
+        ns=$("$RWBENCH" core-round-trip 2>/dev/null | sed -n 's/.*: \([0-9]*\) ns$/\1/p')
+    echo "${ns:-?}"
+}
+
 # One library's sweep; sets OTHERS: cores' worth of CPU that other processes
-# used meanwhile (what the rest of the machine took away from this run).
+# used meanwhile (what the rest of the machine took away from this run), and
+# TRIPS / FAR: the core-to-core round trips before and after it, and whether
+# either was in the far phase.
 run_peer() {
-    local peer=$1 p=$2 s0 rc=0
+    local peer=$1 p=$2 s0 rc=0 before after
+    before=$(round_trip)
     cpu_snap; s0=$SNAP
     "run_$peer" "$p" >"$OUT/$peer-p$p$TAG.log" 2>&1 || rc=$?
     cpu_snap
+    after=$(round_trip)
+    TRIPS="$before/$after ns"
+    FAR=0
+    for t in $before $after; do
+        [ "$t" = "?" ] || [ "$FAR_NS" = 0 ] || [ "$t" -le "$FAR_NS" ] || FAR=1
+    done
     read -r OTHERS WALL < <(echo "$s0 $SNAP" | awk '{ w = $6 - $3; o = (($4 - $1) - ($5 - $2)) / w; if (o < 0) o = 0; printf "%.2f %.0f\n", o, w }')
-    log "p=$p${TAG:+ round ${TAG#-r}} $peer: $WALL s, exit $rc, other processes used $OTHERS cores meanwhile (log: $OUT/$peer-p$p$TAG.log)"
+    log "p=$p${TAG:+ round ${TAG#-r}} $peer: $WALL s, exit $rc, other processes used $OTHERS cores meanwhile, core round trip $TRIPS before/after (log: $OUT/$peer-p$p$TAG.log)"
     [ "$rc" = 0 ] || { log "p=$p $peer FAILED; its column shows n/a. Tail of its log:"; tail -5 "$OUT/$peer-p$p$TAG.log" >&2; }
     return $rc
 }
@@ -226,12 +252,17 @@ for p in $RANKS; do
         for peer in $PEERS; do
             tries=0
             while run_peer "$peer" "$p"; [ "$tries" -lt "$RETRY_BUSY" ] &&
-                awk -v o="$OTHERS" 'BEGIN { exit !(o > 0.25) }'; do
+                { [ "$FAR" = 1 ] || awk -v o="$OTHERS" 'BEGIN { exit !(o > 0.25) }'; }; do
                 tries=$((tries + 1))
-                log "p=$p $peer: other processes took $OTHERS cores during the run; running it again ($tries of $RETRY_BUSY)"
+                if [ "$FAR" = 1 ]; then
+                    log "p=$p $peer: the VM's cores were far apart (round trip $TRIPS, above $FAR_NS); running it again ($tries of $RETRY_BUSY)"
+                else
+                    log "p=$p $peer: other processes took $OTHERS cores during the run; running it again ($tries of $RETRY_BUSY)"
+                fi
                 wait_idle
             done
             echo "others p$p$TAG $peer: $OTHERS" >>"$OUT/meta.txt"
+            echo "phase p$p$TAG $peer: $TRIPS$([ "$FAR" = 1 ] && echo ' (far)')" >>"$OUT/meta.txt"
         done
     done
 done

@@ -199,6 +199,11 @@ def main():
     if others:
         print("CPU other processes used during each library's sweep (cores; the machine has "
               f"{os.cpu_count()}): " + ", ".join(others))
+    phases = [f"{k[len('phase '):]} {v}" for k, v in meta.items() if k.startswith("phase ")]
+    if phases:
+        print("core-to-core round trip before/after each library's sweep (far: the VM's vCPUs"
+              " sat far apart, which slows every TCP library 2-2.5x; such a sweep is not a"
+              " fair comparison): " + ", ".join(phases))
     if missing:
         print("missing (skipped or failed, see the logs in " + out + "): " + ", ".join(missing))
 

@@ -65,6 +65,7 @@ pub(crate) const USAGE: &str = "\
 usage: ringwire-bench <op> [options]
 
 ops: all_reduce broadcast reduce all_gather reduce_scatter all_to_all barrier sendrecv
+     (or `ringwire-bench core-round-trip`: print the core-to-core round trip and exit)
 
   --ranks N          start N local rank processes (else join via RANK, WORLD_SIZE,
                      MASTER_ADDR, MASTER_PORT or the Open MPI / Slurm / PMI variables)

@@ -37,6 +37,20 @@ const BRACKET_BYTES: usize = 64 << 20;
 
 fn main() -> ExitCode {
     let argv: Vec<String> = std::env::args().skip(1).collect();
+    if argv.first().map(String::as_str) == Some("core-round-trip") {
+        // The launcher's probe on its own, for scripts that time other
+        // libraries (benches/compare/run.sh) and need the VM's phase.
+        return match cores::line("now") {
+            Some(line) => {
+                println!("{line}");
+                ExitCode::SUCCESS
+            }
+            None => {
+                eprintln!("ringwire-bench: fewer than two usable cores: no round trip to measure");
+                ExitCode::FAILURE
+            }
+        };
+    }
     let args = match args::parse(&argv) {
         Ok(a) => a,
         Err(msg) if msg == args::USAGE => {

@@ -373,3 +373,25 @@ fn the_launcher_reports_the_core_to_core_round_trip_around_the_run() {
         assert!(ns > 0, "{line}");
     }
 }
+
+#[test]
+fn core_round_trip_prints_the_probe_alone() {
+    let (ok, out, err) = bench(&["core-round-trip"]);
+    if ringwire_uring::usable_core_ids().len() < 2 {
+        assert!(
+            !ok && err.contains("fewer than two usable cores"),
+            "{out}\n{err}"
+        );
+        return;
+    }
+    assert!(ok, "{out}\n{err}");
+    assert_eq!(out.lines().count(), 1, "{out}");
+    let ns: u64 = out
+        .trim_end()
+        .strip_prefix("# core-to-core round trip (cores ")
+        .and_then(|l| l.split(") now: ").nth(1))
+        .and_then(|t| t.strip_suffix(" ns"))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no round trip in {out:?}"));
+    assert!(ns > 0, "{out}");
+}
