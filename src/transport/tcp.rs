@@ -1047,24 +1047,15 @@ fn read_control(stream: &mut dyn Read) -> io::Result<(Header, Vec<u8>)> {
     let mut head = [0u8; HEADER_LEN];
     stream.read_exact(&mut head)?;
     let header = Header::decode(&head, wire::MAX_CONTROL_PAYLOAD).map_err(io::Error::other)?;
-    let payload = read_control_payload(stream, &header)?;
+    let mut payload = vec![0u8; header.payload_len_usize()];
+    read_payload(stream, &header, &mut payload)?;
     Ok((header, payload))
 }
 
-/// The rest of a control frame after its header (capped by the header's
-/// check): its payload, without the pad and trailing zeros around it.
-fn read_control_payload(stream: &mut dyn Read, header: &Header) -> io::Result<Vec<u8>> {
-    let mut rest = vec![0u8; header.frame_len() - HEADER_LEN];
-    stream.read_exact(&mut rest)?;
-    let start = usize::from(header.pad);
-    rest.truncate(start + header.payload_len_usize());
-    rest.drain(..start);
-    Ok(rest)
-}
-
-/// Reads a data frame's pad, payload (into `payload`) and trailing zeros,
-/// with as few reads as the stream allows.
-fn read_data_payload(stream: &mut dyn Read, header: &Header, payload: &mut [u8]) -> io::Result<()> {
+/// Reads the rest of a frame after its header: the pad, the payload (into
+/// `payload`, as long as the header says) and the trailing zeros, with as
+/// few reads as the stream allows.
+fn read_payload(stream: &mut dyn Read, header: &Header, payload: &mut [u8]) -> io::Result<()> {
     let mut pad = [0u8; wire::FRAME_ALIGN];
     let mut tail = [0u8; wire::FRAME_ALIGN];
     let mut slices = [
@@ -1226,7 +1217,7 @@ fn read_loop(s: &Arc<Shared>, peer: usize, mut stream: LinkReader) {
             FrameKind::Data => {
                 let mut buf = s.take_buf();
                 let payload = buf.prepare(header.payload_len_usize());
-                if let Err(e) = read_data_payload(&mut stream, &header, payload) {
+                if let Err(e) = read_payload(&mut stream, &header, payload) {
                     break describe_read_error(peer, &e);
                 }
                 let inbox = s.inbox(header.comm_id, peer);
@@ -1240,10 +1231,10 @@ fn read_loop(s: &Arc<Shared>, peer: usize, mut stream: LinkReader) {
                 if header.payload_len > wire::MAX_CONTROL_PAYLOAD {
                     break format!("rank {peer} sent an oversized control frame");
                 }
-                let payload = match read_control_payload(&mut stream, &header) {
-                    Ok(payload) => payload,
-                    Err(e) => break describe_read_error(peer, &e),
-                };
+                let mut payload = vec![0u8; header.payload_len_usize()];
+                if let Err(e) = read_payload(&mut stream, &header, &mut payload) {
+                    break describe_read_error(peer, &e);
+                }
                 if header.kind == FrameKind::Abort {
                     match wire::Abort::decode(&payload) {
                         Ok(a) => s.on_abort(Some(peer), header.comm_id, a),
@@ -1727,6 +1718,29 @@ mod tests {
     }
 
     #[test]
+    fn a_written_frame_is_whole_lines_with_the_payload_at_its_own_alignment() {
+        let memory: Vec<u8> = (0..8192).map(|i| (i % 251 + 1) as u8).collect();
+        for (offset, len) in [(0, 5000), (9, 1024), (40, 1500), (63, 3000), (5, 100)] {
+            let payload = &memory[offset..offset + len];
+            let header = aligned_for(&data_header(len), payload);
+            let mut wire_bytes = Vec::new();
+            write_frame(&mut wire_bytes, &header, payload).unwrap();
+            let at = header.payload_offset();
+            assert_eq!(wire_bytes.len() % wire::FRAME_ALIGN, 0, "{offset}/{len}");
+            assert_eq!(wire_bytes.len(), header.frame_len());
+            assert_eq!(Header::decode(&wire_bytes, u32::MAX), Ok(header));
+            assert!(wire_bytes[HEADER_LEN..at].iter().all(|&b| b == 0));
+            assert!(wire_bytes[at..at + len] == *payload);
+            assert!(wire_bytes[at + len..].iter().all(|&b| b == 0));
+            if len >= ALIGN_PAYLOADS_FROM {
+                assert_eq!(at % 64, payload.as_ptr() as usize % 64, "{offset}/{len}");
+            } else {
+                assert_eq!(at, HEADER_LEN);
+            }
+        }
+    }
+
+    #[test]
     fn frames_written_padded_read_back_whole_over_a_socket() {
         let (a, b) = UnixStream::pair().unwrap();
         let (mut writer, mut reader) = (Conn::Unix(a), Conn::Unix(b));
@@ -1757,7 +1771,7 @@ mod tests {
             reader.read_exact(&mut head).unwrap();
             let header = Header::decode(&head, u32::MAX).unwrap();
             let mut payload = vec![0u8; header.payload_len_usize()];
-            read_data_payload(&mut reader, &header, &mut payload).unwrap();
+            read_payload(&mut reader, &header, &mut payload).unwrap();
             got.push(payload);
         }
         let (header, payload) = read_control(&mut reader).unwrap();

@@ -101,8 +101,7 @@ pub fn decode_frame(bytes: &[u8], max_payload: u32) -> Result<(Frame, usize), Wi
                 len: header.payload_len,
             });
         }
-        FrameKind::Heartbeat => {}
-        FrameKind::Handshake | FrameKind::HandshakeAck | FrameKind::Abort => {}
+        _ => {}
     }
     if header.payload_len > MAX_CONTROL_PAYLOAD {
         return Err(WireError::ControlPayloadTooLarge {
@@ -118,12 +117,10 @@ pub fn decode_frame(bytes: &[u8], max_payload: u32) -> Result<(Frame, usize), Wi
             got: bytes.len(),
         });
     };
-    let (start, end) = (
-        header.payload_offset(),
-        header.payload_offset() + header.payload_len_usize(),
-    );
-    let padding = frame[HEADER_LEN..start].iter().chain(&frame[end..]);
-    if let Some(&value) = padding.into_iter().find(|&&b| b != 0) {
+    let start = header.payload_offset();
+    let end = start + header.payload_len_usize();
+    let mut padding = frame[HEADER_LEN..start].iter().chain(&frame[end..]);
+    if let Some(&value) = padding.find(|&&b| b != 0) {
         return Err(WireError::NonZeroReserved {
             field: "frame padding",
             value: u32::from(value),

@@ -239,8 +239,6 @@ pub(crate) struct Driver {
     header_len: usize,
     /// Every frame is a multiple of this many bytes.
     frame_align: usize,
-    /// What a header-only receive asks for: a header and the longest pad.
-    header_ask: usize,
     staging: usize,
     fixed_files: bool,
     wake_fd: RawFd,
@@ -310,7 +308,6 @@ impl Driver {
             links: (0..config.links).map(|_| None).collect(),
             header_len: config.header_len,
             frame_align: config.frame_align,
-            header_ask: config.header_len + config.frame_align - 1,
             staging: config
                 .staging
                 .max(4 * (config.header_len + config.frame_align)),
@@ -731,6 +728,11 @@ impl Driver {
         }
     }
 
+    /// What a header-only receive asks for: a header and the longest pad.
+    fn header_ask(&self) -> usize {
+        self.header_len + self.frame_align - 1
+    }
+
     /// Whether a polling driver reads small frames itself this turn (see
     /// `receive_directly`).
     fn receives_directly(&self) -> bool {
@@ -758,7 +760,7 @@ impl Driver {
         sink: &dyn FrameSink,
         finished: &mut Vec<(u64, Outcome)>,
     ) -> bool {
-        let header_ask = self.header_ask;
+        let header_ask = self.header_ask();
         let mut any = false;
         for link in 0..self.links.len() {
             let Some(l) = self.links[link].as_mut() else {
@@ -791,7 +793,7 @@ impl Driver {
     }
 
     fn post_entries(&mut self, link: usize, receive: bool) {
-        let header_ask = self.header_ask;
+        let header_ask = self.header_ask();
         let Some(l) = self.links.get_mut(link).and_then(|l| l.as_mut()) else {
             return;
         };
@@ -995,7 +997,9 @@ impl Driver {
                 Ok(at) if at.pad < frame_align => (at.pad, at.len),
                 Ok(at) => {
                     refused = Some(format!(
-                        "a frame's pad of {} bytes is not below the frame alignment {frame_align}",
+                        "link {link} sent a frame with a pad of {} bytes, not below the frame \
+                         alignment of {frame_align} bytes: a corrupt stream or a peer with \
+                         another framing",
                         at.pad
                     ));
                     break;
