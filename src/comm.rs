@@ -142,13 +142,21 @@ struct Ctx<'a> {
 }
 
 impl Ctx<'_> {
-    fn run<T: Element>(&mut self, steps: &[Step], work: &mut [T]) -> Result<(), Error> {
+    /// Runs `steps` on `input` (read only) followed by `work`; see
+    /// [`exec::run`].
+    fn run<T: Element>(
+        &mut self,
+        steps: &[Step],
+        input: &[T],
+        work: &mut [T],
+    ) -> Result<(), Error> {
         exec::run(
             &*self.ex.world.transport,
             &self.ex.members,
             &self.sig,
             &self.op,
             steps,
+            input,
             work,
             self.started,
             self.timeout,
@@ -169,6 +177,17 @@ impl Ctx<'_> {
         work: &mut [T],
         build: impl FnOnce(&mut Vec<Step>, usize),
     ) -> Result<(), Error> {
+        self.run_schedule_from(&[], work, build)
+    }
+
+    /// [`Ctx::run_schedule`] for a schedule whose first `input.len()`
+    /// elements are `input`, which its sends read in place.
+    fn run_schedule_from<T: Element>(
+        &mut self,
+        input: &[T],
+        work: &mut [T],
+        build: impl FnOnce(&mut Vec<Step>, usize),
+    ) -> Result<(), Error> {
         let ex = self.ex;
         with_kept(
             &ex.steps,
@@ -176,7 +195,7 @@ impl Ctx<'_> {
             |steps| {
                 steps.clear();
                 build(steps, self.chunk::<T>());
-                self.run(steps, work)
+                self.run(steps, input, work)
             },
         )
     }
@@ -323,18 +342,15 @@ fn all_to_all_body<T: Element>(
     recv_counts: &[usize],
 ) -> Result<(), Error> {
     let rank = cx.ex.rank;
-    let (ins, outs) = (input.len(), output.len());
-    // One work buffer: the input, then the output (see `algo::all_to_all_v`).
-    cx.with_scratch(ins + outs, |cx, work: &mut [T]| {
-        work[..ins].copy_from_slice(input);
-        let own_in: usize = send_counts[..rank].iter().sum();
-        let own_out: usize = ins + recv_counts[..rank].iter().sum::<usize>();
-        work.copy_within(own_in..own_in + send_counts[rank], own_out);
-        cx.run_schedule(work, |steps, chunk| {
-            algo::all_to_all_v(steps, rank, send_counts, recv_counts, chunk)
-        })?;
-        output.copy_from_slice(&work[ins..]);
-        Ok(())
+    // The schedule addresses the input, then the output (see
+    // `algo::all_to_all_v`): sends read the input where it is and receives
+    // land in the output, so only this rank's own block is copied.
+    let own_in: usize = send_counts[..rank].iter().sum();
+    let own_out: usize = recv_counts[..rank].iter().sum();
+    let own = send_counts[rank]; // equal to recv_counts[rank] (checked)
+    output[own_out..own_out + own].copy_from_slice(&input[own_in..own_in + own]);
+    cx.run_schedule_from(input, output, |steps, chunk| {
+        algo::all_to_all_v(steps, rank, send_counts, recv_counts, chunk)
     })
 }
 
@@ -1268,6 +1284,7 @@ fn check_signature(cx: &mut Ctx<'_>, plan: &OpPlan) -> Result<(), Error> {
         &sig,
         &cx.op,
         &steps,
+        &[],
         &mut all,
         cx.started,
         cx.timeout,

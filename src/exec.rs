@@ -95,8 +95,12 @@ pub(crate) struct Traffic {
 /// posted ahead (see [`PostAhead`]); fewer are not worth the bookkeeping.
 const POST_AHEAD_BYTES: usize = 64 << 10;
 
-/// Runs `steps` on `work`. `members` maps communicator ranks to the
-/// transport's (world) ranks.
+/// Runs `steps` on `input` and `work`, which the steps address as one
+/// index space: ranges below `input.len()` are the caller's input, read in
+/// place by sends; the rest are `work`, offset by `input.len()`. Every op
+/// but all-to-all has an empty `input`; all-to-all sends from its input
+/// and receives into its output without staging either in a copy.
+/// `members` maps communicator ranks to the transport's (world) ranks.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn run<T: Element>(
     transport: &dyn Transport,
@@ -104,6 +108,7 @@ pub(crate) fn run<T: Element>(
     sig: &OpSignature,
     ctx: &OpContext,
     steps: &[Step],
+    input: &[T],
     work: &mut [T],
     started: Instant,
     timeout: Duration,
@@ -119,7 +124,7 @@ pub(crate) fn run<T: Element>(
         template: sig.header(),
     };
     let Some(peer) = PostAhead::peer(steps, size_of::<T>()) else {
-        return op.steps(steps, &mut Work::Whole(work), traffic);
+        return op.steps(steps, input, &mut Work::Whole(work), traffic);
     };
     transport.with_posted_recvs(
         sig.comm_id,
@@ -128,7 +133,7 @@ pub(crate) fn run<T: Element>(
         op.deadline,
         &mut |posted| {
             let ahead = PostAhead::new(peer);
-            op.steps::<T>(steps, &mut Work::Posted { posted, ahead }, traffic)
+            op.steps::<T>(steps, input, &mut Work::Posted { posted, ahead }, traffic)
         },
     )
 }
@@ -148,14 +153,18 @@ impl Run<'_> {
     fn steps<T: Element>(
         &self,
         steps: &[Step],
+        input: &[T],
         work: &mut Work<'_, T>,
         traffic: &mut Traffic,
     ) -> Result<(), Error> {
         let elem = size_of::<T>();
+        let split = input.len();
         for (at, current) in steps.iter().enumerate() {
             if let Work::Posted { posted, ahead } = work {
                 ahead
                     .post_due(steps, at, &mut |range, step, chunk| {
+                        let range = in_work(&range, split)
+                            .ok_or_else(|| format!("{range:?} reaches into the read-only input"))?;
                         let (offset, len) = (range.start * elem, range.len() * elem);
                         posted.post((self.sig.seq, step, chunk), offset, len)
                     })
@@ -168,16 +177,26 @@ impl Run<'_> {
                     step,
                     chunk,
                 } => {
-                    let payload = work.get(range.clone()).ok_or_else(|| self.outside(range))?;
+                    if range.end <= split {
+                        let payload = input
+                            .get(range.clone())
+                            .ok_or_else(|| self.outside(range))?;
+                        self.send(*peer, payload, *step, *chunk, traffic)?;
+                        continue;
+                    }
+                    let at = in_work(range, split).ok_or_else(|| self.straddles(range, split))?;
+                    let payload = work.get(at).ok_or_else(|| self.outside(range))?;
                     self.send(*peer, payload, *step, *chunk, traffic)?;
                 }
                 Step::Recv {
                     peer,
-                    range,
+                    range: whole,
                     step,
                     chunk,
                     action,
                 } => {
+                    let range =
+                        &in_work(whole, split).ok_or_else(|| self.straddles(whole, split))?;
                     let link_error = |e| self.link_error(e, *peer);
                     if let Work::Posted { posted, ahead } = work
                         && ahead.posts(current)
@@ -302,6 +321,19 @@ impl Run<'_> {
             "step range {range:?} overlaps the receives posted ahead"
         ))
     }
+
+    fn straddles(&self, range: &Range<usize>, split: usize) -> Error {
+        self.internal(format!(
+            "step range {range:?} reaches into the read-only input (its first {split} elements)"
+        ))
+    }
+}
+
+/// `range` of the steps' index space as a range of the work buffer, which
+/// starts after the `split` elements of the input; `None` if it reaches
+/// into the input.
+fn in_work(range: &Range<usize>, split: usize) -> Option<Range<usize>> {
+    (range.start >= split).then(|| range.start - split..range.end - split)
 }
 
 /// An op's work buffer: whole, or lent to receives posted ahead, in which

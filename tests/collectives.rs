@@ -8,7 +8,7 @@ mod common;
 use common::sweep::{every_dtype, inputs};
 use common::{local_group, local_group_per_rank, on_all, seed};
 use ringwire::ReduceOp;
-use ringwire::testing::{check_close, reference_reduce};
+use ringwire::testing::{Rng, check_close, random_data, reference_reduce};
 
 fn sweep(world: usize) {
     let seed = seed();
@@ -115,12 +115,73 @@ fn large_buffers_across_chunks() {
             if got != ins.concat() {
                 return Err("all_gather".to_string());
             }
-            Ok::<_, String>(())
+            large_all_to_all(c, seed)
         });
         for r in results {
             r.unwrap_or_else(|e| panic!("seed {seed} p={world}: {e}"));
         }
     }
+}
+
+/// All-to-all whose blocks span several chunks: sends read the input where
+/// it is and receives land in the output (with two ranks, posted ahead), so
+/// a block sent from or received into the wrong place shows here. Owned
+/// and blocking forms, and an uneven split with some empty blocks.
+fn large_all_to_all(c: &ringwire::Communicator, seed: u64) -> Result<(), String> {
+    let (rank, world) = (c.rank(), c.world_size());
+    // Block j of rank i's input: distinct random data per (i, j).
+    let block = |i: usize, j: usize, len: usize| -> Vec<f32> {
+        let mut rng = Rng::new(seed ^ (((i * world + j) as u64 + 1) << 32));
+        random_data(&mut rng, len, ReduceOp::Sum)
+    };
+    let len = (3 << 20) / 4 + 5;
+    let input: Vec<f32> = (0..world).flat_map(|j| block(rank, j, len)).collect();
+    let expected: Vec<f32> = (0..world).flat_map(|i| block(i, rank, len)).collect();
+    let (back, got) = c
+        .all_to_all(input.clone(), vec![0f32; len * world])
+        .wait()
+        .map_err(|e| e.to_string())?;
+    if got != expected {
+        return Err("all_to_all: blocks misrouted".to_string());
+    }
+    if back != input {
+        return Err("all_to_all: the input changed".to_string());
+    }
+    let mut out = vec![0f32; len * world];
+    c.all_to_all_slice(&input, &mut out)
+        .map_err(|e| e.to_string())?;
+    if out != expected {
+        return Err("all_to_all_slice: blocks misrouted".to_string());
+    }
+    // Uneven: rank i sends count(i, j) elements to rank j; every third is empty.
+    let count = |i: usize, j: usize| {
+        if (i + 2 * j) % 3 == 1 {
+            0
+        } else {
+            (1 << 18) + 1000 * (i + 1) + 7 * j
+        }
+    };
+    let send_counts: Vec<usize> = (0..world).map(|j| count(rank, j)).collect();
+    let recv_counts: Vec<usize> = (0..world).map(|i| count(i, rank)).collect();
+    let input: Vec<f32> = (0..world)
+        .flat_map(|j| block(rank, j, count(rank, j)))
+        .collect();
+    let expected: Vec<f32> = (0..world)
+        .flat_map(|i| block(i, rank, count(i, rank)))
+        .collect();
+    let (_, got) = c
+        .all_to_all_v(
+            input,
+            &send_counts,
+            vec![0f32; recv_counts.iter().sum()],
+            &recv_counts,
+        )
+        .wait()
+        .map_err(|e| e.to_string())?;
+    if got != expected {
+        return Err("all_to_all_v: blocks misrouted".to_string());
+    }
+    Ok(())
 }
 
 /// Every other test of this file, again on the portable transport (the
