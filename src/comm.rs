@@ -319,15 +319,29 @@ fn reduce_scatter_body<T: Element>(
 ) -> Result<(), Error> {
     let (rank, size) = cx.rank_and_size();
     let n = input.len();
-    // The ring reduces in place: work on a copy so the input comes back as it was.
-    cx.with_scratch(n, |cx, work: &mut [T]| {
-        work.copy_from_slice(input);
-        cx.run_schedule(work, |steps, chunk| {
-            algo::reduce_scatter_ring(steps, rank, size, n, chunk)
+    let mine = algo::block(n, size, rank);
+    // The input stays as it is: each block is first combined with it as it
+    // arrives (`algo::reduce_scatter_ring_from`). Two ranks reduce only their
+    // own block, straight into the output; more use a work space laid out
+    // like the input, since they forward the other blocks.
+    if size == 1 {
+        output.copy_from_slice(input);
+    } else if size == 2 {
+        cx.run_schedule_from(input, output, |steps, chunk| {
+            algo::reduce_scatter_ring_from(steps, rank, size, n, chunk, |_| n..n + mine.len())
         })?;
-        output.copy_from_slice(&work[algo::block(n, size, rank)]);
-        Ok::<(), Error>(())
-    })?;
+    } else {
+        cx.with_scratch(n, |cx, work: &mut [T]| {
+            cx.run_schedule_from(input, work, |steps, chunk| {
+                algo::reduce_scatter_ring_from(steps, rank, size, n, chunk, |b| {
+                    let b = algo::block(n, size, b);
+                    n + b.start..n + b.end
+                })
+            })?;
+            output.copy_from_slice(&work[mine.clone()]);
+            Ok::<(), Error>(())
+        })?;
+    }
     if op == ReduceOp::Avg {
         T::finish_avg(output, size);
     }

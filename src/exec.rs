@@ -208,9 +208,27 @@ impl Run<'_> {
                         let dest = <[T]>::mut_from_bytes(bytes).map_err(|_| {
                             self.internal(format!("a posted piece of {len} bytes is not {range:?}"))
                         })?;
-                        self.finish_recv(received, *peer, dest, *step, *chunk, *action, traffic)?;
+                        self.finish_recv(
+                            received,
+                            *peer,
+                            dest,
+                            &[],
+                            *step,
+                            *chunk,
+                            *action,
+                            traffic,
+                        )?;
                         continue;
                     }
+                    let source = match action.source(whole) {
+                        None => &[][..],
+                        Some(from) if from.end <= split => input
+                            .get(from)
+                            .ok_or_else(|| self.straddles(whole, split))?,
+                        Some(from) => return Err(self.internal(format!(
+                            "step range {whole:?} reduces from {from:?}, outside the read-only input (its first {split} elements)"
+                        ))),
+                    };
                     let dest = work.get(range.clone()).ok_or_else(|| self.outside(range))?;
                     let received = match action {
                         // Copies may land in place: no buffer, no second copy.
@@ -221,13 +239,15 @@ impl Run<'_> {
                             dest.as_mut_bytes(),
                             self.deadline,
                         ),
-                        Action::Reduce => self
+                        Action::Reduce | Action::ReduceFrom { .. } => self
                             .transport
                             .recv(self.sig.comm_id, self.members[*peer], self.deadline)
                             .map(Received::Frame),
                     }
                     .map_err(link_error)?;
-                    self.finish_recv(received, *peer, dest, *step, *chunk, *action, traffic)?;
+                    self.finish_recv(
+                        received, *peer, dest, source, *step, *chunk, *action, traffic,
+                    )?;
                 }
             }
         }
@@ -256,13 +276,15 @@ impl Run<'_> {
     }
 
     /// Checks a received frame against the step that expected it, then
-    /// applies it to `dest` unless it landed there already.
+    /// applies it to `dest` (with `source`, see [`Action::apply`]) unless it
+    /// landed there already.
     #[allow(clippy::too_many_arguments)]
     fn finish_recv<T: Element>(
         &self,
         received: Received,
         peer: usize,
         dest: &mut [T],
+        source: &[T],
         step: u32,
         chunk: u32,
         action: Action,
@@ -299,7 +321,7 @@ impl Run<'_> {
         };
         // Copy steps ignore the operator; reducing ops always carry one.
         let op = self.sig.reduce_op.unwrap_or(ReduceOp::Sum);
-        action.apply(dest, data, op);
+        action.apply(dest, source, data, op);
         self.transport.recycle(incoming.payload);
         Ok(())
     }

@@ -115,6 +115,23 @@ fn large_buffers_across_chunks() {
             if got != ins.concat() {
                 return Err("all_gather".to_string());
             }
+            // Reduce-scatter combines each block with the input as it
+            // arrives (two ranks: straight into the output).
+            let mine = c.block_len(len, c.rank());
+            let start: usize = (0..c.rank()).map(|r| c.block_len(len, r)).sum();
+            let (back, got) = c
+                .reduce_scatter(ins[c.rank()].clone(), vec![0f32; mine], ReduceOp::Sum)
+                .wait()
+                .map_err(|e| e.to_string())?;
+            check_close(&got, &reference[start..start + mine], world)?;
+            if back != ins[c.rank()] {
+                return Err("reduce_scatter: the input changed".to_string());
+            }
+            let mut out = vec![f32::NAN; mine];
+            c.reduce_scatter_slice(&ins[c.rank()], &mut out, ReduceOp::Max)
+                .map_err(|e| e.to_string())?;
+            let max = reference_reduce(&ins, ReduceOp::Max);
+            check_close(&out, &max[start..start + mine], world)?;
             large_all_to_all(c, seed)
         });
         for r in results {

@@ -30,7 +30,7 @@ pub use alltoall::{all_to_all, all_to_all_v, barrier, recv, send};
 pub use broadcast::{broadcast_chain, broadcast_tree};
 pub use doubling::all_reduce_doubling;
 pub use reduce::{all_reduce_tree, reduce_tree};
-pub use ring::{all_gather_ring, all_reduce_ring, reduce_scatter_ring};
+pub use ring::{all_gather_ring, all_reduce_ring, reduce_scatter_ring, reduce_scatter_ring_from};
 
 use std::ops::Range;
 
@@ -41,14 +41,42 @@ pub enum Action {
     Copy,
     /// Combine into the range with the collective's reduce operator.
     Reduce,
+    /// Overwrite the range with the incoming elements combined with the
+    /// range `back` elements before it, in the read-only input that starts
+    /// the schedule's index space: a range's first touch, so the input need
+    /// not be copied into the work buffer beforehand.
+    ReduceFrom { back: usize },
 }
 
 impl Action {
-    /// Applies received elements to their range of the work buffer.
-    pub fn apply<T: crate::Element>(self, dst: &mut [T], incoming: &[T], op: crate::ReduceOp) {
+    /// Applies received elements to their range of the work buffer;
+    /// `source` is the input range a [`Action::ReduceFrom`] combines them
+    /// with (the others ignore it).
+    pub fn apply<T: crate::Element>(
+        self,
+        dst: &mut [T],
+        source: &[T],
+        incoming: &[T],
+        op: crate::ReduceOp,
+    ) {
         match self {
             Action::Copy => dst.copy_from_slice(incoming),
             Action::Reduce => T::reduce_into(dst, incoming, op),
+            Action::ReduceFrom { .. } => {
+                // One chunk at a time, so the reduction reads the copy from cache.
+                dst.copy_from_slice(source);
+                T::reduce_into(dst, incoming, op);
+            }
+        }
+    }
+
+    /// Where a [`Action::ReduceFrom`] into `range` reads its input.
+    pub fn source(self, range: &Range<usize>) -> Option<Range<usize>> {
+        match self {
+            Action::ReduceFrom { back } => {
+                Some(range.start.checked_sub(back)?..range.end.checked_sub(back)?)
+            }
+            _ => None,
         }
     }
 }

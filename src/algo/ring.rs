@@ -148,8 +148,13 @@ fn wavefront(
     let chunk = chunk.max(1);
     let right = (rank + 1) % world;
     let left = (rank + world - 1) % world;
+    // Receives count too: a reduce-scatter never sends its last step's
+    // block (this rank's own), which may be the longest.
     let most = (0..count)
-        .map(|g| ring(g).send.len().div_ceil(chunk))
+        .map(|g| {
+            let step = ring(g);
+            step.send.len().max(step.recv.len()).div_ceil(chunk)
+        })
         .max()
         .unwrap_or(0);
     for t in 0..most + count {
@@ -201,7 +206,31 @@ fn wavefront(
 fn all_reduce_pair(out: &mut Vec<Step>, rank: usize, len: usize, chunk: usize) {
     let peer = 1 - rank;
     let (mine, theirs) = (block(len, 2, rank), block(len, 2, peer));
-    let send = |out: &mut Vec<Step>, (i, range): (usize, Range<usize>)| {
+    pair_exchange(
+        out,
+        peer,
+        theirs.clone(),
+        mine.clone(),
+        chunk,
+        Action::Reduce,
+    );
+    super::push_sends(out, peer, mine, chunk, 1);
+    super::push_recvs(out, peer, theirs, chunk, 1, Action::Copy);
+}
+
+/// Step 0 of a two-rank reduce-scatter: the chunks of `send` go to `peer`,
+/// kept [`PAIR_SENDS_AHEAD`] ahead of the receives of `recv`'s chunks (each
+/// applied with `action`), so neither rank's block waits whole in the
+/// other's inbox (decision 0011).
+fn pair_exchange(
+    out: &mut Vec<Step>,
+    peer: usize,
+    send: Range<usize>,
+    recv: Range<usize>,
+    chunk: usize,
+    action: Action,
+) {
+    let push_send = |out: &mut Vec<Step>, (i, range): (usize, Range<usize>)| {
         out.push(Step::Send {
             peer,
             range,
@@ -209,27 +238,25 @@ fn all_reduce_pair(out: &mut Vec<Step>, rank: usize, len: usize, chunk: usize) {
             chunk: i as u32,
         });
     };
-    let mut sends = chunks(theirs.clone(), chunk).enumerate();
+    let mut sends = chunks(send, chunk).enumerate();
     for s in sends.by_ref().take(PAIR_SENDS_AHEAD) {
-        send(out, s);
+        push_send(out, s);
     }
-    for (c, range) in chunks(mine.clone(), chunk).enumerate() {
+    for (c, range) in chunks(recv, chunk).enumerate() {
         if let Some(s) = sends.next() {
-            send(out, s);
+            push_send(out, s);
         }
         out.push(Step::Recv {
             peer,
             range,
             step: 0,
             chunk: c as u32,
-            action: Action::Reduce,
+            action,
         });
     }
     for s in sends {
-        send(out, s);
+        push_send(out, s);
     }
-    super::push_sends(out, peer, mine, chunk, 1);
-    super::push_recvs(out, peer, theirs, chunk, 1, Action::Copy);
 }
 
 /// Ring reduce-scatter of `len` elements. Work buffer: a copy of the input;
@@ -244,6 +271,51 @@ pub fn reduce_scatter_ring(
     let blocks = |i| block(len, world, i);
     pipelined(out, rank, world, chunk, world.saturating_sub(1), |g| {
         reduce_scatter_step(rank, world, &blocks, g)
+    });
+}
+
+/// Ring reduce-scatter of `len` elements that leaves the input as it is.
+/// Index space: the input (`0..len`, read only), then the work buffer;
+/// `work(b)` is where block b is reduced, an index range past `len`. Every
+/// block this rank reduces is touched first by the receive that combines
+/// it with the input ([`Action::ReduceFrom`]), so nothing is copied up
+/// front; afterwards `work(rank)` holds this rank's result. The frames are
+/// the same as [`reduce_scatter_ring`]'s. With two ranks only `work(rank)`
+/// is used, so the work buffer can be the output itself, and sends and
+/// receives interleave as in the two-rank all-reduce; more ranks run as a
+/// wavefront, as the all-reduce's ring does.
+pub fn reduce_scatter_ring_from(
+    out: &mut Vec<Step>,
+    rank: usize,
+    world: usize,
+    len: usize,
+    chunk: usize,
+    work: impl Fn(usize) -> Range<usize>,
+) {
+    let blocks = |i| block(len, world, i);
+    if world == 2 {
+        // The same frames, sends and receives interleaved as the two-rank
+        // all-reduce does.
+        let (peer, recv) = (1 - rank, work(rank));
+        let back = recv.start - blocks(rank).start;
+        let action = Action::ReduceFrom { back };
+        return pair_exchange(out, peer, blocks(peer), recv, chunk, action);
+    }
+    // A wavefront, as the all-reduce's ring (decision 0014): each chunk is
+    // reduced soon after it is sent, not after a whole block waited.
+    wavefront(out, rank, world, chunk, world - 1, |g| {
+        let ring = reduce_scatter_step(rank, world, &|i| i..i + 1, g);
+        let (sent, received) = (ring.send.start, ring.recv.start);
+        let recv = work(received);
+        RingStep {
+            // Step 0 sends a block straight from the input; later steps
+            // forward what the previous one reduced.
+            send: if g == 0 { blocks(sent) } else { work(sent) },
+            action: Action::ReduceFrom {
+                back: recv.start - blocks(received).start,
+            },
+            recv,
+        }
     });
 }
 

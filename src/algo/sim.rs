@@ -33,6 +33,8 @@ struct Frame<T> {
 }
 
 /// Runs `schedules[r]` on `works[r]` for every rank, reducing with `op`.
+/// A schedule with a read-only input ([`super::Action::ReduceFrom`]) runs
+/// on the input followed by its work buffer.
 pub fn run<T: Element>(
     schedules: &[Vec<Step>],
     works: &mut [Vec<T>],
@@ -85,7 +87,10 @@ pub fn run<T: Element>(
                                 ),
                             });
                         }
-                        action.apply(&mut works[rank][range.clone()], &frame.data, op);
+                        let source = action
+                            .source(range)
+                            .map_or_else(Vec::new, |from| works[rank][from].to_vec());
+                        action.apply(&mut works[rank][range.clone()], &source, &frame.data, op);
                     }
                 }
                 pc[rank] += 1;
@@ -183,31 +188,112 @@ mod tests {
         assert_eq!(DType::ALL.len(), 7, "a new dtype needs a line above");
     }
 
-    #[test]
-    fn reduce_scatter_gives_each_rank_its_block() {
+    /// Calls `check(seed, world, len, chunk, inputs, reference)` for every
+    /// world size 1-9, length and chunk, on random inputs per rank and their
+    /// reduction by `op`.
+    fn each_reduce_scatter_case(
+        op: ReduceOp,
+        mut check: impl FnMut(u64, usize, usize, usize, &[Vec<f64>], &[f64]),
+    ) {
         let seed = Rng::fresh_seed();
         let mut rng = Rng::new(seed);
         for world in 1..=9 {
             for len in lengths(world) {
                 for chunk in CHUNKS {
-                    let inputs: Vec<Vec<f64>> = (0..world)
-                        .map(|_| random_data(&mut rng, len, ReduceOp::Sum))
-                        .collect();
-                    let reference = reference_reduce(&inputs, ReduceOp::Sum);
-                    let scheds: Vec<_> = (0..world)
-                        .map(|r| schedule(|o| reduce_scatter_ring(o, r, world, len, chunk)))
-                        .collect();
-                    let mut works = inputs.clone();
-                    run(&scheds, &mut works, ReduceOp::Sum).unwrap();
-                    for (r, w) in works.iter().enumerate() {
-                        let b = block(len, world, r);
-                        check_close(&w[b.clone()], &reference[b], world).unwrap_or_else(|e| {
-                            panic!("seed {seed} p={world} n={len} rank {r}: {e}")
-                        });
-                    }
+                    let inputs: Vec<Vec<f64>> =
+                        (0..world).map(|_| random_data(&mut rng, len, op)).collect();
+                    let reference = reference_reduce(&inputs, op);
+                    check(seed, world, len, chunk, &inputs, &reference);
                 }
             }
         }
+    }
+
+    #[test]
+    fn reduce_scatter_gives_each_rank_its_block() {
+        each_reduce_scatter_case(
+            ReduceOp::Sum,
+            |seed, world, len, chunk, inputs, reference| {
+                let scheds: Vec<_> = (0..world)
+                    .map(|r| schedule(|o| reduce_scatter_ring(o, r, world, len, chunk)))
+                    .collect();
+                let mut works = inputs.to_vec();
+                run(&scheds, &mut works, ReduceOp::Sum).unwrap();
+                for (r, w) in works.iter().enumerate() {
+                    let b = block(len, world, r);
+                    check_close(&w[b.clone()], &reference[b], world)
+                        .unwrap_or_else(|e| panic!("seed {seed} p={world} n={len} rank {r}: {e}"));
+                }
+            },
+        );
+    }
+
+    /// Where `rank`'s work space puts block `b` (index space: the input, then
+    /// the work space), as comm.rs lays it out.
+    type Layout = fn(usize, usize, usize, usize) -> Range<usize>;
+
+    /// A work space laid out like the input.
+    fn mirror(len: usize, world: usize, _rank: usize, b: usize) -> Range<usize> {
+        let b = block(len, world, b);
+        len + b.start..len + b.end
+    }
+
+    /// This rank's block alone (two ranks: the output).
+    fn own_block(len: usize, world: usize, rank: usize, _b: usize) -> Range<usize> {
+        len..len + block(len, world, rank).len()
+    }
+
+    #[test]
+    fn reduce_scatter_from_the_input_gives_each_rank_its_block_and_leaves_the_input() {
+        each_reduce_scatter_case(
+            ReduceOp::Prod,
+            |seed, world, len, chunk, inputs, reference| {
+                let layouts: Vec<(&str, Layout)> = if world == 2 {
+                    vec![("mirror", mirror), ("own block", own_block)]
+                } else {
+                    vec![("mirror", mirror)]
+                };
+                for (name, layout) in layouts {
+                    let scheds: Vec<_> = (0..world)
+                        .map(|r| {
+                            schedule(|o| {
+                                reduce_scatter_ring_from(o, r, world, len, chunk, |b| {
+                                    layout(len, world, r, b)
+                                })
+                            })
+                        })
+                        .collect();
+                    if world == 1 {
+                        // Nothing to exchange: the caller copies its input.
+                        assert!(scheds[0].is_empty(), "p=1 needs no steps");
+                        continue;
+                    }
+                    // Input, then a work space of garbage.
+                    let mut works: Vec<Vec<f64>> = (0..world)
+                        .map(|r| {
+                            let end = (0..world).map(|b| layout(len, world, r, b).end).max();
+                            let mut w = inputs[r].clone();
+                            w.resize(end.unwrap_or(len).max(len), f64::NAN);
+                            w
+                        })
+                        .collect();
+                    run(&scheds, &mut works, ReduceOp::Prod).unwrap();
+                    for (r, w) in works.iter().enumerate() {
+                        let why = |e: String| {
+                            panic!(
+                                "seed {seed} p={world} n={len} chunk {chunk} {name} rank {r}: {e}"
+                            )
+                        };
+                        if w[..len] != inputs[r][..] {
+                            why("the input changed".into());
+                        }
+                        let mine = block(len, world, r);
+                        check_close(&w[layout(len, world, r, r)], &reference[mine], world)
+                            .unwrap_or_else(why);
+                    }
+                }
+            },
+        );
     }
 
     #[test]
