@@ -289,11 +289,18 @@ fn reduce_body<T: Element>(
             T::finish_avg(data, size);
         }
     } else {
-        // Partial sums pass through; the caller's buffer comes back as it was.
-        cx.with_scratch(n, |cx, work: &mut [T]| {
-            work.copy_from_slice(data);
-            cx.run_schedule(work, build)
-        })?;
+        // The caller's buffer is read in place and comes back as it was:
+        // partial results pass through a work space (a leaf needs none).
+        let build = |steps: &mut Vec<Step>, chunk| {
+            algo::reduce_tree_from(steps, rank, size, root, n, chunk)
+        };
+        if algo::reduce_tree_has_children(rank, size, root) {
+            cx.with_scratch(n, |cx, work: &mut [T]| {
+                cx.run_schedule_from(data, work, build)
+            })?;
+        } else {
+            cx.run_schedule_from(data, &mut [], build)?;
+        }
     }
     Ok(())
 }

@@ -127,6 +127,17 @@ fn large_buffers_across_chunks() {
             if back != ins[c.rank()] {
                 return Err("reduce_scatter: the input changed".to_string());
             }
+            // Rooted reduce: the other ranks read their buffer in place.
+            let root = world - 1;
+            let got = c
+                .reduce(ins[c.rank()].clone(), root, ReduceOp::Min)
+                .wait()
+                .map_err(|e| e.to_string())?;
+            if c.rank() == root {
+                check_close(&got, &reference_reduce(&ins, ReduceOp::Min), world)?;
+            } else if got != ins[c.rank()] {
+                return Err("reduce: a non-root buffer changed".to_string());
+            }
             let mut out = vec![f32::NAN; mine];
             c.reduce_scatter_slice(&ins[c.rank()], &mut out, ReduceOp::Max)
                 .map_err(|e| e.to_string())?;

@@ -54,6 +54,66 @@ pub fn reduce_tree(
     }
 }
 
+/// [`reduce_tree`] for a rank other than `root` that leaves its input as
+/// it is. Index space: the input (`0..len`, read only), then a work space
+/// of `len` elements where this rank combines its children's partial
+/// results. The first child's chunk is combined with the input as it
+/// arrives ([`Action::ReduceFrom`]), so nothing is copied. A rank without
+/// children (a leaf) sends its input, and its schedule never reaches the
+/// work space. The frames are [`reduce_tree`]'s.
+pub fn reduce_tree_from(
+    out: &mut Vec<Step>,
+    rank: usize,
+    world: usize,
+    root: usize,
+    len: usize,
+    chunk: usize,
+) {
+    let from = out.len();
+    reduce_tree(out, rank, world, root, len, chunk);
+    // Each chunk's receives come before its send: the first receive of a
+    // chunk combines with the input, the rest with what it left; a chunk
+    // that received anything is sent from the work space.
+    let mut reduced = None;
+    for step in &mut out[from..] {
+        match step {
+            Step::Recv {
+                range,
+                chunk,
+                action,
+                ..
+            } => {
+                *action = if reduced == Some(*chunk) {
+                    Action::Reduce
+                } else {
+                    Action::ReduceFrom { back: len }
+                };
+                reduced = Some(*chunk);
+                *range = range.start + len..range.end + len;
+            }
+            Step::Send { range, chunk, .. } => {
+                if reduced == Some(*chunk) {
+                    *range = range.start + len..range.end + len;
+                }
+            }
+        }
+    }
+}
+
+/// Whether `rank` receives anything in [`reduce_tree`] to `root`: false for
+/// a leaf, which only sends.
+pub fn reduce_tree_has_children(rank: usize, world: usize, root: usize) -> bool {
+    let vr = (rank + world - root) % world;
+    // Children are vr | m for powers of two m below vr's lowest set bit
+    // (every power for the root), those below `world`.
+    let lowest = if vr == 0 {
+        world.next_power_of_two()
+    } else {
+        vr & vr.wrapping_neg()
+    };
+    lowest > 1 && (vr | 1) < world
+}
+
 /// All-reduce as a binomial-tree reduce to rank 0, then a binomial-tree
 /// broadcast from it. Per chunk it moves 2(p-1) frames, against recursive
 /// doubling's p*log2(p), in 2*ceil(log2 p) rounds against log2(p): the

@@ -356,11 +356,50 @@ mod tests {
                         let scheds: Vec<_> = (0..world)
                             .map(|r| schedule(|o| reduce_tree(o, r, world, root, len, chunk)))
                             .collect();
+                        // (An empty buffer has no steps at all.)
+                        for (r, steps) in scheds.iter().enumerate().filter(|_| len > 0) {
+                            let receives = steps.iter().any(|s| matches!(s, Step::Recv { .. }));
+                            assert_eq!(
+                                reduce_tree_has_children(r, world, root),
+                                receives,
+                                "p={world} root={root} rank {r} n={len}: children"
+                            );
+                        }
                         let mut works = inputs.clone();
                         run(&scheds, &mut works, ReduceOp::Max).unwrap();
                         check_close(&works[root], &reference, world).unwrap_or_else(|e| {
                             panic!("seed {seed} reduce p={world} root={root}: {e}")
                         });
+                        // Again with the other ranks reading their input in
+                        // place: a work space of garbage after it, none for a
+                        // leaf (its schedule must stay inside the input).
+                        let scheds: Vec<_> = (0..world)
+                            .map(|r| match r == root {
+                                true => schedule(|o| reduce_tree(o, r, world, root, len, chunk)),
+                                false => {
+                                    schedule(|o| reduce_tree_from(o, r, world, root, len, chunk))
+                                }
+                            })
+                            .collect();
+                        let mut works: Vec<Vec<i32>> = (0..world)
+                            .map(|r| {
+                                let mut w = inputs[r].clone();
+                                if r != root && reduce_tree_has_children(r, world, root) {
+                                    w.resize(2 * len, i32::MAX); // garbage that would win a max
+                                }
+                                w
+                            })
+                            .collect();
+                        run(&scheds, &mut works, ReduceOp::Max).unwrap();
+                        check_close(&works[root], &reference, world).unwrap_or_else(|e| {
+                            panic!("seed {seed} reduce_from p={world} root={root}: {e}")
+                        });
+                        for r in (0..world).filter(|&r| r != root) {
+                            assert!(
+                                works[r][..len] == inputs[r][..],
+                                "seed {seed} reduce_from p={world} root={root}: rank {r}'s input changed"
+                            );
+                        }
                     }
                 }
             }
