@@ -329,8 +329,9 @@ fn reduce_scatter_body<T: Element>(
     let mine = algo::block(n, size, rank);
     // The input stays as it is: each block is first combined with it as it
     // arrives (`algo::reduce_scatter_ring_from`). Two ranks reduce only their
-    // own block, straight into the output; more use a work space laid out
-    // like the input, since they forward the other blocks.
+    // own block, straight into the output. More also forward the other
+    // blocks, chunk by chunk through one slot at the output's tail
+    // (`algo::reduce_scatter_ring_into`), so they need no work space either.
     if size == 1 {
         output.copy_from_slice(input);
     } else if size == 2 {
@@ -338,16 +339,22 @@ fn reduce_scatter_body<T: Element>(
             algo::reduce_scatter_ring_from(steps, rank, size, n, chunk, |_| n..n + mine.len())
         })?;
     } else {
-        cx.with_scratch(n, |cx, work: &mut [T]| {
-            cx.run_schedule_from(input, work, |steps, chunk| {
-                algo::reduce_scatter_ring_from(steps, rank, size, n, chunk, |b| {
-                    let b = algo::block(n, size, b);
-                    n + b.start..n + b.end
-                })
+        let slot_len = algo::reduce_scatter_slot_len(n, size, cx.chunk::<T>());
+        let build = |slot| {
+            move |steps: &mut Vec<Step>, chunk| {
+                algo::reduce_scatter_ring_into(steps, rank, size, n, chunk, slot)
+            }
+        };
+        if mine.len() >= slot_len {
+            cx.run_schedule_from(input, output, build(n + mine.len() - slot_len))?;
+        } else {
+            // An output shorter than a chunk: it and the slot in scratch.
+            cx.with_scratch(mine.len() + slot_len, |cx, work: &mut [T]| {
+                cx.run_schedule_from(input, work, build(n + mine.len()))?;
+                output.copy_from_slice(&work[..mine.len()]);
+                Ok::<(), Error>(())
             })?;
-            output.copy_from_slice(&work[mine.clone()]);
-            Ok::<(), Error>(())
-        })?;
+        }
     }
     if op == ReduceOp::Avg {
         T::finish_avg(output, size);

@@ -319,6 +319,62 @@ pub fn reduce_scatter_ring_from(
     });
 }
 
+/// Elements of the slot [`reduce_scatter_ring_into`] forwards through:
+/// one chunk, or the longest block if that is shorter.
+pub fn reduce_scatter_slot_len(len: usize, world: usize, chunk: usize) -> usize {
+    chunk.max(1).min(block(len, world, 0).len())
+}
+
+/// Ring reduce-scatter of `len` elements with no work space beyond one
+/// chunk. Index space: the input (`0..len`, read only), this rank's block
+/// (`len..len + mine`, its result), and a slot of
+/// [`reduce_scatter_slot_len`] elements at `slot`. Every chunk of another
+/// rank's block is combined with the input into the slot and forwarded
+/// from it in the next step (the wavefront emits the two together, and a
+/// send is done before the next step starts), so one slot serves them all.
+///
+/// The slot may be the tail of this rank's block. It overlaps at most the
+/// block's last two chunks, and the wavefront writes those no earlier than
+/// the round of the slot's last use, after that use in its round. (Other
+/// blocks have at most one more chunk than this one, and only when this
+/// one's last chunk is whole, in which case the slot is that chunk.)
+pub fn reduce_scatter_ring_into(
+    out: &mut Vec<Step>,
+    rank: usize,
+    world: usize,
+    len: usize,
+    chunk: usize,
+    slot: usize,
+) {
+    let mine = block(len, world, rank);
+    let from = out.len();
+    // Laid out like the input first (block b at len + b), then moved.
+    reduce_scatter_ring_from(out, rank, world, len, chunk, |b| {
+        let b = block(len, world, b);
+        len + b.start..len + b.end
+    });
+    for step in &mut out[from..] {
+        match step {
+            Step::Recv { range, action, .. } if range.start >= len => {
+                // The input elements this chunk combines with.
+                let source = range.start - len..range.end - len;
+                let dest = if mine.contains(&source.start) {
+                    len + source.start - mine.start..len + source.end - mine.start
+                } else {
+                    slot..slot + source.len()
+                };
+                *action = Action::ReduceFrom {
+                    back: dest.start - source.start,
+                };
+                *range = dest;
+            }
+            // Only chunks of other blocks are forwarded from the work space.
+            Step::Send { range, .. } if range.start >= len => *range = slot..slot + range.len(),
+            _ => {}
+        }
+    }
+}
+
 /// Ring all-gather of `per_rank` elements from each rank. Work buffer: the
 /// output (`per_rank * world` elements) with this rank's input already copied
 /// to `rank * per_rank..`.

@@ -297,6 +297,50 @@ mod tests {
     }
 
     #[test]
+    fn reduce_scatter_into_the_output_through_one_slot() {
+        each_reduce_scatter_case(
+            ReduceOp::Sum,
+            |seed, world, len, chunk, inputs, reference| {
+                let slot_len = reduce_scatter_slot_len(len, world, chunk);
+                // Index space: input, this rank's block, then the slot: at the
+                // block's tail where it fits (as comm.rs places it), else after it.
+                let slot = |r: usize| {
+                    let mine = block(len, world, r).len();
+                    len + mine.saturating_sub(slot_len) + if mine >= slot_len { 0 } else { mine }
+                };
+                let scheds: Vec<_> = (0..world)
+                    .map(|r| {
+                        schedule(|o| reduce_scatter_ring_into(o, r, world, len, chunk, slot(r)))
+                    })
+                    .collect();
+                let mut works: Vec<Vec<f64>> = (0..world)
+                    .map(|r| {
+                        let mut w = inputs[r].clone();
+                        w.resize(slot(r) + slot_len, f64::NAN); // work starts as garbage
+                        w
+                    })
+                    .collect();
+                if world == 1 {
+                    assert!(scheds[0].is_empty(), "p=1 needs no steps");
+                    return;
+                }
+                run(&scheds, &mut works, ReduceOp::Sum).unwrap();
+                for (r, w) in works.iter().enumerate() {
+                    let why = |e: String| {
+                        panic!("seed {seed} p={world} n={len} chunk {chunk} rank {r}: {e}")
+                    };
+                    if w[..len] != inputs[r][..] {
+                        why("the input changed".into());
+                    }
+                    let mine = block(len, world, r);
+                    check_close(&w[len..len + mine.len()], &reference[mine], world)
+                        .unwrap_or_else(why);
+                }
+            },
+        );
+    }
+
+    #[test]
     fn all_gather_concatenates_in_rank_order() {
         let seed = Rng::fresh_seed();
         let mut rng = Rng::new(seed);
