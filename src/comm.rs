@@ -295,7 +295,9 @@ fn reduce_body<T: Element>(
             algo::reduce_tree_from(steps, rank, size, root, n, chunk)
         };
         if algo::reduce_tree_has_children(rank, size, root) {
-            cx.with_scratch(n, |cx, work: &mut [T]| {
+            // One chunk's slot (see `algo::reduce_tree_from`).
+            let slot = cx.chunk::<T>().min(n);
+            cx.with_scratch(slot, |cx, work: &mut [T]| {
                 cx.run_schedule_from(data, work, build)
             })?;
         } else {

@@ -55,12 +55,15 @@ pub fn reduce_tree(
 }
 
 /// [`reduce_tree`] for a rank other than `root` that leaves its input as
-/// it is. Index space: the input (`0..len`, read only), then a work space
-/// of `len` elements where this rank combines its children's partial
-/// results. The first child's chunk is combined with the input as it
-/// arrives ([`Action::ReduceFrom`]), so nothing is copied. A rank without
-/// children (a leaf) sends its input, and its schedule never reaches the
-/// work space. The frames are [`reduce_tree`]'s.
+/// it is. Index space: the input (`0..len`, read only), then a slot of
+/// `chunk.min(len)` elements where this rank combines its children's
+/// partial results, one chunk at a time: a chunk's receives and its send
+/// to the parent are consecutive steps, and a send is done before the next
+/// step starts, so one slot serves every chunk. The first child's chunk is
+/// combined with the input as it arrives ([`Action::ReduceFrom`]), so
+/// nothing is copied. A rank without children (a leaf) sends its input,
+/// and its schedule never reaches the slot. The frames are
+/// [`reduce_tree`]'s.
 pub fn reduce_tree_from(
     out: &mut Vec<Step>,
     rank: usize,
@@ -72,8 +75,8 @@ pub fn reduce_tree_from(
     let from = out.len();
     reduce_tree(out, rank, world, root, len, chunk);
     // Each chunk's receives come before its send: the first receive of a
-    // chunk combines with the input, the rest with what it left; a chunk
-    // that received anything is sent from the work space.
+    // chunk combines with the input, the rest with what it left in the
+    // slot; a chunk that received anything is sent from the slot.
     let mut reduced = None;
     for step in &mut out[from..] {
         match step {
@@ -86,14 +89,16 @@ pub fn reduce_tree_from(
                 *action = if reduced == Some(*chunk) {
                     Action::Reduce
                 } else {
-                    Action::ReduceFrom { back: len }
+                    Action::ReduceFrom {
+                        back: len - range.start,
+                    }
                 };
                 reduced = Some(*chunk);
-                *range = range.start + len..range.end + len;
+                *range = len..len + range.len();
             }
             Step::Send { range, chunk, .. } => {
                 if reduced == Some(*chunk) {
-                    *range = range.start + len..range.end + len;
+                    *range = len..len + range.len();
                 }
             }
         }

@@ -429,7 +429,8 @@ mod tests {
                             .map(|r| {
                                 let mut w = inputs[r].clone();
                                 if r != root && reduce_tree_has_children(r, world, root) {
-                                    w.resize(2 * len, i32::MAX); // garbage that would win a max
+                                    // One chunk's slot of garbage that would win a max.
+                                    w.resize(len + chunk.min(len), i32::MAX);
                                 }
                                 w
                             })
