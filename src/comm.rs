@@ -282,27 +282,22 @@ fn reduce_body<T: Element>(
 ) -> Result<(), Error> {
     let (rank, size) = cx.rank_and_size();
     let n = data.len();
-    let build = |steps: &mut Vec<Step>, chunk| algo::reduce_tree(steps, rank, size, root, n, chunk);
     if rank == root {
-        cx.run_schedule(data, build)?;
+        cx.run_schedule(data, |steps, chunk| {
+            algo::reduce_tree(steps, rank, size, root, n, chunk)
+        })?;
         if op == ReduceOp::Avg {
             T::finish_avg(data, size);
         }
     } else {
         // The caller's buffer is read in place and comes back as it was:
-        // partial results pass through a work space (a leaf needs none).
-        let build = |steps: &mut Vec<Step>, chunk| {
-            algo::reduce_tree_from(steps, rank, size, root, n, chunk)
-        };
-        if algo::reduce_tree_has_children(rank, size, root) {
-            // One chunk's slot (see `algo::reduce_tree_from`).
-            let slot = cx.chunk::<T>().min(n);
-            cx.with_scratch(slot, |cx, work: &mut [T]| {
-                cx.run_schedule_from(data, work, build)
-            })?;
-        } else {
-            cx.run_schedule_from(data, &mut [], build)?;
-        }
+        // partial results pass through one chunk's slot (a leaf never
+        // touches it; see `algo::reduce_tree_from`).
+        cx.with_scratch(cx.chunk::<T>().min(n), |cx, work: &mut [T]| {
+            cx.run_schedule_from(data, work, |steps, chunk| {
+                algo::reduce_tree_from(steps, rank, size, root, n, chunk)
+            })
+        })?;
     }
     Ok(())
 }
@@ -341,18 +336,16 @@ fn reduce_scatter_body<T: Element>(
             algo::reduce_scatter_ring_from(steps, rank, size, n, chunk, |_| n..n + mine.len())
         })?;
     } else {
-        let slot_len = algo::reduce_scatter_slot_len(n, size, cx.chunk::<T>());
-        let build = |slot| {
-            move |steps: &mut Vec<Step>, chunk| {
-                algo::reduce_scatter_ring_into(steps, rank, size, n, chunk, slot)
-            }
+        let (slot, work_len) = algo::reduce_scatter_slot(n, size, rank, cx.chunk::<T>());
+        let build = |steps: &mut Vec<Step>, chunk| {
+            algo::reduce_scatter_ring_into(steps, rank, size, n, chunk, slot)
         };
-        if mine.len() >= slot_len {
-            cx.run_schedule_from(input, output, build(n + mine.len() - slot_len))?;
+        if work_len == mine.len() {
+            cx.run_schedule_from(input, output, build)?;
         } else {
             // An output shorter than a chunk: it and the slot in scratch.
-            cx.with_scratch(mine.len() + slot_len, |cx, work: &mut [T]| {
-                cx.run_schedule_from(input, work, build(n + mine.len()))?;
+            cx.with_scratch(work_len, |cx, work: &mut [T]| {
+                cx.run_schedule_from(input, work, build)?;
                 output.copy_from_slice(&work[..mine.len()]);
                 Ok::<(), Error>(())
             })?;

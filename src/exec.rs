@@ -97,9 +97,10 @@ const POST_AHEAD_BYTES: usize = 64 << 10;
 
 /// Runs `steps` on `input` and `work`, which the steps address as one
 /// index space: ranges below `input.len()` are the caller's input, read in
-/// place by sends; the rest are `work`, offset by `input.len()`. Every op
-/// but all-to-all has an empty `input`; all-to-all sends from its input
-/// and receives into its output without staging either in a copy.
+/// place by sends and by [`Action::ReduceFrom`] receives; the rest are
+/// `work`, offset by `input.len()`. All-to-all, reduce-scatter and a
+/// non-root reduce pass their input here instead of copying it into a
+/// work buffer; every other op passes an empty one.
 /// `members` maps communicator ranks to the transport's (world) ranks.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn run<T: Element>(
@@ -220,14 +221,16 @@ impl Run<'_> {
                         )?;
                         continue;
                     }
-                    let source = match action.source(whole) {
-                        None => &[][..],
-                        Some(from) if from.end <= split => input
-                            .get(from)
-                            .ok_or_else(|| self.straddles(whole, split))?,
-                        Some(from) => return Err(self.internal(format!(
-                            "step range {whole:?} reduces from {from:?}, outside the read-only input (its first {split} elements)"
-                        ))),
+                    let source = match action {
+                        Action::ReduceFrom { .. } => action
+                            .source(whole)
+                            .and_then(|from| input.get(from))
+                            .ok_or_else(|| {
+                                self.internal(format!(
+                                    "step range {whole:?} reduces from outside the read-only input (its first {split} elements)"
+                                ))
+                            })?,
+                        _ => &[][..],
                     };
                     let dest = work.get(range.clone()).ok_or_else(|| self.outside(range))?;
                     let received = match action {

@@ -105,20 +105,6 @@ pub fn reduce_tree_from(
     }
 }
 
-/// Whether `rank` receives anything in [`reduce_tree`] to `root`: false for
-/// a leaf, which only sends.
-pub fn reduce_tree_has_children(rank: usize, world: usize, root: usize) -> bool {
-    let vr = (rank + world - root) % world;
-    // Children are vr | m for powers of two m below vr's lowest set bit
-    // (every power for the root), those below `world`.
-    let lowest = if vr == 0 {
-        world.next_power_of_two()
-    } else {
-        vr & vr.wrapping_neg()
-    };
-    lowest > 1 && (vr | 1) < world
-}
-
 /// All-reduce as a binomial-tree reduce to rank 0, then a binomial-tree
 /// broadcast from it. Per chunk it moves 2(p-1) frames, against recursive
 /// doubling's p*log2(p), in 2*ceil(log2 p) rounds against log2(p): the

@@ -319,16 +319,25 @@ pub fn reduce_scatter_ring_from(
     });
 }
 
-/// Elements of the slot [`reduce_scatter_ring_into`] forwards through:
-/// one chunk, or the longest block if that is shorter.
-pub fn reduce_scatter_slot_len(len: usize, world: usize, chunk: usize) -> usize {
-    chunk.max(1).min(block(len, world, 0).len())
+/// Where `rank`'s [`reduce_scatter_ring_into`] puts its slot, and how many
+/// elements past the input its schedule uses: the slot (one chunk, or the
+/// longest block if that is shorter) is the tail of this rank's block when
+/// the block holds it, so the schedule needs only the output; else it
+/// follows the block.
+pub fn reduce_scatter_slot(len: usize, world: usize, rank: usize, chunk: usize) -> (usize, usize) {
+    let slot_len = chunk.max(1).min(block(len, world, 0).len());
+    let mine = block(len, world, rank).len();
+    if mine >= slot_len {
+        (len + mine - slot_len, mine)
+    } else {
+        (len + mine, mine + slot_len)
+    }
 }
 
 /// Ring reduce-scatter of `len` elements with no work space beyond one
 /// chunk. Index space: the input (`0..len`, read only), this rank's block
-/// (`len..len + mine`, its result), and a slot of
-/// [`reduce_scatter_slot_len`] elements at `slot`. Every chunk of another
+/// (`len..len + mine`, its result), and a one-chunk slot at `slot`
+/// (placed by [`reduce_scatter_slot`]). Every chunk of another
 /// rank's block is combined with the input into the slot and forwarded
 /// from it in the next step (the wavefront emits the two together, and a
 /// send is done before the next step starts), so one slot serves them all.
