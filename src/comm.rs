@@ -506,6 +506,17 @@ impl Communicator {
         self.inner.world.transport.link_kind(world_rank)
     }
 
+    /// Whether this rank's link to `peer` carries the payloads of large
+    /// frames (256 KiB and up) on two one-way lanes beside its connection:
+    /// TCP links of the io_uring engine do unless told not to (see
+    /// [`crate::Builder::tcp_lanes`]). False until the link is made.
+    pub fn link_has_lanes(&self, peer: usize) -> bool {
+        self.inner
+            .members
+            .get(peer)
+            .is_some_and(|&r| self.inner.world.transport.link_has_lanes(r))
+    }
+
     /// A handle to the same communicator whose ops use `timeout` instead of
     /// the configured default. Ops queue in one order whichever handle
     /// submits them.

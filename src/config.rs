@@ -102,6 +102,9 @@ pub(crate) struct Tunables {
     pub(crate) socket_buffer: Option<usize>,
     pub(crate) transport: TransportKind,
     pub(crate) local_links: LocalLinks,
+    /// TCP links on the uring engine add two one-way lanes for the payloads
+    /// of large frames (RINGWIRE_TCP_LANES, default on; decision 0018).
+    pub(crate) tcp_lanes: bool,
     /// Waiters poll this long before sleeping (RINGWIRE_SPIN_US): a caller
     /// in `wait`, the executor between jobs, either plane for a frame.
     pub(crate) spin: Duration,
@@ -198,6 +201,7 @@ pub(crate) struct Overrides {
     pub(crate) socket_buffer: Option<usize>,
     pub(crate) transport: Option<TransportKind>,
     pub(crate) local_links: Option<LocalLinks>,
+    pub(crate) tcp_lanes: Option<bool>,
     pub(crate) heartbeat_timeout: Option<Duration>,
     pub(crate) debug_checks: Option<bool>,
 }
@@ -287,6 +291,22 @@ impl Overrides {
                 None => LocalLinks::Unix,
             },
         };
+        let tcp_lanes = match self.tcp_lanes {
+            Some(l) => l,
+            None => match lookup("RINGWIRE_TCP_LANES")
+                .as_deref()
+                .map(|v| v.trim().to_ascii_lowercase())
+                .as_deref()
+            {
+                None | Some("" | "1" | "on") => true,
+                Some("0" | "off") => false,
+                Some(other) => {
+                    return Err(Error::Rendezvous(format!(
+                        "RINGWIRE_TCP_LANES={other}: expected on (large payloads of TCP links on one-way lanes) or off"
+                    )));
+                }
+            },
+        };
         let spin =
             env_number(lookup, "RINGWIRE_SPIN_US")?.map_or(DEFAULT_SPIN, Duration::from_micros);
         let heartbeat_timeout = match self.heartbeat_timeout {
@@ -322,6 +342,7 @@ impl Overrides {
             socket_buffer,
             transport,
             local_links,
+            tcp_lanes,
             spin,
             heartbeat_timeout,
             debug_checks,

@@ -242,6 +242,17 @@ impl Builder {
         self
     }
 
+    /// Whether TCP links run by the io_uring engine carry the payloads of
+    /// large frames (256 KiB and up) on two extra one-way connections, one
+    /// each way, so that neither end's sends process the other's arriving
+    /// data (docs/decisions/0018). On by default; the dialing rank of each
+    /// link decides, and the other follows if its engine runs.
+    /// Env: RINGWIRE_TCP_LANES=on|off.
+    pub fn tcp_lanes(mut self, on: bool) -> Builder {
+        self.overrides.tcp_lanes = Some(on);
+        self
+    }
+
     /// Which transport to use. Env: RINGWIRE_TRANSPORT=auto|uring|portable.
     pub fn transport(mut self, kind: TransportKind) -> Builder {
         self.overrides.transport = Some(kind);
@@ -608,6 +619,7 @@ fn start_transport(
         uring,
         uring_required: t.transport == TransportKind::Uring,
         spin: t.spin,
+        lanes: t.tcp_lanes,
         max_payload: t.max_frame_bytes,
         handshake_timeout: t.connect_timeout.min(Duration::from_secs(10)),
         write_timeout: t.timeout,

@@ -324,3 +324,41 @@ fn local_ranks_link_over_unix_sockets_unless_told_tcp() {
     assert_eq!(comms[1].link_kind(0), Some("tcp"));
     assert_eq!(comms[0].link_kind(5), None, "not a rank");
 }
+
+/// TCP links of the io_uring engine carry large payloads on two one-way
+/// lanes (decision 0018); `tcp_lanes(false)`, Unix links and the portable
+/// transport have none. Every test file's TCP rerun runs its collectives
+/// over lanes; tests/security.rs checks them with a job secret.
+#[test]
+fn tcp_links_of_the_engine_have_lanes_unless_told_not_to() {
+    for lanes in [true, false] {
+        let (_store, comms) = local_group(2, |b| {
+            b.local_links(ringwire::LocalLinks::Tcp).tcp_lanes(lanes)
+        });
+        assert!(!comms[0].link_has_lanes(1), "links are made on first use");
+        // Large enough that its frames go on the lanes (256 KiB and up).
+        let n = 1 << 20;
+        let sums = on_all(&comms, |c| {
+            c.all_reduce(vec![c.rank() as f32 + 1.0; n], ReduceOp::Sum)
+                .wait()
+                .unwrap()
+        });
+        assert!(
+            sums.iter()
+                .all(|s| s.len() == n && s.iter().all(|&v| v == 3.0))
+        );
+        let engine = comms[0].transport_name() == "uring";
+        for (rank, c) in comms.iter().enumerate() {
+            assert_eq!(
+                c.link_has_lanes(1 - rank),
+                lanes && engine,
+                "rank {rank}, lanes asked: {lanes}, transport {}",
+                c.transport_name()
+            );
+        }
+    }
+    let (_store, comms) = local_group(2, |b| b);
+    on_all(&comms, |c| c.barrier().wait().unwrap());
+    let tcp = common::expected_local_link() == "tcp" && comms[0].transport_name() == "uring";
+    assert_eq!(comms[0].link_has_lanes(1), tcp, "unix links have no lanes");
+}

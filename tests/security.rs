@@ -514,3 +514,87 @@ fn tls_runs_on_the_portable_transport_and_forcing_uring_says_why() {
         .to_string();
     assert!(err.contains("TLS") && err.contains("portable"), "{err}");
 }
+
+/// A secret job whose ranks link over TCP on the engine opens lanes
+/// (decision 0018), each through the whole challenge-response, and runs
+/// collectives over them.
+#[test]
+fn lanes_pass_the_secret_check_like_their_link() {
+    let right = sec(None, Some("lanes"));
+    let store = StoreServer::bind_with("127.0.0.1:0".parse().unwrap(), right.clone()).unwrap();
+    let comms: Vec<Communicator> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..2)
+            .map(|rank| {
+                let b = Communicator::builder()
+                    .rank(rank)
+                    .world_size(2)
+                    .store_addr(store.local_addr())
+                    .host_store(false)
+                    .timeout(Duration::from_secs(20))
+                    .security(right.clone())
+                    .local_links(ringwire::LocalLinks::Tcp);
+                s.spawn(move || b.build().wait().unwrap())
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    check_all_reduce(&comms, 1 << 20);
+    let engine = comms[0].transport_name() == "uring";
+    assert_eq!(comms[0].link_has_lanes(1), engine);
+    assert_eq!(comms[1].link_has_lanes(0), engine);
+}
+
+/// A lane (decision 0018) is only taken for a link that asked for lanes and
+/// waits for them: one opened out of the blue is refused, saying so, and
+/// the job goes on. With a secret, a lane runs the whole challenge first.
+#[test]
+fn a_lane_nobody_waits_for_is_refused_and_the_job_goes_on() {
+    for secret in [None, Some("lanes")] {
+        let (store, comms) = group(
+            2,
+            sec(None, secret),
+            |_| sec(None, secret),
+            Duration::from_secs(20),
+        );
+        let comms = ok(comms);
+        check_all_reduce(&comms, 1 << 20);
+        let addr = rank_addr(&store, &sec(None, secret), 1);
+        let c = StoreClient::connect_with(
+            &[store.local_addr()],
+            Duration::from_secs(5),
+            &sec(None, secret),
+        )
+        .unwrap();
+        let job = c
+            .get("ringwire/default/job", Duration::from_secs(5))
+            .unwrap();
+        let job = u64::from_le_bytes(job.try_into().unwrap());
+        let mut s = TcpStream::connect(addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let hello = Hello {
+            channel: wire::Channel::LaneFromDialer,
+            security: if secret.is_some() {
+                wire::handshake::SECURITY_SECRET
+            } else {
+                0
+            },
+            auth: if secret.is_some() {
+                vec![7; 32]
+            } else {
+                vec![]
+            },
+            ..Hello::new(job, 0, 2)
+        };
+        s.write_all(&wire::encode_hello(0, 0, &hello).unwrap())
+            .unwrap();
+        let (_, p) = read_frame(&mut s).unwrap();
+        let ack = HelloAck::decode(&p).unwrap();
+        assert!(!ack.accepted, "a stray lane was accepted");
+        assert!(
+            ack.reason.contains("lane") && ack.reason.contains("not waiting"),
+            "{}",
+            ack.reason
+        );
+        check_all_reduce(&comms, 1 << 20);
+    }
+}

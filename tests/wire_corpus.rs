@@ -16,7 +16,7 @@ mod corpus;
 use corpus::{corpus_dir, corpus_files};
 
 use ringwire::wire::{
-    Abort, FrameKind, Header, Hello, HelloAck, OpKind, decode_frame, encode_abort,
+    Abort, Channel, FrameKind, Header, Hello, HelloAck, OpKind, decode_frame, encode_abort,
     encode_heartbeat, encode_hello, encode_hello_ack,
 };
 use ringwire::{DType, ReduceOp};
@@ -204,7 +204,7 @@ fn seeds() -> Vec<(&'static str, &'static str, Vec<u8>)> {
         (
             "frame",
             "hello_auth_len_past_payload.bin",
-            with(hello_frame.clone(), 56 + 20, &300u16.to_le_bytes()),
+            with(hello_frame.clone(), 56 + 21, &300u16.to_le_bytes()),
         ),
         // Bare payloads, for `Hello::decode`, `HelloAck::decode`, `Abort::decode`.
         ("handshake", "valid_hello_rank1.bin", hello_payload.clone()),
@@ -222,7 +222,7 @@ fn seeds() -> Vec<(&'static str, &'static str, Vec<u8>)> {
         (
             "handshake",
             "ack_auth_len_over_cap.bin",
-            with(ack_challenge.encode(), 4, &513u16.to_le_bytes()),
+            with(ack_challenge.encode(), 5, &513u16.to_le_bytes()),
         ),
         (
             "handshake",
@@ -251,17 +251,54 @@ fn seeds() -> Vec<(&'static str, &'static str, Vec<u8>)> {
         (
             "handshake",
             "hello_auth_len_over_cap.bin",
-            with(hello_payload.clone(), 20, &513u16.to_le_bytes()),
+            with(hello_payload.clone(), 21, &513u16.to_le_bytes()),
         ),
         (
             "handshake",
             "hello_auth_len_past_end.bin",
-            with(hello_payload.clone(), 20, &40u16.to_le_bytes()),
+            with(hello_payload.clone(), 21, &40u16.to_le_bytes()),
         ),
         (
             "handshake",
             "hello_bad_endian_flag.bin",
-            with(hello_payload, 2, &[2]),
+            with(hello_payload.clone(), 2, &[2]),
+        ),
+        // Lanes (decision 0018): a main connection asking for them, a lane,
+        // an unknown channel, an ack whose lanes flag is not 0/1.
+        (
+            "handshake",
+            "valid_hello_main_with_lanes.bin",
+            Hello {
+                channel: Channel::MainWithLanes,
+                ..hello.clone()
+            }
+            .encode()
+            .unwrap(),
+        ),
+        (
+            "handshake",
+            "valid_hello_lane_to_dialer.bin",
+            Hello {
+                channel: Channel::LaneToDialer,
+                ..hello_auth.clone()
+            }
+            .encode()
+            .unwrap(),
+        ),
+        (
+            "handshake",
+            "hello_unknown_channel.bin",
+            with(hello_payload, 4, &[4]),
+        ),
+        (
+            "handshake",
+            "valid_ack_accept_lanes.bin",
+            HelloAck::accept().with_lanes(true).encode(),
+        ),
+        (
+            "handshake",
+            "ack_bad_lanes_flag.bin",
+            with(ack_payload.clone(), 2, &[2]),
         ),
         (
             "handshake",
@@ -271,12 +308,12 @@ fn seeds() -> Vec<(&'static str, &'static str, Vec<u8>)> {
         (
             "handshake",
             "ack_reason_len_u16_max.bin",
-            with(ack_payload.clone(), 2, &u16::MAX.to_le_bytes()),
+            with(ack_payload.clone(), 3, &u16::MAX.to_le_bytes()),
         ),
         (
             "handshake",
             "ack_reason_invalid_utf8.bin",
-            with(ack_payload, 6, &[0xff, 0xfe]),
+            with(ack_payload.clone(), 7, &[0xff, 0xfe]),
         ),
         (
             "handshake",
@@ -427,7 +464,7 @@ fn padding_seeds_fail_for_their_reason() {
         reason("bad_version_1.bin"),
         WireError::UnsupportedVersion {
             got: 1,
-            supported: 2
+            supported: 3
         }
     ));
 }

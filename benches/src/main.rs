@@ -459,7 +459,12 @@ fn run_rank(a: &Args) -> Result<bool, String> {
         let kind = comm.link_kind((rank + 1) % world).unwrap_or("none");
         kinds.push(kind);
         if lead && world > 1 {
-            println!("# {name}: rank 0's link to rank 1 is {kind}");
+            let lanes = if comm.link_has_lanes((rank + 1) % world) {
+                " with lanes for large payloads (RINGWIRE_TCP_LANES)"
+            } else {
+                ""
+            };
+            println!("# {name}: rank 0's link to rank 1 is {kind}{lanes}");
         }
     }
     // The link limit over each kind of link a variant uses: once before

@@ -184,6 +184,12 @@ pub(crate) trait Transport: Send + Sync {
         let _ = peer;
         None
     }
+    /// Whether the link to `peer` carries large payloads on lanes
+    /// (decision 0018).
+    fn link_has_lanes(&self, peer: usize) -> bool {
+        let _ = peer;
+        false
+    }
     /// A short name for logs (`portable`, `uring`).
     fn name(&self) -> &'static str;
     /// The calling thread stops waiting on the transport for now (its ops

@@ -21,9 +21,10 @@ use crate::error::Error;
 use crate::security::secret::{self, NONCE_LEN, Role};
 use crate::security::{self, Opening, Security};
 use crate::wire::handshake::security_mismatch;
-use crate::wire::{self, FrameKind, HEADER_LEN, Header, Hello, HelloAck};
+use crate::wire::{self, Channel, FrameKind, HEADER_LEN, Header, Hello, HelloAck};
 use ringwire_uring::{
-    EngineConfig, FrameEngine, FrameKey, FrameSink, LinkFault, PayloadAt, Placement, Placements,
+    EngineConfig, FrameEngine, FrameKey, FrameSink, Lanes, LinkFault, PayloadAt, Placement,
+    Placements,
 };
 use std::collections::{HashMap, VecDeque};
 use std::io::{self, IoSlice, IoSliceMut, Read, Write};
@@ -65,6 +66,8 @@ pub(crate) struct TcpConfig {
     /// (RINGWIRE_SPIN_US, default 1 ms; polls yield the core, decision
     /// 0008).
     pub(crate) spin: Duration,
+    /// Dial TCP links with lanes when the engine runs (decision 0018).
+    pub(crate) lanes: bool,
 }
 
 enum PeerState {
@@ -86,6 +89,26 @@ struct Link {
     writer: Mutex<LinkWriter>,
     /// For shutdown; the reader thread owns its own clone.
     control: Conn,
+    /// The link's lanes (decision 0018), for shutdown; the engine owns
+    /// clones.
+    lanes: Vec<Conn>,
+}
+
+impl Link {
+    /// Shuts every connection of the link down, which ends what is in
+    /// flight on them.
+    fn shut_down(&self) {
+        let _ = self.control.shutdown(Shutdown::Both);
+        for lane in &self.lanes {
+            let _ = lane.shutdown(Shutdown::Both);
+        }
+    }
+}
+
+/// A link's lanes as one end sees them: the one it writes, the one it reads.
+struct LaneConns {
+    send: Conn,
+    recv: Conn,
 }
 
 struct Inbox {
@@ -120,6 +143,10 @@ struct Shared {
     local_peers: Vec<Option<UnixAddr>>,
     /// The uring data plane, if it runs (links are numbered by peer rank).
     engine: Option<FrameEngine>,
+    /// Links accepted with lanes, waiting for them: peer -> the lane from
+    /// the dialer and the lane to it, as they arrive.
+    pending_lanes: Mutex<HashMap<usize, [Option<Conn>; 2]>>,
+    lanes_arrived: Condvar,
 }
 
 /// An abort as first heard of by this rank.
@@ -161,6 +188,11 @@ const ZERO_COPY_FROM: usize = 64 << 10;
 /// payloads are received in place.
 const STAGING_BYTES: usize = 64 << 10;
 
+/// On a TCP link with lanes, frames whose payload is at least this many
+/// bytes carry it on a lane (decision 0018). Both ends must agree, so this
+/// is part of the protocol (version 3), not a setting.
+const LANE_FROM: usize = 256 << 10;
+
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
@@ -199,6 +231,7 @@ impl TcpTransport {
                 staging: STAGING_BYTES,
                 zero_copy_from: Some(ZERO_COPY_FROM),
                 spin: config.spin,
+                lane_from: LANE_FROM,
             }) {
                 Ok(engine) => Some(engine),
                 Err(e) if config.uring_required => return Err(e),
@@ -232,6 +265,8 @@ impl TcpTransport {
             refusals: Mutex::new(Vec::new()),
             local_peers,
             engine,
+            pending_lanes: Mutex::new(HashMap::new()),
+            lanes_arrived: Condvar::new(),
         });
         let s = shared.clone();
         std::thread::Builder::new()
@@ -279,7 +314,7 @@ impl Drop for TcpTransport {
         let peers = std::mem::take(&mut *lock(&s.peers));
         for p in peers {
             if let PeerState::Ready(link) = p {
-                let _ = link.control.shutdown(Shutdown::Both);
+                link.shut_down();
             }
         }
         s.peers_changed.notify_all();
@@ -515,7 +550,7 @@ impl Shared {
             let mut peers = lock(&self.peers);
             if let Some(state) = peers.get_mut(peer) {
                 if let PeerState::Ready(link) = state {
-                    let _ = link.control.shutdown(Shutdown::Both);
+                    link.shut_down();
                 }
                 if !matches!(state, PeerState::Failed(_)) {
                     // Debug, not warn: a peer that finished and exited closes
@@ -529,6 +564,55 @@ impl Shared {
         self.wake_inboxes(|_, p| p == peer);
     }
 
+    /// Files a lane the dialer opened for a link accepted with lanes.
+    fn file_lane(&self, peer: usize, channel: Channel, lane: Conn) {
+        let mut pending = lock(&self.pending_lanes);
+        match pending.get_mut(&peer) {
+            Some(slots) if slots[lane_slot(channel)].is_none() => {
+                slots[lane_slot(channel)] = Some(lane);
+                drop(pending);
+                self.lanes_arrived.notify_all();
+            }
+            // Given up on meanwhile: dropping the lane closes it.
+            _ => tracing::warn!(rank = self.me, peer, ?channel, "a lane came too late"),
+        }
+    }
+
+    /// For a link accepted with lanes (`Channel::MainWithLanes`), waits
+    /// until the dialer has opened both, at most the handshake timeout;
+    /// for any other, nothing.
+    fn await_lanes(&self, peer: usize, channel: Channel) -> Result<Option<LaneConns>, String> {
+        if channel != Channel::MainWithLanes {
+            return Ok(None);
+        }
+        let until = Instant::now() + self.config.handshake_timeout;
+        let mut pending = lock(&self.pending_lanes);
+        loop {
+            let complete = pending
+                .get(&peer)
+                .is_some_and(|slots| slots.iter().all(Option::is_some));
+            let now = Instant::now();
+            if complete || now >= until || self.closing.load(Ordering::SeqCst) {
+                break;
+            }
+            pending = self
+                .lanes_arrived
+                .wait_timeout(pending, (until - now).min(Duration::from_millis(100)))
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+        match pending.remove(&peer) {
+            Some([Some(from_dialer), Some(to_dialer)]) => Ok(Some(LaneConns {
+                send: to_dialer,
+                recv: from_dialer,
+            })),
+            _ => Err(format!(
+                "rank {peer} asked for lanes but did not open both within {:?}",
+                self.config.handshake_timeout
+            )),
+        }
+    }
+
     fn configure(&self, stream: &Conn) -> io::Result<()> {
         stream.configure(self.config.socket_buffer, self.engine.is_some())
     }
@@ -540,6 +624,7 @@ impl Shared {
         peer: usize,
         stream: Conn,
         (reader, writer): LinkHalves,
+        lanes: Option<LaneConns>,
     ) -> io::Result<Arc<Link>> {
         stream.set_read_timeout(None)?;
         stream.set_write_timeout(Some(self.config.write_timeout))?;
@@ -547,10 +632,27 @@ impl Shared {
             // The handshake read exactly its frames (no read-ahead), so the
             // engine starts at a frame boundary.
             drop(reader);
-            engine.add_link(peer, stream.try_clone()?.into());
+            let main = stream.try_clone()?.into();
+            let mut kept = Vec::new();
+            match lanes {
+                Some(LaneConns { send, recv }) => {
+                    for lane in [&send, &recv] {
+                        lane.set_read_timeout(None)?;
+                        lane.set_write_timeout(Some(self.config.write_timeout))?;
+                    }
+                    let engine_lanes = Lanes {
+                        send: send.try_clone()?.into(),
+                        recv: recv.try_clone()?.into(),
+                    };
+                    engine.add_link_with_lanes(peer, main, engine_lanes);
+                    kept = vec![send, recv];
+                }
+                None => engine.add_link(peer, main),
+            }
             let link = Arc::new(Link {
                 control: stream,
                 writer: Mutex::new(writer),
+                lanes: kept,
             });
             self.last_recv[peer].store(self.now_ms(), Ordering::Relaxed);
             engine.notify();
@@ -559,6 +661,7 @@ impl Shared {
         let link = Arc::new(Link {
             control: stream,
             writer: Mutex::new(writer),
+            lanes: Vec::new(),
         });
         let s = self.clone();
         std::thread::Builder::new()
@@ -633,13 +736,22 @@ impl Shared {
         }
     }
 
-    fn dial(self: &Arc<Self>, peer: usize, deadline: Instant) -> Result<Arc<Link>, LinkError> {
+    /// Where `peer` is dialed (its Unix listener when local, else TCP),
+    /// as shown in errors.
+    fn dial_address(&self, peer: usize) -> (Option<&UnixAddr>, String) {
         let addr = self.addrs[peer];
         let local = self.local_peers.get(peer).and_then(Option::as_ref);
         let shown = match local {
             Some(a) => describe_unix(a),
             None => addr.to_string(),
         };
+        (local, shown)
+    }
+
+    /// A connection to `peer`, retried with backoff until `deadline`.
+    fn connect(&self, peer: usize, deadline: Instant) -> Result<Conn, LinkError> {
+        let addr = self.addrs[peer];
+        let (local, shown) = self.dial_address(peer);
         let connect_err = |detail: String| LinkError::Connect {
             addr: shown.clone(),
             detail,
@@ -665,111 +777,159 @@ impl Shared {
                 Err(e) => return Err(connect_err(e.to_string())),
             }
         };
+        Ok(stream)
+    }
+
+    fn dial(self: &Arc<Self>, peer: usize, deadline: Instant) -> Result<Arc<Link>, LinkError> {
+        let (local, shown) = self.dial_address(peer);
+        let connect_err = |detail: String| LinkError::Connect {
+            addr: shown.clone(),
+            detail,
+        };
+        let stream = self.connect(peer, deadline)?;
         let who = format!("rank {peer} ({shown})");
-        let setup = (|| -> Result<LinkHalves, String> {
-            let hs = |e: io::Error| handshake_error(&e, &who);
-            self.configure(&stream).map_err(hs)?;
-            stream
-                .set_read_timeout(Some(self.config.handshake_timeout))
-                .map_err(hs)?;
-            let sec = &self.config.security;
-            let mine = sec.flags();
-            let (mut reader, mut writer) = match (&sec.tls, &stream) {
-                (Some(tls), Conn::Tcp(tcp)) => security::tls_connect(tls, tcp, addr.ip(), &who)
-                    .map_err(
-                        |e| match e.plaintext.as_deref().and_then(plaintext_refusal) {
-                            Some(reason) => format!("{}; it said: {reason}", e.detail),
-                            None => e.detail,
-                        },
-                    )?,
-                (Some(_), Conn::Unix(_)) => {
-                    return Err("TLS runs over TCP links only (unix links are plaintext)".into());
-                }
-                (None, _) => plain_halves(&stream).map_err(hs)?,
+        // Lanes only help TCP (Unix links lost with them, decision 0018),
+        // and only the engine reads them.
+        let channel = if self.config.lanes && self.engine.is_some() && local.is_none() {
+            Channel::MainWithLanes
+        } else {
+            Channel::Main
+        };
+        let (halves, lanes) = self
+            .dial_handshake(peer, &stream, &who, channel)
+            .map_err(connect_err)?;
+        let lanes = if lanes {
+            let open = |channel| -> Result<Conn, LinkError> {
+                let lane = self.connect(peer, deadline)?;
+                self.dial_handshake(peer, &lane, &who, channel)
+                    .map_err(|detail| connect_err(format!("opening a lane: {detail}")))?;
+                Ok(lane)
             };
-            let client_nonce = match &sec.secret {
-                Some(_) => Some(secret::nonce().map_err(hs)?),
-                None => None,
+            Some(LaneConns {
+                send: open(Channel::LaneFromDialer)?,
+                recv: open(Channel::LaneToDialer)?,
+            })
+        } else {
+            None
+        };
+        self.install(peer, stream, halves, lanes)
+            .map_err(|e| connect_err(e.to_string()))
+    }
+
+    /// The dialing side of a handshake on `stream` (TLS if configured,
+    /// hello as `channel`, secret check); the link's byte streams, and
+    /// whether the acceptor takes the lanes a main connection asked for.
+    fn dial_handshake(
+        &self,
+        peer: usize,
+        stream: &Conn,
+        who: &str,
+        channel: Channel,
+    ) -> Result<(LinkHalves, bool), String> {
+        let addr = self.addrs[peer];
+        let hs = |e: io::Error| handshake_error(&e, who);
+        self.configure(stream).map_err(hs)?;
+        stream
+            .set_read_timeout(Some(self.config.handshake_timeout))
+            .map_err(hs)?;
+        let sec = &self.config.security;
+        let mine = sec.flags();
+        let (mut reader, mut writer) = match (&sec.tls, &stream) {
+            (Some(tls), Conn::Tcp(tcp)) => security::tls_connect(tls, tcp, addr.ip(), who)
+                .map_err(
+                    |e| match e.plaintext.as_deref().and_then(plaintext_refusal) {
+                        Some(reason) => format!("{}; it said: {reason}", e.detail),
+                        None => e.detail,
+                    },
+                )?,
+            (Some(_), Conn::Unix(_)) => {
+                return Err("TLS runs over TCP links only (unix links are plaintext)".into());
+            }
+            (None, _) => plain_halves(stream).map_err(hs)?,
+        };
+        let client_nonce = match &sec.secret {
+            Some(_) => Some(secret::nonce().map_err(hs)?),
+            None => None,
+        };
+        let hello = Hello {
+            security: mine,
+            channel,
+            auth: client_nonce.map(|n| n.to_vec()).unwrap_or_default(),
+            ..Hello::new(self.job_id, self.me as u32, self.world as u32)
+        };
+        let payload = hello.encode().map_err(|e| e.to_string())?;
+        write_frame(
+            &mut *writer,
+            &control_header(FrameKind::Handshake, payload.len()),
+            &payload,
+        )
+        .map_err(hs)?;
+        let ack = read_ack(&mut *reader).map_err(hs)??;
+        let lanes = ack.lanes && channel == Channel::MainWithLanes;
+        if !ack.accepted {
+            return Err(format!(
+                "rank {peer} refused the connection: {}",
+                ack.reason
+            ));
+        }
+        if let Some(why) = security_mismatch(ack.security, mine) {
+            return Err(format!("rank {peer} answered, but {why}"));
+        }
+        if let (Some(secret), Some(client_nonce)) = (&sec.secret, client_nonce) {
+            let context = link_context(self.job_id, self.me, peer);
+            let server_ok = ack.auth.len() == 2 * NONCE_LEN && {
+                let (server_nonce, proof) = ack.auth.split_at(NONCE_LEN);
+                secret.verify(Role::Server, &context, &client_nonce, server_nonce, proof)
             };
-            let hello = Hello {
-                security: mine,
-                auth: client_nonce.map(|n| n.to_vec()).unwrap_or_default(),
-                ..Hello::new(self.job_id, self.me as u32, self.world as u32)
+            // Without a valid proof from the acceptor, send none back:
+            // it refuses and logs, and this side reports the mismatch.
+            let proof = if server_ok {
+                secret
+                    .proof(
+                        Role::Client,
+                        &context,
+                        &client_nonce,
+                        &ack.auth[..NONCE_LEN],
+                    )
+                    .to_vec()
+            } else {
+                Vec::new()
             };
-            let payload = hello.encode().map_err(|e| e.to_string())?;
+            let answer = HelloAck::accept()
+                .with_security(mine)
+                .with_auth(proof)
+                .encode();
             write_frame(
                 &mut *writer,
-                &control_header(FrameKind::Handshake, payload.len()),
-                &payload,
+                &control_header(FrameKind::HandshakeAck, answer.len()),
+                &answer,
             )
             .map_err(hs)?;
-            let ack = read_ack(&mut *reader).map_err(hs)??;
-            if !ack.accepted {
+            let verdict = read_ack(&mut *reader).map_err(hs)??;
+            if !server_ok {
                 return Err(format!(
-                    "rank {peer} refused the connection: {}",
-                    ack.reason
+                    "rank {peer} failed the job-secret check: it does not know this job's secret (RINGWIRE_SECRET differs between ranks?)"
                 ));
             }
-            if let Some(why) = security_mismatch(ack.security, mine) {
-                return Err(format!("rank {peer} answered, but {why}"));
+            if !verdict.accepted {
+                return Err(format!(
+                    "rank {peer} refused the connection: {}",
+                    verdict.reason
+                ));
             }
-            if let (Some(secret), Some(client_nonce)) = (&sec.secret, client_nonce) {
-                let context = link_context(self.job_id, self.me, peer);
-                let server_ok = ack.auth.len() == 2 * NONCE_LEN && {
-                    let (server_nonce, proof) = ack.auth.split_at(NONCE_LEN);
-                    secret.verify(Role::Server, &context, &client_nonce, server_nonce, proof)
-                };
-                // Without a valid proof from the acceptor, send none back:
-                // it refuses and logs, and this side reports the mismatch.
-                let proof = if server_ok {
-                    secret
-                        .proof(
-                            Role::Client,
-                            &context,
-                            &client_nonce,
-                            &ack.auth[..NONCE_LEN],
-                        )
-                        .to_vec()
-                } else {
-                    Vec::new()
-                };
-                let answer = HelloAck::accept()
-                    .with_security(mine)
-                    .with_auth(proof)
-                    .encode();
-                write_frame(
-                    &mut *writer,
-                    &control_header(FrameKind::HandshakeAck, answer.len()),
-                    &answer,
-                )
-                .map_err(hs)?;
-                let verdict = read_ack(&mut *reader).map_err(hs)??;
-                if !server_ok {
-                    return Err(format!(
-                        "rank {peer} failed the job-secret check: it does not know this job's secret (RINGWIRE_SECRET differs between ranks?)"
-                    ));
-                }
-                if !verdict.accepted {
-                    return Err(format!(
-                        "rank {peer} refused the connection: {}",
-                        verdict.reason
-                    ));
-                }
-            }
-            Ok((reader, writer))
-        })();
-        match setup {
-            Ok(halves) => self
-                .install(peer, stream, halves)
-                .map_err(|e| connect_err(e.to_string())),
-            Err(detail) => Err(connect_err(detail)),
         }
+        Ok(((reader, writer), lanes))
     }
 
     /// Runs the accepting side of a handshake (TLS if configured, hello,
     /// secret check); returns the peer's rank and the link's byte streams,
     /// or why the dialer was refused.
-    fn accept_hello(&self, stream: &mut Conn) -> io::Result<Result<(usize, LinkHalves), String>> {
+    /// `Channel::MainWithLanes` comes back only if this side takes the
+    /// lanes (it then waits for them, `await_lanes`).
+    fn accept_hello(
+        &self,
+        stream: &mut Conn,
+    ) -> io::Result<Result<(usize, Channel, LinkHalves), String>> {
         self.configure(stream)?;
         stream.set_read_timeout(Some(self.config.handshake_timeout))?;
         let who = format!("the dialer at {}", stream.describe_peer());
@@ -826,6 +986,10 @@ impl Shared {
             },
             (None, Opening::Plain) => plain_halves(stream)?,
         };
+        // Lanes help TCP links of the engine only (decision 0018).
+        let can_take_lanes = self.engine.is_some() && matches!(stream, Conn::Tcp(_));
+        let mut channel = Channel::Main;
+        let mut awaiting = None;
         let exchange = (|| -> io::Result<Result<usize, String>> {
             let (header, payload) = read_control(&mut *reader)?;
             let mut client_nonce: &[u8] = &[];
@@ -858,16 +1022,31 @@ impl Shared {
                                     "rank {peer} dialed rank {}, but only lower ranks dial",
                                     self.me
                                 ))
-                            } else if !matches!(
-                                lock(&self.peers).get(peer),
-                                Some(PeerState::Absent)
-                            ) {
+                            } else if hello.channel.is_lane() {
+                                match lock(&self.pending_lanes).get(&peer) {
+                                    Some(slots) if slots[lane_slot(hello.channel)].is_none() => {
+                                        channel = hello.channel;
+                                        client_nonce = &payload[payload.len() - hello.auth.len()..];
+                                        Ok(peer)
+                                    }
+                                    _ => Err(format!(
+                                        "rank {peer} opened a lane ({:?}) that rank {} is not \
+                                         waiting for",
+                                        hello.channel, self.me
+                                    )),
+                                }
+                            } else if lock(&self.pending_lanes).contains_key(&peer)
+                                || !matches!(lock(&self.peers).get(peer), Some(PeerState::Absent))
+                            {
                                 Err(format!(
                                     "rank {peer} is already connected to rank {}",
                                     self.me
                                 ))
                             } else {
                                 client_nonce = &payload[payload.len() - hello.auth.len()..];
+                                if hello.channel == Channel::MainWithLanes && can_take_lanes {
+                                    channel = Channel::MainWithLanes;
+                                }
                                 Ok(peer)
                             }
                         }
@@ -879,6 +1058,13 @@ impl Shared {
                 Err(reason) => HelloAck::reject(reason.clone()),
             }
             .with_security(mine);
+            if let (Ok(peer), Channel::MainWithLanes) = (&verdict, channel) {
+                // Waited for from now on, so the lanes the dialer opens on
+                // reading this ack find their place.
+                lock(&self.pending_lanes).insert(*peer, [None, None]);
+                awaiting = Some(*peer);
+                ack = ack.with_lanes(true);
+            }
             let mut challenge = None;
             if let (Some(secret), Ok(peer)) = (&sec.secret, &verdict) {
                 let server_nonce = secret::nonce()?;
@@ -926,12 +1112,24 @@ impl Shared {
             )?;
             Ok(verdict)
         })();
+        if let (Some(peer), false) = (awaiting, matches!(exchange, Ok(Ok(_)))) {
+            // Refused after the first ack (the secret check): no lanes come.
+            lock(&self.pending_lanes).remove(&peer);
+        }
         match exchange {
-            Ok(Ok(peer)) => Ok(Ok((peer, (reader, writer)))),
+            Ok(Ok(peer)) => Ok(Ok((peer, channel, (reader, writer)))),
             Ok(Err(reason)) => Ok(Err(reason)),
             Err(e) if security::is_tls_error(&e) => Ok(Err(security::describe_io(&e, &who))),
             Err(e) => Err(e),
         }
+    }
+}
+
+/// Where a lane waits in `Shared::pending_lanes`.
+fn lane_slot(channel: Channel) -> usize {
+    match channel {
+        Channel::LaneToDialer => 1,
+        _ => 0,
     }
 }
 
@@ -1110,7 +1308,15 @@ fn accept_loop(s: &Arc<Shared>, accept: impl Fn() -> io::Result<Conn>) {
                 let _pending = PendingHandshake(&s2.handshakes);
                 let from = stream.describe_peer();
                 match s2.accept_hello(&mut stream) {
-                    Ok(Ok((peer, halves))) => match s2.install(peer, stream, halves) {
+                    Ok(Ok((peer, channel, _))) if channel.is_lane() => {
+                        s2.file_lane(peer, channel, stream);
+                    }
+                    Ok(Ok((peer, channel, halves))) => match s2
+                        .await_lanes(peer, channel)
+                        .and_then(|lanes| {
+                            s2.install(peer, stream, halves, lanes)
+                                .map_err(|e| e.to_string())
+                        }) {
                         Ok(link) => {
                             let mut peers = lock(&s2.peers);
                             if let Some(slot) = peers.get_mut(peer) {
@@ -1121,7 +1327,8 @@ fn accept_loop(s: &Arc<Shared>, accept: impl Fn() -> io::Result<Conn>) {
                             s2.peers_changed.notify_all();
                         }
                         Err(e) => {
-                            tracing::warn!(rank = s2.me, peer, error = %e, "could not start link")
+                            tracing::warn!(rank = s2.me, peer, error = %e, "could not start link");
+                            s2.note_refusal(from, e);
                         }
                     },
                     Ok(Err(reason)) => {
@@ -1674,6 +1881,10 @@ impl Transport for TcpTransport {
             Some(PeerState::Ready(link)) => Some(link.control.kind().name()),
             _ => None,
         }
+    }
+
+    fn link_has_lanes(&self, peer: usize) -> bool {
+        matches!(lock(&self.shared.peers).get(peer), Some(PeerState::Ready(link)) if !link.lanes.is_empty())
     }
 
     fn name(&self) -> &'static str {

@@ -20,13 +20,19 @@
 //!
 //! Without one, only the first two (with empty `auth`).
 //!
+//! A hello also says which [`Channel`] of the link the connection is: its
+//! main connection, or one of the two one-way lanes a TCP link may add for
+//! the payloads of large frames (docs/decisions/0018). Each lane runs the
+//! whole handshake, secret included. The acceptor's ack to a main
+//! connection that asks for lanes says whether it takes them (`lanes`).
+//!
 //! Wire layout (little endian, no padding):
 //!
 //! ```text
-//! Hello:    protocol_version u16 | little_endian u8 (0/1) | security u8
+//! Hello:    protocol_version u16 | little_endian u8 (0/1) | security u8 | channel u8 (0-3)
 //!           | job_id u64 | rank u32 | world_size u32 | auth_len u16 | auth [auth_len]
-//! HelloAck: accepted u8 (0/1) | security u8 | reason_len u16 | auth_len u16
-//!           | reason [reason_len] (UTF-8) | auth [auth_len]
+//! HelloAck: accepted u8 (0/1) | security u8 | lanes u8 (0/1) | reason_len u16
+//!           | auth_len u16 | reason [reason_len] (UTF-8) | auth [auth_len]
 //! ```
 
 use zerocopy::little_endian::{U16, U32, U64};
@@ -50,9 +56,47 @@ pub struct Hello {
     pub world_size: u32,
     /// The sender's security mode: [`SECURITY_SECRET`] | [`SECURITY_TLS`] | [`SECURITY_MTLS`].
     pub security: u8,
+    /// Which connection of the link this is.
+    pub channel: Channel,
     /// Authentication data, at most [`MAX_AUTH_LEN`] bytes: the dialer's
     /// nonce when the job has a secret, else empty.
     pub auth: Vec<u8>,
+}
+
+/// Which of a link's connections a hello opens.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Channel {
+    /// The link's main connection (every frame, both ways).
+    Main = 0,
+    /// The main connection of a link that asks for lanes: once accepted
+    /// with `lanes`, the dialer opens both lanes before using the link.
+    MainWithLanes = 1,
+    /// The lane the dialer writes and the acceptor reads.
+    LaneFromDialer = 2,
+    /// The lane the acceptor writes and the dialer reads.
+    LaneToDialer = 3,
+}
+
+impl Channel {
+    fn decode(byte: u8) -> Result<Channel, WireError> {
+        Ok(match byte {
+            0 => Channel::Main,
+            1 => Channel::MainWithLanes,
+            2 => Channel::LaneFromDialer,
+            3 => Channel::LaneToDialer,
+            value => {
+                return Err(WireError::UnknownField {
+                    field: "hello.channel",
+                    value,
+                });
+            }
+        })
+    }
+
+    /// Whether this is one of the lanes (not a main connection).
+    pub fn is_lane(self) -> bool {
+        matches!(self, Channel::LaneFromDialer | Channel::LaneToDialer)
+    }
 }
 
 /// Security mode bit: the sender authenticates with a job secret.
@@ -124,6 +168,8 @@ pub struct HelloAck {
     /// Authentication data (nonce and proof), at most [`MAX_AUTH_LEN`] bytes;
     /// [`HelloAck::encode`] truncates longer ones.
     pub auth: Vec<u8>,
+    /// The acceptor takes the lanes a [`Channel::MainWithLanes`] hello asked for.
+    pub lanes: bool,
 }
 
 #[derive(FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned)]
@@ -132,6 +178,7 @@ struct RawHello {
     protocol_version: U16,
     little_endian: u8,
     security: u8,
+    channel: u8,
     job_id: U64,
     rank: U32,
     world_size: U32,
@@ -143,6 +190,7 @@ struct RawHello {
 struct RawHelloAck {
     accepted: u8,
     security: u8,
+    lanes: u8,
     reason_len: U16,
     auth_len: U16,
 }
@@ -158,6 +206,7 @@ impl Hello {
             rank,
             world_size,
             security: 0,
+            channel: Channel::Main,
             auth: Vec::new(),
         }
     }
@@ -176,6 +225,7 @@ impl Hello {
             protocol_version: U16::new(self.protocol_version),
             little_endian: u8::from(self.little_endian),
             security: self.security,
+            channel: self.channel as u8,
             job_id: U64::new(self.job_id),
             rank: U32::new(self.rank),
             world_size: U32::new(self.world_size),
@@ -192,6 +242,7 @@ impl Hello {
         let (raw, rest) = split_fixed::<RawHello>("hello", payload)?;
         let little_endian = decode_bool("hello.little_endian", raw.little_endian)?;
         let security = decode_security("hello.security", raw.security)?;
+        let channel = Channel::decode(raw.channel)?;
         let auth = split_last_field(
             "hello",
             "hello.auth",
@@ -207,6 +258,7 @@ impl Hello {
             rank: raw.rank.get(),
             world_size: raw.world_size.get(),
             security,
+            channel,
             auth: auth.to_vec(),
         })
     }
@@ -220,6 +272,7 @@ impl HelloAck {
             security: 0,
             reason: String::new(),
             auth: Vec::new(),
+            lanes: false,
         }
     }
 
@@ -230,6 +283,7 @@ impl HelloAck {
             security: 0,
             reason: reason.into(),
             auth: Vec::new(),
+            lanes: false,
         }
     }
 
@@ -237,6 +291,13 @@ impl HelloAck {
     #[must_use]
     pub fn with_security(mut self, security: u8) -> HelloAck {
         self.security = security;
+        self
+    }
+
+    /// Sets whether the acceptor takes the lanes asked for.
+    #[must_use]
+    pub fn with_lanes(mut self, lanes: bool) -> HelloAck {
+        self.lanes = lanes;
         self
     }
 
@@ -255,6 +316,7 @@ impl HelloAck {
         let raw = RawHelloAck {
             accepted: u8::from(self.accepted),
             security: self.security,
+            lanes: u8::from(self.lanes),
             reason_len: len_u16(reason.len()),
             auth_len: len_u16(auth.len()),
         };
@@ -271,6 +333,7 @@ impl HelloAck {
         let (raw, rest) = split_fixed::<RawHelloAck>("hello_ack", payload)?;
         let accepted = decode_bool("hello_ack.accepted", raw.accepted)?;
         let security = decode_security("hello_ack.security", raw.security)?;
+        let lanes = decode_bool("hello_ack.lanes", raw.lanes)?;
         let reason_len = usize::from(raw.reason_len.get());
         if reason_len > MAX_REASON_LEN {
             return Err(WireError::FieldTooLong {
@@ -299,6 +362,7 @@ impl HelloAck {
             security,
             reason: decode_str("hello_ack.reason", reason)?,
             auth: auth.to_vec(),
+            lanes,
         })
     }
 }
@@ -362,16 +426,27 @@ mod tests {
     #[test]
     fn hello_layout() {
         let bytes = hello().encode().unwrap();
-        assert_eq!(size_of::<RawHello>(), 22);
-        assert_eq!(bytes.len(), 22 + 5);
-        assert_eq!(bytes[0..2], [2, 0]);
+        assert_eq!(size_of::<RawHello>(), 23);
+        assert_eq!(bytes.len(), 23 + 5);
+        assert_eq!(bytes[0..2], [3, 0]);
         assert_eq!(bytes[2], u8::from(cfg!(target_endian = "little")));
         assert_eq!(bytes[3], 0);
-        assert_eq!(bytes[4..12], 0xDEAD_BEEF_0000_0001u64.to_le_bytes());
-        assert_eq!(bytes[12..16], 3u32.to_le_bytes());
-        assert_eq!(bytes[16..20], 8u32.to_le_bytes());
-        assert_eq!(bytes[20..22], 5u16.to_le_bytes());
-        assert_eq!(&bytes[22..], b"token");
+        assert_eq!(bytes[4], 0); // Channel::Main
+        assert_eq!(bytes[5..13], 0xDEAD_BEEF_0000_0001u64.to_le_bytes());
+        assert_eq!(bytes[13..17], 3u32.to_le_bytes());
+        assert_eq!(bytes[17..21], 8u32.to_le_bytes());
+        assert_eq!(bytes[21..23], 5u16.to_le_bytes());
+        assert_eq!(&bytes[23..], b"token");
+        for (channel, byte) in [
+            (Channel::MainWithLanes, 1),
+            (Channel::LaneFromDialer, 2),
+            (Channel::LaneToDialer, 3),
+        ] {
+            assert_eq!(Hello { channel, ..hello() }.encode().unwrap()[4], byte);
+        }
+        let ack = HelloAck::accept().with_lanes(true).encode();
+        assert_eq!(size_of::<RawHelloAck>(), 7);
+        assert_eq!(ack[..3], [1, 0, 1]);
     }
 
     #[test]
@@ -386,7 +461,16 @@ mod tests {
                 rank: u32::MAX,
                 world_size: u32::MAX,
                 security: SECURITY_SECRET | SECURITY_TLS | SECURITY_MTLS,
+                channel: Channel::LaneToDialer,
                 auth: vec![0xff; MAX_AUTH_LEN],
+            },
+            Hello {
+                channel: Channel::MainWithLanes,
+                ..hello()
+            },
+            Hello {
+                channel: Channel::LaneFromDialer,
+                ..hello()
             },
         ] {
             let bytes = h.encode().unwrap();
@@ -394,6 +478,7 @@ mod tests {
         }
         for ack in [
             HelloAck::accept(),
+            HelloAck::accept().with_lanes(true),
             HelloAck::reject("world size mismatch: 4 vs 8"),
             HelloAck::reject("ünïcödé ✓"),
             HelloAck::reject("x".repeat(MAX_REASON_LEN)),
@@ -432,19 +517,19 @@ mod tests {
 
         let valid = hello().encode().unwrap();
         assert_eq!(
-            Hello::decode(&valid[..21]),
+            Hello::decode(&valid[..22]),
             Err(WireError::PayloadTruncated {
                 what: "hello",
-                needed: 22,
-                got: 21
+                needed: 23,
+                got: 22
             })
         );
         assert_eq!(
-            Hello::decode(&valid[..25]),
+            Hello::decode(&valid[..26]),
             Err(WireError::PayloadTruncated {
                 what: "hello",
-                needed: 27,
-                got: 25
+                needed: 28,
+                got: 26
             })
         );
         let mut trailing = valid.clone();
@@ -474,9 +559,18 @@ mod tests {
                 value: 9
             })
         );
+        let mut unknown_channel = valid.clone();
+        unknown_channel[4] = 4;
+        assert_eq!(
+            Hello::decode(&unknown_channel),
+            Err(WireError::UnknownField {
+                field: "hello.channel",
+                value: 4
+            })
+        );
         // A huge length is refused before anything is allocated for it.
         let mut huge = valid.clone();
-        huge[20..22].copy_from_slice(&u16::MAX.to_le_bytes());
+        huge[21..23].copy_from_slice(&u16::MAX.to_le_bytes());
         assert_eq!(
             Hello::decode(&huge),
             Err(WireError::FieldTooLong {
@@ -494,7 +588,7 @@ mod tests {
             HelloAck::decode(&[]),
             Err(WireError::PayloadTruncated {
                 what: "hello_ack",
-                needed: 6,
+                needed: 7,
                 got: 0
             })
         );
@@ -517,7 +611,16 @@ mod tests {
             })
         );
         let mut bad = valid.clone();
-        bad[6] = 0xff;
+        bad[2] = 2;
+        assert_eq!(
+            HelloAck::decode(&bad),
+            Err(WireError::UnknownField {
+                field: "hello_ack.lanes",
+                value: 2
+            })
+        );
+        let mut bad = valid.clone();
+        bad[7] = 0xff;
         assert_eq!(
             HelloAck::decode(&bad),
             Err(WireError::InvalidUtf8 {
@@ -525,7 +628,7 @@ mod tests {
             })
         );
         let mut bad = valid.clone();
-        bad[2..4].copy_from_slice(&1025u16.to_le_bytes());
+        bad[3..5].copy_from_slice(&1025u16.to_le_bytes());
         assert!(matches!(
             HelloAck::decode(&bad),
             Err(WireError::FieldTooLong { len: 1025, .. })
@@ -533,13 +636,13 @@ mod tests {
         assert!(matches!(
             HelloAck::decode(&valid[..8]),
             Err(WireError::PayloadTruncated {
-                needed: 10,
+                needed: 11,
                 got: 8,
                 ..
             })
         ));
         let mut bad = valid.clone();
-        bad[4..6].copy_from_slice(&513u16.to_le_bytes());
+        bad[5..7].copy_from_slice(&513u16.to_le_bytes());
         assert!(matches!(
             HelloAck::decode(&bad),
             Err(WireError::FieldTooLong {
@@ -549,12 +652,12 @@ mod tests {
             })
         ));
         let mut bad = valid.clone();
-        bad[4..6].copy_from_slice(&3u16.to_le_bytes());
+        bad[5..7].copy_from_slice(&3u16.to_le_bytes());
         assert!(matches!(
             HelloAck::decode(&bad),
             Err(WireError::PayloadTruncated {
-                needed: 13,
-                got: 10,
+                needed: 14,
+                got: 11,
                 ..
             })
         ));
@@ -597,7 +700,7 @@ mod tests {
             ),
             Err(WireError::UnsupportedVersion {
                 got: 1,
-                supported: 2
+                supported: 3
             })
         );
         let foreign = Hello {

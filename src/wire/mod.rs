@@ -39,7 +39,7 @@ pub use error::WireError;
 pub use frame::{
     Frame, decode_frame, encode_abort, encode_heartbeat, encode_hello, encode_hello_ack,
 };
-pub use handshake::{Hello, HelloAck, validate_hello};
+pub use handshake::{Channel, Hello, HelloAck, validate_hello};
 pub use header::{Header, RawHeader, aligning_pad, trail_len};
 pub use kind::{FrameKind, OpKind};
 
@@ -47,8 +47,9 @@ pub use kind::{FrameKind, OpKind};
 pub const MAGIC: [u8; 4] = *b"RGWR";
 
 /// The protocol version this build speaks, carried in every header and in [`Hello`].
-/// Version 2 added the header's `pad` and whole 64-byte frames (decision 0016).
-pub const PROTOCOL_VERSION: u16 = 2;
+/// Version 2 added the header's `pad` and whole 64-byte frames (decision 0016);
+/// version 3 the hello's channel and the ack's lanes (decision 0018).
+pub const PROTOCOL_VERSION: u16 = 3;
 
 /// Size of the fixed frame header in bytes (56).
 pub const HEADER_LEN: usize = size_of::<RawHeader>();

@@ -31,7 +31,7 @@ pub use aligned::AlignedBuf;
 pub use counting::CountingAllocator;
 #[cfg(target_os = "linux")]
 pub use engine::{
-    EngineConfig, FrameEngine, FrameKey, FrameSink, LinkFault, MAX_FRAME_ALIGN, MAX_HEADER,
+    EngineConfig, FrameEngine, FrameKey, FrameSink, Lanes, LinkFault, MAX_FRAME_ALIGN, MAX_HEADER,
     PayloadAt, Placement, Placements, SendResult,
 };
 

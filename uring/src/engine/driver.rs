@@ -12,8 +12,8 @@
 #![allow(unsafe_code)]
 
 use super::{
-    Body, EngineConfig, FrameSink, LinkFault, MAX_FRAME_ALIGN, MAX_HEADER, Outcome, PlaceRequest,
-    Queued, SendRequest,
+    Body, EngineConfig, FrameSink, Lanes, LinkFault, MAX_FRAME_ALIGN, MAX_HEADER, Outcome,
+    PlaceRequest, Queued, SendRequest,
 };
 use crate::AlignedBuf;
 use io_uring::{IoUring, opcode, squeue, types};
@@ -102,6 +102,9 @@ enum Rx {
         got: usize,
         /// Zeros after the payload, skipped once it is in.
         tail: usize,
+        /// The payload comes on the receive lane (its header came on the
+        /// link's socket, whose staging buffer may hold later frames).
+        laned: bool,
     },
     /// Receiving one payload straight into a waiting caller's memory.
     Placing {
@@ -109,13 +112,29 @@ enum Rx {
         target: PlaceRequest,
         got: usize,
         tail: usize,
+        laned: bool,
     },
+}
+
+/// One end of a lane, as the ring names it.
+struct Lane {
+    socket: OwnedFd,
+    fixed: Option<u32>,
+}
+
+impl Lane {
+    fn raw(&self) -> RawFd {
+        self.socket.as_raw_fd()
+    }
 }
 
 struct LinkIo {
     socket: OwnedFd,
     /// Index in the ring's file table, when registered.
     fixed: Option<u32>,
+    /// The link's lanes (send, receive), if it has them: laned frames put
+    /// their payloads there, in order, and everything else on `socket`.
+    lanes: Option<(Lane, Lane)>,
     staging: Box<[u8]>,
     /// Unparsed bytes are `staging[start..end]`.
     start: usize,
@@ -150,6 +169,65 @@ struct LinkIo {
 }
 
 impl LinkIo {
+    /// The socket the current send's next bytes go out on, and its index
+    /// in the file table: a laned send's body goes on the send lane.
+    fn send_target(&self) -> (RawFd, Option<u32>) {
+        match (&self.sending, &self.lanes) {
+            (Some(req), Some((lane, _))) if req.laned && req.sent >= req.head_len + req.tail => {
+                (lane.raw(), lane.fixed)
+            }
+            _ => (self.socket.as_raw_fd(), self.fixed),
+        }
+    }
+
+    /// The socket the next receive reads, and its index in the file table.
+    fn recv_target(&self) -> (RawFd, Option<u32>) {
+        match (&self.rx, &self.lanes) {
+            (
+                Rx::Payload { laned: true, .. } | Rx::Placing { laned: true, .. },
+                Some((_, lane)),
+            ) => (lane.raw(), lane.fixed),
+            _ => (self.socket.as_raw_fd(), self.fixed),
+        }
+    }
+
+    /// Bytes left of the current send on the socket it is on now: a laned
+    /// send is a head for the link's socket, then a body for the lane.
+    fn send_left(&self) -> usize {
+        match &self.sending {
+            Some(req) if req.laned && req.sent < req.head_len + req.tail => {
+                req.head_len + req.tail - req.sent
+            }
+            Some(req) => req.total() - req.sent,
+            None => 0,
+        }
+    }
+
+    /// Moves the next queued send into `sending` if none is there, marking
+    /// it laned if the link has lanes and its payload is `lane_from` bytes
+    /// or more (the receiver applies the same rule to the header).
+    fn start_next_send(&mut self, lane_from: usize, frame_align: usize) {
+        if self.sending.is_some() {
+            return;
+        }
+        self.sending = self.queue.pop_front();
+        if let (Some(req), Some(_)) = (&mut self.sending, &self.lanes) {
+            if matches!(req.body, Body::Borrowed { len, .. } if len >= lane_from) {
+                req.laned = true;
+                req.tail = super::tail_len(req.head_len, frame_align);
+            }
+        }
+    }
+
+    /// Shuts every socket of the link down, which ends what is in flight on them.
+    fn shut_down(&self) {
+        let _ = shutdown(self.socket.as_raw_fd(), Shutdown::Both);
+        if let Some((send, recv)) = &self.lanes {
+            let _ = shutdown(send.raw(), Shutdown::Both);
+            let _ = shutdown(recv.raw(), Shutdown::Both);
+        }
+    }
+
     /// Where the next receive on this link writes, how much it asks for,
     /// and its flags: the free end of the staging buffer (compacted first),
     /// or the rest of the payload being received in place. `header_ask` is
@@ -187,6 +265,40 @@ impl LinkIo {
     fn describe_send(&mut self) {
         let Some(req) = &self.sending else { return };
         let mut n = 0;
+        if req.laned {
+            // The head and its zeros, or (once they are out) the body.
+            let lead = req.head_len + req.tail;
+            if req.sent < req.head_len {
+                self.iov[n] = libc::iovec {
+                    iov_base: req.head[req.sent..req.head_len].as_ptr() as *mut libc::c_void,
+                    iov_len: req.head_len - req.sent,
+                };
+                n += 1;
+            }
+            if req.sent < lead {
+                self.iov[n] = libc::iovec {
+                    iov_base: ZEROS.as_ptr() as *mut libc::c_void,
+                    iov_len: lead - req.sent.max(req.head_len),
+                };
+                n += 1;
+            } else {
+                let (ptr, len) = match &req.body {
+                    Body::Borrowed { ptr, len } => (*ptr, *len),
+                    Body::Owned(v) => (v.as_ptr(), v.len()),
+                };
+                let done = req.sent - lead;
+                self.iov[n] = libc::iovec {
+                    iov_base: ptr.wrapping_add(done) as *mut libc::c_void,
+                    iov_len: len - done,
+                };
+                n += 1;
+            }
+            // SAFETY: `msghdr` is plain old data; all-zero is its empty value.
+            *self.msg = unsafe { std::mem::zeroed() };
+            self.msg.msg_iov = self.iov.as_mut_ptr();
+            self.msg.msg_iovlen = n as _;
+            return;
+        }
         if req.sent < req.head_len {
             self.iov[n] = libc::iovec {
                 iov_base: req.head[req.sent..req.head_len].as_ptr() as *mut libc::c_void,
@@ -267,6 +379,7 @@ pub(crate) struct Driver {
     zero_copy_from: Option<usize>,
     /// How long a driver polls before it sleeps.
     spin: Duration,
+    lane_from: usize,
 }
 
 // SAFETY: the raw pointers in `msghdr`/`iovec` point into this driver's own
@@ -301,7 +414,7 @@ impl Driver {
         })?;
         let fixed_files = ring
             .submitter()
-            .register_files_sparse(config.links.max(1) as u32)
+            .register_files_sparse(3 * config.links.max(1) as u32)
             .is_ok();
         Ok(Driver {
             ring,
@@ -327,6 +440,7 @@ impl Driver {
             spare: Queued::default(),
             zero_copy_from: config.zero_copy_from,
             spin: config.spin,
+            lane_from: config.lane_from,
         })
     }
 
@@ -360,8 +474,8 @@ impl Driver {
         sink: &dyn FrameSink,
         finished: &mut Vec<(u64, Outcome)>,
     ) {
-        for (link, socket) in queued.links.drain(..) {
-            self.install(link, socket);
+        for (link, socket, lanes) in queued.links.drain(..) {
+            self.install(link, socket, lanes);
         }
         for target in queued.placements.drain(..) {
             let link = target.link;
@@ -619,20 +733,35 @@ impl Driver {
         pushed
     }
 
-    fn install(&mut self, link: usize, socket: OwnedFd) {
-        if link >= self.links.len() {
+    fn install(&mut self, link: usize, socket: OwnedFd, lanes: Option<Lanes>) {
+        let count = self.links.len();
+        if link >= count {
             return;
         }
-        let mut fixed = None;
-        if self.fixed_files
-            && self
-                .ring
-                .submitter()
-                .register_files_update(link as u32, &[socket.as_raw_fd()])
+        // File table: links at `link`, send lanes at `count + link`, receive
+        // lanes at `2 * count + link`.
+        let register = |ring: &IoUring, slot: usize, fd: RawFd| {
+            ring.submitter()
+                .register_files_update(slot as u32, &[fd])
                 .is_ok()
-        {
-            fixed = Some(link as u32);
+                .then_some(slot as u32)
+        };
+        let fixed_files = self.fixed_files;
+        let mut fixed = None;
+        if fixed_files {
+            fixed = register(&self.ring, link, socket.as_raw_fd());
         }
+        let lanes = lanes.map(|Lanes { send, recv }| {
+            let lane = |socket: OwnedFd, slot: usize| Lane {
+                fixed: if fixed_files {
+                    register(&self.ring, slot, socket.as_raw_fd())
+                } else {
+                    None
+                },
+                socket,
+            };
+            (lane(send, count + link), lane(recv, 2 * count + link))
+        });
         // Links are made once; a replaced one with entries in flight is
         // leaked rather than freed under the kernel.
         if let Some(old) = self.links[link].take() {
@@ -643,6 +772,7 @@ impl Driver {
         self.links[link] = Some(Box::new(LinkIo {
             socket,
             fixed,
+            lanes,
             staging: vec![0u8; self.staging].into_boxed_slice(),
             start: 0,
             end: 0,
@@ -695,27 +825,22 @@ impl Driver {
             if l.dead.is_some() || l.send_in_flight {
                 return;
             }
+            l.start_next_send(self.lane_from, self.frame_align);
             if l.sending.is_none() {
-                l.sending = l.queue.pop_front();
+                return;
             }
-            let Some(req) = &l.sending else { return };
-            let left = req.total() - req.sent;
+            let left = l.send_left();
             let zero_copy = self.zero_copy_from.is_some_and(|from| left >= from);
             if left > DIRECT_SEND_BYTES || zero_copy {
                 return;
             }
             l.describe_send();
+            let (fd, _) = l.send_target();
             // SAFETY: `msg` and `iov` describe the rest of the request in
             // `sending`, whose bytes are owned by it or borrowed from a
             // caller parked until it completes (its trailing zeros are a
             // static); the call is synchronous.
-            let n = unsafe {
-                libc::sendmsg(
-                    l.socket.as_raw_fd(),
-                    &*l.msg,
-                    libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
-                )
-            };
+            let n = unsafe { libc::sendmsg(fd, &*l.msg, libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL) };
             // Full (or interrupted): the ring takes it from here.
             let Some(result) = completion_result(n) else {
                 return;
@@ -800,10 +925,9 @@ impl Driver {
         if l.dead.is_some() {
             return;
         }
-        let raw = l.socket.as_raw_fd();
-        let fixed = l.fixed;
         let mut recv = None;
         if receive && !l.recv_in_flight {
+            let (raw, fixed) = l.recv_target();
             let (ptr, len, flags) = l.receive_into(header_ask);
             let len = len.min(u32::MAX as usize) as u32;
             recv = Some(
@@ -820,11 +944,10 @@ impl Driver {
         }
         let mut send = None;
         if !l.send_in_flight {
-            if l.sending.is_none() {
-                l.sending = l.queue.pop_front();
-            }
-            if let Some(req) = &l.sending {
-                let left = req.total() - req.sent;
+            l.start_next_send(self.lane_from, self.frame_align);
+            if l.sending.is_some() {
+                let left = l.send_left();
+                let (raw, fixed) = l.send_target();
                 let zero_copy = self.zero_copy_from.is_some_and(|from| left >= from)
                     && matches!(l.zero_copy, ZeroCopy::Untried | ZeroCopy::On);
                 l.describe_send();
@@ -913,7 +1036,8 @@ impl Driver {
         sink: &dyn FrameSink,
         finished: &mut Vec<(u64, Outcome)>,
     ) {
-        let (header_len, frame_align) = (self.header_len, self.frame_align);
+        let (header_len, frame_align, lane_from) =
+            (self.header_len, self.frame_align, self.lane_from);
         let Some(l) = self.links.get_mut(link).and_then(|l| l.as_mut()) else {
             return;
         };
@@ -946,37 +1070,49 @@ impl Driver {
                 target,
                 got,
                 tail,
+                laned,
             } => {
                 *got += n;
-                if *got == target.len {
-                    let (head, tail) = (*head, *tail);
+                if *got < target.len {
+                    return;
+                }
+                let (head, tail, laned) = (*head, *tail, *laned);
+                if !laned {
                     l.header_only = true;
                     l.skip = tail;
-                    let Rx::Placing { target, .. } = std::mem::replace(&mut l.rx, Rx::Staging)
-                    else {
-                        unreachable!()
-                    };
-                    finished.push((target.id, Outcome::Placed(head)));
                 }
-                return;
+                let Rx::Placing { target, .. } = std::mem::replace(&mut l.rx, Rx::Staging) else {
+                    unreachable!()
+                };
+                finished.push((target.id, Outcome::Placed(head)));
+                if !laned {
+                    return;
+                }
+                // The staging buffer may hold the frames after it.
             }
             Rx::Payload {
                 head,
                 buf,
                 got,
                 tail,
+                laned,
             } => {
                 *got += n;
-                if *got == buf.len() {
-                    let (head, tail) = (*head, *tail);
+                if *got < buf.len() {
+                    return;
+                }
+                let (head, tail, laned) = (*head, *tail, *laned);
+                if !laned {
                     l.header_only = true;
                     l.skip = tail;
-                    let Rx::Payload { buf, .. } = std::mem::replace(&mut l.rx, Rx::Staging) else {
-                        unreachable!()
-                    };
-                    sink.frame(link, &head[..header_len], buf);
                 }
-                return;
+                let Rx::Payload { buf, .. } = std::mem::replace(&mut l.rx, Rx::Staging) else {
+                    unreachable!()
+                };
+                sink.frame(link, &head[..header_len], buf);
+                if !laned {
+                    return;
+                }
             }
             Rx::Staging => l.end += n,
         }
@@ -1013,6 +1149,40 @@ impl Driver {
             if avail < lead {
                 break; // the pad is on its way
             }
+            if l.lanes.is_some() && len >= lane_from {
+                // Its payload comes on the receive lane; here are only its
+                // header, pad and zeros, and perhaps the frames after it.
+                l.start += lead;
+                l.skip = super::tail_len(lead, frame_align);
+                l.header_only = false;
+                let placed = match (l.targets.is_empty(), sink.frame_key(link, head)) {
+                    (false, Some(key)) => {
+                        l.targets.iter().position(|t| t.key == key && t.len == len)
+                    }
+                    _ => None,
+                };
+                l.rx = match placed {
+                    Some(i) => Rx::Placing {
+                        head: head_copy,
+                        target: l.targets.swap_remove(i),
+                        got: 0,
+                        tail: 0,
+                        laned: true,
+                    },
+                    None => {
+                        let mut buf = sink.buffer();
+                        buf.prepare(len);
+                        Rx::Payload {
+                            head: head_copy,
+                            buf,
+                            got: 0,
+                            tail: 0,
+                            laned: true,
+                        }
+                    }
+                };
+                break;
+            }
             let tail = super::tail_len(lead + len, frame_align);
             if lead + len <= l.staging.len() {
                 l.header_only = false; // small frames come many per receive
@@ -1047,6 +1217,7 @@ impl Driver {
                     target,
                     got: have,
                     tail,
+                    laned: false,
                 };
                 break;
             }
@@ -1073,6 +1244,7 @@ impl Driver {
                 buf,
                 got: have,
                 tail,
+                laned: false,
             };
             break;
         }
@@ -1180,7 +1352,7 @@ impl Driver {
             LinkFault::Io(e) => e.to_string(),
             LinkFault::BadFrame(r) => r.clone(),
         });
-        let _ = shutdown(l.socket.as_raw_fd(), Shutdown::Both);
+        l.shut_down();
         sink.link_failed(link, fault);
     }
 
@@ -1224,7 +1396,7 @@ fn settled(in_flight: usize, flags: impl Iterator<Item = u32>) -> usize {
 impl Drop for Driver {
     fn drop(&mut self) {
         for l in self.links.iter().flatten() {
-            let _ = shutdown(l.socket.as_raw_fd(), Shutdown::Both);
+            l.shut_down();
         }
         if self.wake_in_flight {
             let cancel = opcode::AsyncCancel::new(tag(WAKE, 0))

@@ -105,6 +105,18 @@ pub struct EngineConfig {
     /// only while this process's waiting thread has a core to itself: zero
     /// when ranks outnumber cores.
     pub spin: Duration,
+    /// On a link with lanes ([`FrameEngine::add_link_with_lanes`]), frames
+    /// whose payload is at least this many bytes send their header on the
+    /// link's socket and their payload on its send lane. Both ends of a link
+    /// must use the same value.
+    pub lane_from: usize,
+}
+
+/// A link's lanes: connections to its peer that this end only writes
+/// (`send`) and only reads (`recv`).
+pub struct Lanes {
+    pub send: OwnedFd,
+    pub recv: OwnedFd,
 }
 
 /// How a send ended.
@@ -152,9 +164,13 @@ pub(crate) struct SendRequest {
     pub(crate) head: [u8; MAX_HEADER],
     pub(crate) head_len: usize,
     pub(crate) body: Body,
-    /// Zeros after the body, up to a whole frame.
+    /// Zeros after the body, up to a whole frame; for a laned send, after
+    /// the head (the lane carries the body alone).
     pub(crate) tail: usize,
     pub(crate) sent: usize,
+    /// The head and its zeros go on the link's socket, the body on its send
+    /// lane (set by the driver when the send starts).
+    pub(crate) laned: bool,
 }
 
 pub(crate) enum Body {
@@ -181,7 +197,7 @@ impl SendRequest {
 /// Work queued for the next driver turn.
 #[derive(Default)]
 pub(crate) struct Queued {
-    pub(crate) links: Vec<(usize, OwnedFd)>,
+    pub(crate) links: Vec<(usize, OwnedFd, Option<Lanes>)>,
     pub(crate) sends: Vec<SendRequest>,
     pub(crate) placements: Vec<PlaceRequest>,
     pub(crate) withdrawals: Vec<u64>,
@@ -292,7 +308,19 @@ impl FrameEngine {
     /// with the next driver turn.
     pub fn add_link(&self, link: usize, socket: OwnedFd) {
         let mut st = lock(&self.state);
-        st.queued.links.push((link, socket));
+        st.queued.links.push((link, socket, None));
+        self.poke_if_driving(&st);
+    }
+
+    /// As [`FrameEngine::add_link`], for a link with lanes: two more
+    /// connections to the same peer, each carrying bytes one way only, that
+    /// take the payloads of large frames (see [`EngineConfig::lane_from`]).
+    /// A socket written by both ends at once makes each end's sends process
+    /// the other's arriving data under the socket's lock; one-way lanes keep
+    /// bulk data off that path (docs/decisions/0018).
+    pub fn add_link_with_lanes(&self, link: usize, socket: OwnedFd, lanes: Lanes) {
+        let mut st = lock(&self.state);
+        st.queued.links.push((link, socket, Some(lanes)));
         self.poke_if_driving(&st);
     }
 
@@ -467,6 +495,7 @@ impl FrameEngine {
                 },
                 tail,
                 sent: 0,
+                laned: false,
             })
         });
         let mut stalled = false;
@@ -594,6 +623,7 @@ impl FrameEngine {
             body: Body::Owned(frame),
             tail,
             sent: 0,
+            laned: false,
         });
         self.poke_if_driving(&st);
     }
