@@ -507,7 +507,7 @@ impl Communicator {
     }
 
     /// Whether this rank's link to `peer` carries the payloads of large
-    /// frames (256 KiB and up) on two one-way lanes beside its connection:
+    /// frames (1 MiB and up) on two one-way lanes beside its connection:
     /// TCP links of the io_uring engine do unless told not to (see
     /// [`crate::Builder::tcp_lanes`]). False until the link is made.
     pub fn link_has_lanes(&self, peer: usize) -> bool {

@@ -243,9 +243,9 @@ impl Builder {
     }
 
     /// Whether TCP links run by the io_uring engine carry the payloads of
-    /// large frames (256 KiB and up) on two extra one-way connections, one
-    /// each way, so that neither end's sends process the other's arriving
-    /// data (docs/decisions/0018). On by default; the dialing rank of each
+    /// large frames (1 MiB and up: whole default chunks) on two extra
+    /// one-way connections, one each way, so that neither end's sends
+    /// process the other's arriving data (docs/decisions/0018). On by default; the dialing rank of each
     /// link decides, and the other follows if its engine runs.
     /// Env: RINGWIRE_TCP_LANES=on|off.
     pub fn tcp_lanes(mut self, on: bool) -> Builder {

@@ -20,13 +20,15 @@
 #                   the CPUs to be >= 85% idle over 2 s (0: don't) [WAIT_IDLE]
 #   --retry-busy 2  run a library's sweep again (at most this many times) when
 #                   other processes used > 0.25 cores during it [RETRY_BUSY]
-#   --far-ns 150    measure the core-to-core round trip (ringwire-bench
+#   --far-ns auto   measure the core-to-core round trip (ringwire-bench
 #                   core-round-trip) before and after each library's sweep, and
 #                   run the sweep again (at most --retry-busy times) when either
-#                   is above this: on this VM the host sometimes places the two
-#                   vCPUs far apart (55 ns near, 300-425 far), and every TCP
-#                   library then runs 2-2.5x slower (docs/perf.md, tenth
-#                   session); 0: don't check [FAR_NS]
+#                   is above this many ns: on this VM the host sometimes places
+#                   the two vCPUs far apart (AMD host: 55 ns near, 300-425 far),
+#                   and every TCP library then runs 2-2.5x slower (docs/perf.md,
+#                   tenth session). auto: twice the median of 5 probes taken
+#                   at the start (hosts differ: the Intel host's near is
+#                   100-150 ns); a number fixes it; 0: don't check [FAR_NS]
 #   --rounds 1      run every library's sweep this many times, round-robin
 #                   (on a noisy VM one sweep's ratios swing 2x); the table shows
 #                   per-size medians over the rounds, and the median and range
@@ -53,7 +55,7 @@ OUT=${OUT:-}
 WAIT_IDLE=${WAIT_IDLE:-60}
 RETRY_BUSY=${RETRY_BUSY:-2}
 ROUNDS=${ROUNDS:-1}
-FAR_NS=${FAR_NS:-150}
+FAR_NS=${FAR_NS:-auto}
 
 while [ $# -gt 0 ]; do
     case "$1" in
@@ -77,7 +79,7 @@ while [ $# -gt 0 ]; do
 done
 
 case "$ROUNDS" in ''|*[!0-9]*|0) echo "run.sh: --rounds wants a whole number from 1, got '$ROUNDS'" >&2; exit 2 ;; esac
-case "$FAR_NS" in ''|*[!0-9]*) echo "run.sh: --far-ns wants a whole number of ns (0: off), got '$FAR_NS'" >&2; exit 2 ;; esac
+case "$FAR_NS" in auto) ;; ''|*[!0-9]*) echo "run.sh: --far-ns wants auto or a whole number of ns (0: off), got '$FAR_NS'" >&2; exit 2 ;; esac
 
 BUILD=$ROOT/target/compare
 OUT=${OUT:-$BUILD/run-$(date -u +%Y%m%dT%H%M%SZ)}
@@ -140,6 +142,17 @@ fi
 [ -n "$PEERS" ] || { log "nothing left to run"; exit 1; }
 
 # ---------------------------------------------------------------- runs
+if [ "$FAR_NS" = auto ]; then
+    probes=$(for _ in 1 2 3 4 5; do "$RWBENCH" core-round-trip 2>/dev/null | sed -n 's/.*: \([0-9]*\) ns$/\1/p'; done | sort -n)
+    near=$(sed -n 3p <<<"$probes")
+    if [ -n "$near" ]; then
+        FAR_NS=$((2 * near))
+        log "far phase: a round trip above $FAR_NS ns (twice the median of 5 probes now: $(paste -sd' ' <<<"$probes") ns)"
+    else
+        FAR_NS=0
+        log "far phase: not checked (the core-to-core probe did not run)"
+    fi
+fi
 machine=$("$RWBENCH" all_reduce --ranks 2 -b 8 -e 8 -w 0 -n 1 --transport portable 2>/dev/null | sed -n 's/^# machine: //p') || true
 [ -n "$machine" ] || machine="$(hostname), $(nproc) cores, $(uname -sr)"
 versions="ringwire $(cd "$ROOT" && git describe --always --dirty 2>/dev/null || echo '?')"

@@ -45,7 +45,8 @@ pub(crate) struct TcpConfig {
     pub(crate) write_timeout: Duration,
     /// SO_SNDBUF / SO_RCVBUF; `None` keeps the kernel's autotuning, which
     /// on Linux grows further than an explicit size capped by wmem_max
-    /// (but the engine's Unix links get one: `conn::ENGINE_UNIX_SOCKET_BUFFER`).
+    /// (but the engine's links get one: `conn::ENGINE_UNIX_SOCKET_BUFFER`,
+    /// and `conn::ENGINE_TCP_SOCKET_BUFFER` where the caps grant it).
     pub(crate) socket_buffer: Option<usize>,
     /// Idle links carry a heartbeat this often.
     pub(crate) heartbeat_interval: Duration,
@@ -189,9 +190,10 @@ const ZERO_COPY_FROM: usize = 64 << 10;
 const STAGING_BYTES: usize = 64 << 10;
 
 /// On a TCP link with lanes, frames whose payload is at least this many
-/// bytes carry it on a lane (decision 0018). Both ends must agree, so this
-/// is part of the protocol (version 3), not a setting.
-const LANE_FROM: usize = 256 << 10;
+/// bytes carry it on a lane (decision 0018): whole chunks of the default
+/// size. Both ends must agree, so this is part of the protocol (version 3),
+/// not a setting.
+const LANE_FROM: usize = 1 << 20;
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
