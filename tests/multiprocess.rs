@@ -210,9 +210,11 @@ fn child_rank() {
         .expect("join from env");
     if let Ok(mode) = std::env::var("RINGWIRE_TEST_MODE") {
         if mode == "loop" {
-            // All-reduce until something fails (or a minute passes).
+            // All-reduce until something fails (or a minute passes). 4 MiB:
+            // at 4 ranks its 1 MiB blocks go on lanes over TCP links
+            // (decision 0018), so a peer killed mid-op is seen there too.
             let start = Instant::now();
-            let mut buf = vec![1.0f32; 256 << 10];
+            let mut buf = vec![1.0f32; 1 << 20];
             while start.elapsed() < Duration::from_secs(60) {
                 match comm.all_reduce(buf, ringwire::ReduceOp::Max).wait() {
                     Ok(b) => buf = b,
