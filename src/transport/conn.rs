@@ -18,43 +18,17 @@ use std::time::Duration;
 /// shared core. The kernel doubles the value and caps it at wmem_max.
 pub(crate) const ENGINE_UNIX_SOCKET_BUFFER: usize = 1 << 20;
 
-/// SO_SNDBUF / SO_RCVBUF of the engine's TCP links and their lanes, where
-/// the kernel grants that much (`net.core.wmem_max` and `rmem_max` at
-/// least this; decision 0019). Autotuning starts a socket at 16 KiB to send
-/// and 128 KiB to receive and grows it as data flows: ops of 64 KiB to
-/// 1 MiB then cross in pieces, on a fresh lane most of all. Where the caps
-/// are lower, an explicit size would be capped below what autotuning
-/// reaches, so those hosts keep autotuning.
-pub(crate) const ENGINE_TCP_SOCKET_BUFFER: usize = 4 << 20;
-
-/// A link's SO_SNDBUF / SO_RCVBUF: the configured size, else
-/// [`ENGINE_UNIX_SOCKET_BUFFER`] on the engine's Unix links, else
-/// [`ENGINE_TCP_SOCKET_BUFFER`] on its TCP links where the kernel grants
-/// it, else `None` (kernel defaults; TCP autotunes).
+/// A link's SO_SNDBUF / SO_RCVBUF: the configured size (0: the kernel's
+/// defaults), else [`ENGINE_UNIX_SOCKET_BUFFER`] on the engine's Unix
+/// links, else `None` (kernel defaults; TCP autotunes, which an explicit
+/// size would stop: 4 MiB on the engine's TCP links measured level with
+/// autotuning once lanes carried only whole chunks, perf.md, thirteenth
+/// session).
 fn socket_buffer_for(configured: Option<usize>, engine: bool, kind: ConnKind) -> Option<usize> {
-    configured.or(match (engine, kind) {
-        (true, ConnKind::Unix) => Some(ENGINE_UNIX_SOCKET_BUFFER),
-        (true, ConnKind::Tcp) => {
-            kernel_grants(ENGINE_TCP_SOCKET_BUFFER).then_some(ENGINE_TCP_SOCKET_BUFFER)
-        }
-        (false, _) => None,
-    })
-}
-
-/// Whether `net.core.wmem_max` and `rmem_max` let a socket have `size`
-/// bytes of buffer (read once).
-fn kernel_grants(size: usize) -> bool {
-    static CAPS: std::sync::OnceLock<(usize, usize)> = std::sync::OnceLock::new();
-    let (w, r) = *CAPS.get_or_init(|| {
-        let read = |name: &str| {
-            std::fs::read_to_string(format!("/proc/sys/net/core/{name}"))
-                .ok()
-                .and_then(|v| v.trim().parse().ok())
-                .unwrap_or(0)
-        };
-        (read("wmem_max"), read("rmem_max"))
-    });
-    w >= size && r >= size
+    if let Some(size) = configured {
+        return (size > 0).then_some(size);
+    }
+    (engine && kind == ConnKind::Unix).then_some(ENGINE_UNIX_SOCKET_BUFFER)
 }
 
 /// A link's socket.
@@ -252,7 +226,7 @@ mod tests {
     }
 
     #[test]
-    fn the_engines_links_get_a_default_socket_buffer_and_the_portable_planes_do_not() {
+    fn only_the_engines_unix_links_get_a_default_socket_buffer() {
         let unix = || Conn::Unix(UnixStream::pair().unwrap().0);
         let kernel_default = send_buffer(&unix());
 
@@ -276,22 +250,17 @@ mod tests {
             assert_eq!(send_buffer(&link), granted(64 << 10));
         }
 
-        // The engine's TCP links get 4 MiB where the kernel's caps grant
-        // it, else keep autotuning; the portable plane's always autotune.
+        // TCP keeps autotuning: no explicit size on the engine's links.
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let tcp = || Conn::Tcp(TcpStream::connect(listener.local_addr().unwrap()).unwrap());
-        let portable_tcp = tcp();
-        let before = send_buffer(&portable_tcp);
-        portable_tcp.configure(None, false).unwrap();
-        assert_eq!(send_buffer(&portable_tcp), before);
-        let engine_tcp = tcp();
-        engine_tcp.configure(None, true).unwrap();
-        if kernel_grants(ENGINE_TCP_SOCKET_BUFFER) {
-            assert_eq!(send_buffer(&engine_tcp), granted(ENGINE_TCP_SOCKET_BUFFER));
-        } else {
-            assert_eq!(send_buffer(&engine_tcp), before);
-        }
-        assert_eq!(socket_buffer_for(None, false, ConnKind::Tcp), None);
-        assert!(!kernel_grants(usize::MAX), "no kernel grants everything");
+        let tcp = Conn::Tcp(TcpStream::connect(listener.local_addr().unwrap()).unwrap());
+        let before = send_buffer(&tcp);
+        tcp.configure(None, true).unwrap();
+        assert_eq!(send_buffer(&tcp), before);
+        assert_eq!(socket_buffer_for(None, true, ConnKind::Tcp), None);
+        // 0 asks for the kernel's defaults on any link.
+        let unix_link = unix();
+        unix_link.configure(Some(0), true).unwrap();
+        assert_eq!(send_buffer(&unix_link), kernel_default);
+        assert_eq!(socket_buffer_for(Some(0), true, ConnKind::Tcp), None);
     }
 }
