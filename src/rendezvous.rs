@@ -209,7 +209,8 @@ impl Builder {
 
     /// Explicit SO_SNDBUF / SO_RCVBUF on every link. By default TCP links
     /// autotune, the io_uring engine's Unix links get 1 MiB and the
-    /// portable plane's keep the kernel's default (decision 0015). Env:
+    /// portable plane's keep the kernel's default (decision 0015); 0 keeps
+    /// the kernel's default on every link. Env:
     /// RINGWIRE_SOCKET_BUFFER_BYTES.
     pub fn socket_buffer_bytes(mut self, bytes: usize) -> Builder {
         self.overrides.socket_buffer = Some(bytes);
