@@ -610,7 +610,10 @@ impl FrameEngine {
 
     /// Queues a control frame (whole, header included; zeros are added up
     /// to [`EngineConfig::frame_align`]) on `link`; it goes out with the
-    /// next driver turn. [`FrameEngine::flush`] waits for it.
+    /// next driver turn. [`FrameEngine::flush`] waits for it. It always
+    /// goes whole on the link's socket, so its payload must be shorter than
+    /// [`EngineConfig::lane_from`] (a receiver reads a longer one's payload
+    /// from the lane).
     pub fn send_owned(&self, link: usize, frame: Vec<u8>) {
         let tail = tail_len(frame.len(), self.frame_align);
         let mut st = lock(&self.state);
