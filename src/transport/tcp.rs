@@ -754,12 +754,8 @@ impl Shared {
     fn connect(&self, peer: usize, deadline: Instant) -> Result<Conn, LinkError> {
         let addr = self.addrs[peer];
         let (local, shown) = self.dial_address(peer);
-        let connect_err = |detail: String| LinkError::Connect {
-            addr: shown.clone(),
-            detail,
-        };
         let mut backoff = Duration::from_millis(10);
-        let stream = loop {
+        loop {
             let left = deadline.saturating_duration_since(Instant::now());
             let connected = match local {
                 Some(unix) => UnixStream::connect_addr(unix).map(Conn::Unix),
@@ -770,16 +766,20 @@ impl Shared {
                 .map(Conn::Tcp),
             };
             match connected {
-                Ok(s) => break s,
+                Ok(s) => return Ok(s),
                 Err(e) if Instant::now() + backoff < deadline => {
                     tracing::debug!(peer, addr = %shown, error = %e, "connect failed, retrying");
                     std::thread::sleep(backoff);
                     backoff = (backoff * 2).min(Duration::from_millis(500));
                 }
-                Err(e) => return Err(connect_err(e.to_string())),
+                Err(e) => {
+                    return Err(LinkError::Connect {
+                        addr: shown,
+                        detail: e.to_string(),
+                    });
+                }
             }
-        };
-        Ok(stream)
+        }
     }
 
     fn dial(self: &Arc<Self>, peer: usize, deadline: Instant) -> Result<Arc<Link>, LinkError> {
@@ -1012,7 +1012,8 @@ impl Shared {
                         Err(e) => Err(e.to_string()),
                         Ok(()) => {
                             let peer = hello.rank as usize;
-                            if let Some(why) = security_mismatch(hello.security, mine) {
+                            let checked = if let Some(why) = security_mismatch(hello.security, mine)
+                            {
                                 Err(why)
                             } else if sec.secret.is_some() && hello.auth.len() != NONCE_LEN {
                                 Err(format!(
@@ -1027,8 +1028,6 @@ impl Shared {
                             } else if hello.channel.is_lane() {
                                 match lock(&self.pending_lanes).get(&peer) {
                                     Some(slots) if slots[lane_slot(hello.channel)].is_none() => {
-                                        channel = hello.channel;
-                                        client_nonce = &payload[payload.len() - hello.auth.len()..];
                                         Ok(peer)
                                     }
                                     _ => Err(format!(
@@ -1045,12 +1044,16 @@ impl Shared {
                                     self.me
                                 ))
                             } else {
-                                client_nonce = &payload[payload.len() - hello.auth.len()..];
-                                if hello.channel == Channel::MainWithLanes && can_take_lanes {
-                                    channel = Channel::MainWithLanes;
-                                }
                                 Ok(peer)
+                            };
+                            if checked.is_ok() {
+                                client_nonce = &payload[payload.len() - hello.auth.len()..];
+                                channel = match hello.channel {
+                                    Channel::MainWithLanes if !can_take_lanes => Channel::Main,
+                                    asked => asked,
+                                };
                             }
+                            checked
                         }
                     },
                 }

@@ -173,7 +173,7 @@ impl LinkIo {
     /// in the file table: a laned send's body goes on the send lane.
     fn send_target(&self) -> (RawFd, Option<u32>) {
         match (&self.sending, &self.lanes) {
-            (Some(req), Some((lane, _))) if req.laned && req.sent >= req.head_len + req.tail => {
+            (Some(req), Some((lane, _))) if req.laned && req.sent >= req.lead() => {
                 (lane.raw(), lane.fixed)
             }
             _ => (self.socket.as_raw_fd(), self.fixed),
@@ -191,16 +191,11 @@ impl LinkIo {
         }
     }
 
-    /// Bytes left of the current send on the socket it is on now: a laned
-    /// send is a head for the link's socket, then a body for the lane.
+    /// Bytes left of the current send on the socket it is on now.
     fn send_left(&self) -> usize {
-        match &self.sending {
-            Some(req) if req.laned && req.sent < req.head_len + req.tail => {
-                req.head_len + req.tail - req.sent
-            }
-            Some(req) => req.total() - req.sent,
-            None => 0,
-        }
+        self.sending
+            .as_ref()
+            .map_or(0, |req| req.phase_end() - req.sent)
     }
 
     /// Moves the next queued send into `sending` if none is there, marking
@@ -261,70 +256,33 @@ impl LinkIo {
         }
     }
 
-    /// Points `msg` at what is left of the current send.
+    /// Points `msg` at what is left of the current send on the socket it
+    /// is on now (up to [`SendRequest::phase_end`]): head, body, zeros; or,
+    /// laned, head and zeros, then the body.
     fn describe_send(&mut self) {
         let Some(req) = &self.sending else { return };
-        let mut n = 0;
-        if req.laned {
-            // The head and its zeros, or (once they are out) the body.
-            let lead = req.head_len + req.tail;
-            if req.sent < req.head_len {
-                self.iov[n] = libc::iovec {
-                    iov_base: req.head[req.sent..req.head_len].as_ptr() as *mut libc::c_void,
-                    iov_len: req.head_len - req.sent,
-                };
-                n += 1;
-            }
-            if req.sent < lead {
-                self.iov[n] = libc::iovec {
-                    iov_base: ZEROS.as_ptr() as *mut libc::c_void,
-                    iov_len: lead - req.sent.max(req.head_len),
-                };
-                n += 1;
-            } else {
-                let (ptr, len) = match &req.body {
-                    Body::Borrowed { ptr, len } => (*ptr, *len),
-                    Body::Owned(v) => (v.as_ptr(), v.len()),
-                };
-                let done = req.sent - lead;
-                self.iov[n] = libc::iovec {
-                    iov_base: ptr.wrapping_add(done) as *mut libc::c_void,
-                    iov_len: len - done,
-                };
-                n += 1;
-            }
-            // SAFETY: `msghdr` is plain old data; all-zero is its empty value.
-            *self.msg = unsafe { std::mem::zeroed() };
-            self.msg.msg_iov = self.iov.as_mut_ptr();
-            self.msg.msg_iovlen = n as _;
-            return;
-        }
-        if req.sent < req.head_len {
-            self.iov[n] = libc::iovec {
-                iov_base: req.head[req.sent..req.head_len].as_ptr() as *mut libc::c_void,
-                iov_len: req.head_len - req.sent,
-            };
-            n += 1;
-        }
-        let (ptr, len) = match &req.body {
+        let head = (req.head.as_ptr(), req.head_len);
+        let body = match &req.body {
             Body::Borrowed { ptr, len } => (*ptr, *len),
             Body::Owned(v) => (v.as_ptr(), v.len()),
         };
-        let done = req.sent.saturating_sub(req.head_len);
-        if done < len {
-            self.iov[n] = libc::iovec {
-                iov_base: ptr.wrapping_add(done) as *mut libc::c_void,
-                iov_len: len - done,
-            };
-            n += 1;
-        }
-        let tail_done = done.saturating_sub(len);
-        if tail_done < req.tail {
-            self.iov[n] = libc::iovec {
-                iov_base: ZEROS.as_ptr() as *mut libc::c_void,
-                iov_len: req.tail - tail_done,
-            };
-            n += 1;
+        let zeros = (ZEROS.as_ptr(), req.tail);
+        let pieces = match req.laned {
+            true => [head, zeros, body],
+            false => [head, body, zeros],
+        };
+        let end = req.phase_end();
+        let (mut n, mut at) = (0, 0);
+        for (ptr, len) in pieces {
+            let (from, to) = (req.sent.max(at), end.min(at + len));
+            if from < to {
+                self.iov[n] = libc::iovec {
+                    iov_base: ptr.wrapping_add(from - at) as *mut libc::c_void,
+                    iov_len: to - from,
+                };
+                n += 1;
+            }
+            at += len;
         }
         // SAFETY: `msghdr` is plain old data; all-zero is its empty value.
         *self.msg = unsafe { std::mem::zeroed() };
@@ -1149,18 +1107,17 @@ impl Driver {
             if avail < lead {
                 break; // the pad is on its way
             }
+            // Whether a caller waits for exactly this frame.
+            let placed = match (l.targets.is_empty(), sink.frame_key(link, head)) {
+                (false, Some(key)) => l.targets.iter().position(|t| t.key == key && t.len == len),
+                _ => None,
+            };
             if l.lanes.is_some() && len >= lane_from {
                 // Its payload comes on the receive lane; here are only its
                 // header, pad and zeros, and perhaps the frames after it.
                 l.start += lead;
                 l.skip = super::tail_len(lead, frame_align);
                 l.header_only = false;
-                let placed = match (l.targets.is_empty(), sink.frame_key(link, head)) {
-                    (false, Some(key)) => {
-                        l.targets.iter().position(|t| t.key == key && t.len == len)
-                    }
-                    _ => None,
-                };
                 l.rx = match placed {
                     Some(i) => Rx::Placing {
                         head: head_copy,
@@ -1188,10 +1145,6 @@ impl Driver {
                 l.header_only = false; // small frames come many per receive
             }
             let body = l.start + lead;
-            let placed = match (l.targets.is_empty(), sink.frame_key(link, head)) {
-                (false, Some(key)) => l.targets.iter().position(|t| t.key == key && t.len == len),
-                _ => None,
-            };
             if let Some(i) = placed {
                 // A caller waits for exactly this frame: straight into its
                 // memory, no pooled buffer, no second copy.

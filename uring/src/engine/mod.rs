@@ -192,6 +192,21 @@ impl SendRequest {
     pub(crate) fn total(&self) -> usize {
         self.head_len + self.body_len() + self.tail
     }
+
+    /// The head and the zeros after it: what a laned send puts on the
+    /// link's socket before its body goes on the lane.
+    pub(crate) fn lead(&self) -> usize {
+        self.head_len + self.tail
+    }
+
+    /// Where the bytes for the socket the send is on now end: a laned
+    /// send's head and zeros first, then the whole.
+    pub(crate) fn phase_end(&self) -> usize {
+        match self.laned && self.sent < self.lead() {
+            true => self.lead(),
+            false => self.total(),
+        }
+    }
 }
 
 /// Work queued for the next driver turn.
