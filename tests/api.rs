@@ -336,7 +336,7 @@ fn tcp_links_of_the_engine_have_lanes_unless_told_not_to() {
             b.local_links(ringwire::LocalLinks::Tcp).tcp_lanes(lanes)
         });
         assert!(!comms[0].link_has_lanes(1), "links are made on first use");
-        // Large enough that its frames go on the lanes (256 KiB and up).
+        // Large enough that its frames go on the lanes (1 MiB and up).
         let n = 1 << 20;
         let sums = on_all(&comms, |c| {
             c.all_reduce(vec![c.rank() as f32 + 1.0; n], ReduceOp::Sum)

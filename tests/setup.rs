@@ -364,9 +364,97 @@ fn as_an_unprivileged_user_the_engine_runs_within_the_locked_memory_limit() {
         );
         return;
     }
-    let name = "as_an_unprivileged_user_the_engine_runs_within_the_locked_memory_limit";
+    in_a_child(
+        "as_an_unprivileged_user_the_engine_runs_within_the_locked_memory_limit",
+        AS_NOBODY,
+    );
+}
+
+/// Set in the child of `a_low_open_file_limit_is_raised_so_every_peer_links`.
+const LOW_NOFILE: &str = "RINGWIRE_TEST_LOW_NOFILE";
+
+#[test]
+fn a_low_open_file_limit_is_raised_so_every_peer_links() {
+    // A child process starts with a soft RLIMIT_NOFILE of 64, below what
+    // six ranks in one process need with every pair linked over TCP (three
+    // descriptors per link end, plus listeners, rings and the store's): the
+    // transports raise it, and an all-to-all over every link runs.
+    if std::env::var_os(LOW_NOFILE).is_some() {
+        use nix::sys::resource::{Resource, getrlimit, setrlimit};
+        let (_, hard) = getrlimit(Resource::RLIMIT_NOFILE).unwrap();
+        setrlimit(Resource::RLIMIT_NOFILE, 64, hard).expect("lower the soft limit");
+        let world = 6;
+        let (_store, comms) =
+            common::local_group(world, |b| b.local_links(ringwire::LocalLinks::Tcp));
+        let per = 3;
+        let got = on_all(&comms, |c| {
+            let input: Vec<i32> = (0..world * per)
+                .map(|i| (c.rank() * 1000 + i) as i32)
+                .collect();
+            let mut output = vec![0i32; world * per];
+            c.all_to_all_slice(&input, &mut output).map(|()| output)
+        });
+        for (rank, out) in got.into_iter().enumerate() {
+            let out = out.unwrap_or_else(|e| panic!("rank {rank}: {e}"));
+            let want: Vec<i32> = (0..world)
+                .flat_map(|src| (0..per).map(move |k| (src * 1000 + rank * per + k) as i32))
+                .collect();
+            assert_eq!(out, want, "rank {rank}");
+        }
+        let (soft, _) = getrlimit(Resource::RLIMIT_NOFILE).unwrap();
+        assert!(soft > 64, "the soft limit stayed at {soft}");
+        return;
+    }
+    in_a_child(
+        "a_low_open_file_limit_is_raised_so_every_peer_links",
+        LOW_NOFILE,
+    );
+}
+
+/// Set in the child of `an_engine_link_holds_one_descriptor_per_connection`.
+const COUNT_FDS: &str = "RINGWIRE_TEST_COUNT_FDS";
+
+#[test]
+fn an_engine_link_holds_one_descriptor_per_connection() {
+    // The engine shares each connection's descriptor with the transport
+    // (no duplicates): a TCP link with its two lanes costs each end three,
+    // a Unix link one. Counted in a child, where no other test opens files.
+    if std::env::var_os(COUNT_FDS).is_some() {
+        let open = || std::fs::read_dir("/proc/self/fd").unwrap().count();
+        use ringwire::LocalLinks;
+        for (links, kind, per_end) in [(LocalLinks::Tcp, "tcp", 3), (LocalLinks::Unix, "unix", 1)] {
+            let (_store, comms) = common::local_group(2, |b| {
+                b.local_links(links)
+                    .transport(ringwire::TransportKind::Uring)
+            });
+            let before = open();
+            // Large enough to use the lanes, which are made with the link.
+            let n = 1 << 20;
+            let sums = on_all(&comms, |c| {
+                c.all_reduce(vec![1.0f32; n], ReduceOp::Sum).wait().unwrap()
+            });
+            assert!(sums.iter().all(|s| s.iter().all(|&v| v == 2.0)));
+            assert_eq!(comms[0].link_kind(1), Some(kind));
+            assert_eq!(open() - before, 2 * per_end, "{links:?} link, both ends");
+        }
+        return;
+    }
+    if ringwire::uring_status().starts_with("io_uring cannot run") {
+        eprintln!("note: io_uring is unavailable here; the engine's links are not counted");
+        return;
+    }
+    in_a_child(
+        "an_engine_link_holds_one_descriptor_per_connection",
+        COUNT_FDS,
+    );
+}
+
+/// Runs the test `name` again in a child process with `marker` set (the
+/// test then does its work there: it changes the process's limits or
+/// user, or counts its files) and asserts that it passed.
+fn in_a_child(name: &str, marker: &str) {
     let out = std::process::Command::new(std::env::current_exe().unwrap())
-        .env(AS_NOBODY, "1")
+        .env(marker, "1")
         .args(["--exact", name, "--nocapture", "--test-threads", "1"])
         .output()
         .unwrap();

@@ -11,6 +11,7 @@
 //! default on Linux where io_uring works.
 
 pub(crate) mod conn;
+pub(crate) mod open_files;
 pub(crate) mod tcp;
 
 use crate::error::Error;

@@ -15,7 +15,8 @@
 //! waits drives it), so a send never waits for the peer's executor: this is
 //! what lets each rank run its schedule strictly in order without deadlock.
 
-use super::conn::Conn;
+use super::conn::{Conn, ConnKind};
+use super::open_files;
 use super::{AlignedBuf, Incoming, LinkError, PostedRecvs, Received, Transport};
 use crate::error::Error;
 use crate::security::secret::{self, NONCE_LEN, Role};
@@ -24,11 +25,12 @@ use crate::wire::handshake::security_mismatch;
 use crate::wire::{self, Channel, FrameKind, HEADER_LEN, Header, Hello, HelloAck};
 use ringwire_uring::{
     EngineConfig, FrameEngine, FrameKey, FrameSink, Lanes, LinkFault, PayloadAt, Placement,
-    Placements,
+    Placements, SharedFd,
 };
 use std::collections::{HashMap, VecDeque};
 use std::io::{self, IoSlice, IoSliceMut, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::os::fd::AsRawFd;
 use std::os::unix::net::{SocketAddr as UnixAddr, UnixListener, UnixStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -87,22 +89,54 @@ pub(crate) type LinkWriter = Box<dyn Write + Send>;
 type LinkHalves = (LinkReader, LinkWriter);
 
 struct Link {
-    writer: Mutex<LinkWriter>,
-    /// For shutdown; the reader thread owns its own clone.
-    control: Conn,
-    /// The link's lanes (decision 0018), for shutdown; the engine owns
-    /// clones.
-    lanes: Vec<Conn>,
+    kind: ConnKind,
+    plane: LinkPlane,
+}
+
+/// How a link's bytes move, and what the transport keeps of its sockets.
+enum LinkPlane {
+    /// A reader thread owns a clone of the socket; executors share the
+    /// writer; `control` is kept for shutdown.
+    Portable {
+        writer: Mutex<LinkWriter>,
+        control: Conn,
+    },
+    /// The engine moves every byte. These are the sockets it shares (the
+    /// link's, then its lanes, decision 0018), kept to shut them down: no
+    /// duplicate descriptors, so a TCP link with lanes holds three.
+    Engine { sockets: Vec<SharedFd> },
 }
 
 impl Link {
     /// Shuts every connection of the link down, which ends what is in
     /// flight on them.
     fn shut_down(&self) {
-        let _ = self.control.shutdown(Shutdown::Both);
-        for lane in &self.lanes {
-            let _ = lane.shutdown(Shutdown::Both);
+        match &self.plane {
+            LinkPlane::Portable { control, .. } => {
+                let _ = control.shutdown(Shutdown::Both);
+            }
+            LinkPlane::Engine { sockets } => {
+                for socket in sockets {
+                    let _ = nix::sys::socket::shutdown(
+                        socket.as_raw_fd(),
+                        nix::sys::socket::Shutdown::Both,
+                    );
+                }
+            }
         }
+    }
+
+    /// The shared writer of a portable-plane link; engine links send
+    /// through the engine.
+    fn writer(&self) -> Option<&Mutex<LinkWriter>> {
+        match &self.plane {
+            LinkPlane::Portable { writer, .. } => Some(writer),
+            LinkPlane::Engine { .. } => None,
+        }
+    }
+
+    fn has_lanes(&self) -> bool {
+        matches!(&self.plane, LinkPlane::Engine { sockets } if sockets.len() > 1)
     }
 }
 
@@ -224,6 +258,7 @@ impl TcpTransport {
         };
         let local_addr = listener.local_addr()?;
         let world = addrs.len();
+        open_files::make_room_for_links(me, world);
         let engine = match config.uring {
             false => None,
             true => match FrameEngine::new(EngineConfig {
@@ -348,7 +383,9 @@ impl Shared {
             engine.notify();
             return;
         }
-        let mut w = lock(&link.writer);
+        // Engine links were served above.
+        let Some(writer) = link.writer() else { return };
+        let mut w = lock(writer);
         for frame in known {
             if let Err(e) = w.write_all(&frame).and_then(|()| w.flush()) {
                 tracing::debug!(rank = self.me, peer, error = %e, "could not replay an abort");
@@ -485,7 +522,10 @@ impl Shared {
             .name(format!("ringwire-abort-{me}"))
             .spawn(move || {
                 for (peer, link) in links {
-                    let mut w = lock(&link.writer);
+                    let Some(writer) = link.writer() else {
+                        continue;
+                    };
+                    let mut w = lock(writer);
                     if let Err(e) = w.write_all(&frame).and_then(|()| w.flush()) {
                         tracing::debug!(rank = me, peer, error = %e, "could not forward abort");
                     }
@@ -630,40 +670,41 @@ impl Shared {
     ) -> io::Result<Arc<Link>> {
         stream.set_read_timeout(None)?;
         stream.set_write_timeout(Some(self.config.write_timeout))?;
+        let kind = stream.kind();
         if let Some(engine) = &self.engine {
             // The handshake read exactly its frames (no read-ahead), so the
-            // engine starts at a frame boundary.
-            drop(reader);
-            let main = stream.try_clone()?.into();
-            let mut kept = Vec::new();
+            // engine starts at a frame boundary. Its byte streams were
+            // clones of `stream`: dropped, the engine shares the one left.
+            drop((reader, writer));
+            let main: SharedFd = Arc::new(stream.into());
+            let mut sockets = vec![main.clone()];
             match lanes {
                 Some(LaneConns { send, recv }) => {
                     for lane in [&send, &recv] {
                         lane.set_read_timeout(None)?;
                         lane.set_write_timeout(Some(self.config.write_timeout))?;
                     }
-                    let engine_lanes = Lanes {
-                        send: send.try_clone()?.into(),
-                        recv: recv.try_clone()?.into(),
-                    };
-                    engine.add_link_with_lanes(peer, main, engine_lanes);
-                    kept = vec![send, recv];
+                    let (send, recv): (SharedFd, SharedFd) =
+                        (Arc::new(send.into()), Arc::new(recv.into()));
+                    sockets.extend([send.clone(), recv.clone()]);
+                    engine.add_link_with_lanes(peer, main, Lanes { send, recv });
                 }
                 None => engine.add_link(peer, main),
             }
             let link = Arc::new(Link {
-                control: stream,
-                writer: Mutex::new(writer),
-                lanes: kept,
+                kind,
+                plane: LinkPlane::Engine { sockets },
             });
             self.last_recv[peer].store(self.now_ms(), Ordering::Relaxed);
             engine.notify();
             return Ok(link);
         }
         let link = Arc::new(Link {
-            control: stream,
-            writer: Mutex::new(writer),
-            lanes: Vec::new(),
+            kind,
+            plane: LinkPlane::Portable {
+                control: stream,
+                writer: Mutex::new(writer),
+            },
         });
         let s = self.clone();
         std::thread::Builder::new()
@@ -775,7 +816,7 @@ impl Shared {
                 Err(e) => {
                     return Err(LinkError::Connect {
                         addr: shown,
-                        detail: e.to_string(),
+                        detail: open_files::describe(&e),
                     });
                 }
             }
@@ -1282,15 +1323,24 @@ fn read_payload(stream: &mut dyn Read, header: &Header, payload: &mut [u8]) -> i
 /// Accepts connections (from `accept`: the TCP or the Unix listener) until
 /// the transport closes, and runs each one's handshake on its own thread.
 fn accept_loop(s: &Arc<Shared>, accept: impl Fn() -> io::Result<Conn>) {
+    let mut failing = false;
     loop {
         let accepted = accept();
         if s.closing.load(Ordering::SeqCst) {
             return;
         }
         let mut stream = match accepted {
-            Ok(x) => x,
+            Ok(x) => {
+                failing = false;
+                x
+            }
             Err(e) => {
-                tracing::warn!(rank = s.me, error = %e, "accept failed");
+                // Once per run of failures: out of descriptors, this would
+                // otherwise say the same a hundred times a second.
+                if !failing {
+                    tracing::warn!(rank = s.me, "accept failed: {}", open_files::describe(&e));
+                }
+                failing = true;
                 std::thread::sleep(Duration::from_millis(10));
                 continue;
             }
@@ -1397,7 +1447,10 @@ fn heartbeat_loop(s: &Arc<Shared>) {
                     continue;
                 }
                 // A busy writer is traffic enough; never wait for it here.
-                if let Ok(mut w) = link.writer.try_lock() {
+                let Some(writer) = link.writer() else {
+                    continue;
+                };
+                if let Ok(mut w) = writer.try_lock() {
                     if w.write_all(&beat).and_then(|()| w.flush()).is_ok() {
                         s.last_send[peer].store(now, Ordering::Relaxed);
                     }
@@ -1755,7 +1808,13 @@ impl Transport for TcpTransport {
         if let Some(engine) = &self.shared.engine {
             return self.shared.engine_send(engine, peer, header, payload);
         }
-        let result = write_frame(&mut **lock(&link.writer), header, payload);
+        let Some(writer) = link.writer() else {
+            // Only engine links lack a writer, and they were served above.
+            return Err(LinkError::Lost(format!(
+                "the link to rank {peer} has no writer"
+            )));
+        };
+        let result = write_frame(&mut **lock(writer), header, payload);
         self.shared.last_send[peer].store(self.shared.now_ms(), Ordering::Relaxed);
         result.map_err(|e| {
             let reason = match e.kind() {
@@ -1883,13 +1942,13 @@ impl Transport for TcpTransport {
 
     fn link_kind(&self, peer: usize) -> Option<&'static str> {
         match lock(&self.shared.peers).get(peer) {
-            Some(PeerState::Ready(link)) => Some(link.control.kind().name()),
+            Some(PeerState::Ready(link)) => Some(link.kind.name()),
             _ => None,
         }
     }
 
     fn link_has_lanes(&self, peer: usize) -> bool {
-        matches!(lock(&self.shared.peers).get(peer), Some(PeerState::Ready(link)) if !link.lanes.is_empty())
+        matches!(lock(&self.shared.peers).get(peer), Some(PeerState::Ready(link)) if link.has_lanes())
     }
 
     fn name(&self) -> &'static str {

@@ -13,14 +13,14 @@
 
 use super::{
     Body, EngineConfig, FrameSink, Lanes, LinkFault, MAX_FRAME_ALIGN, MAX_HEADER, Outcome,
-    PlaceRequest, Queued, SendRequest,
+    PlaceRequest, Queued, SendRequest, SharedFd,
 };
 use crate::AlignedBuf;
 use io_uring::{IoUring, opcode, squeue, types};
 use nix::sys::socket::{Shutdown, shutdown};
 use std::collections::VecDeque;
 use std::io;
-use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, RawFd};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::ThreadId;
@@ -118,7 +118,7 @@ enum Rx {
 
 /// One end of a lane, as the ring names it.
 struct Lane {
-    socket: OwnedFd,
+    socket: SharedFd,
     fixed: Option<u32>,
 }
 
@@ -129,7 +129,7 @@ impl Lane {
 }
 
 struct LinkIo {
-    socket: OwnedFd,
+    socket: SharedFd,
     /// Index in the ring's file table, when registered.
     fixed: Option<u32>,
     /// The link's lanes (send, receive), if it has them: laned frames put
@@ -691,7 +691,7 @@ impl Driver {
         pushed
     }
 
-    fn install(&mut self, link: usize, socket: OwnedFd, lanes: Option<Lanes>) {
+    fn install(&mut self, link: usize, socket: SharedFd, lanes: Option<Lanes>) {
         let count = self.links.len();
         if link >= count {
             return;
@@ -710,7 +710,7 @@ impl Driver {
             fixed = register(&self.ring, link, socket.as_raw_fd());
         }
         let lanes = lanes.map(|Lanes { send, recv }| {
-            let lane = |socket: OwnedFd, slot: usize| Lane {
+            let lane = |socket: SharedFd, slot: usize| Lane {
                 fixed: if fixed_files {
                     register(&self.ring, slot, socket.as_raw_fd())
                 } else {

@@ -115,9 +115,15 @@ pub struct EngineConfig {
 /// A link's lanes: connections to its peer that this end only writes
 /// (`send`) and only reads (`recv`).
 pub struct Lanes {
-    pub send: OwnedFd,
-    pub recv: OwnedFd,
+    pub send: SharedFd,
+    pub recv: SharedFd,
 }
+
+/// A socket the engine shares with whoever handed it over: they keep a
+/// clone to shut it down (which ends what is in flight on it) without a
+/// duplicate descriptor, and it closes when both are done with it. A link
+/// with lanes then costs three descriptors, not one per holder of each.
+pub type SharedFd = Arc<OwnedFd>;
 
 /// How a send ended.
 pub type SendResult = Result<(), String>;
@@ -212,7 +218,7 @@ impl SendRequest {
 /// Work queued for the next driver turn.
 #[derive(Default)]
 pub(crate) struct Queued {
-    pub(crate) links: Vec<(usize, OwnedFd, Option<Lanes>)>,
+    pub(crate) links: Vec<(usize, SharedFd, Option<Lanes>)>,
     pub(crate) sends: Vec<SendRequest>,
     pub(crate) placements: Vec<PlaceRequest>,
     pub(crate) withdrawals: Vec<u64>,
@@ -321,7 +327,7 @@ impl FrameEngine {
 
     /// Hands a connected socket to the engine as `link`. Its receives start
     /// with the next driver turn.
-    pub fn add_link(&self, link: usize, socket: OwnedFd) {
+    pub fn add_link(&self, link: usize, socket: SharedFd) {
         let mut st = lock(&self.state);
         st.queued.links.push((link, socket, None));
         self.poke_if_driving(&st);
@@ -333,7 +339,7 @@ impl FrameEngine {
     /// A socket written by both ends at once makes each end's sends process
     /// the other's arriving data under the socket's lock; one-way lanes keep
     /// bulk data off that path (docs/decisions/0018).
-    pub fn add_link_with_lanes(&self, link: usize, socket: OwnedFd, lanes: Lanes) {
+    pub fn add_link_with_lanes(&self, link: usize, socket: SharedFd, lanes: Lanes) {
         let mut st = lock(&self.state);
         st.queued.links.push((link, socket, Some(lanes)));
         self.poke_if_driving(&st);

@@ -69,12 +69,17 @@ fn aligned_engine(links: usize, spin: Duration, frame_align: usize) -> FrameEngi
     .expect("io_uring works on the test machines")
 }
 
+/// A socket as the engine takes it.
+fn shared(socket: impl Into<OwnedFd>) -> SharedFd {
+    Arc::new(socket.into())
+}
+
 /// Two one-link engines joined by the socket pair `(a, b)`: frames sent
 /// on the first arrive on the second.
 fn linked(a: impl Into<OwnedFd>, b: impl Into<OwnedFd>) -> (Arc<FrameEngine>, FrameEngine) {
     let (ea, eb) = (Arc::new(engine(1)), engine(1));
-    ea.add_link(0, a.into());
-    eb.add_link(0, b.into());
+    ea.add_link(0, shared(a));
+    eb.add_link(0, shared(b));
     (ea, eb)
 }
 
@@ -117,8 +122,8 @@ fn two_threads_share_each_engine_sending_and_receiving_at_once() {
         (Arc::new(engine(2)), Arc::new(Sink::default()), 1),
         (Arc::new(engine(2)), Arc::new(Sink::default()), 0),
     ];
-    ends[0].0.add_link(1, a.into());
-    ends[1].0.add_link(0, b.into());
+    ends[0].0.add_link(1, shared(a));
+    ends[1].0.add_link(0, shared(b));
     let n = 200;
     // Each side sends on one thread and receives on another: the two take
     // turns at driving, and frames reach the sink whichever thread drove.
@@ -153,8 +158,8 @@ fn two_threads_share_each_engine_sending_and_receiving_at_once() {
 fn one_driver_sees_every_frame_in_order() {
     let (a, b) = UnixStream::pair().unwrap();
     let (ea, eb) = (engine(1), Arc::new(engine(1)));
-    ea.add_link(0, a.into());
-    eb.add_link(0, b.into());
+    ea.add_link(0, shared(a));
+    eb.add_link(0, shared(b));
     let n = 300;
     let eb2 = eb.clone();
     let t = std::thread::spawn(move || {
@@ -177,7 +182,7 @@ fn one_driver_sees_every_frame_in_order() {
 fn end_of_stream_fails_the_link_and_later_sends() {
     let (a, b) = UnixStream::pair().unwrap();
     let e = engine(1);
-    e.add_link(0, a.into());
+    e.add_link(0, shared(a));
     let sink = Sink::default();
     drop(b);
     wait_for(&e, &sink, |s| !lock(&s.failed).is_empty());
@@ -191,7 +196,7 @@ fn end_of_stream_fails_the_link_and_later_sends() {
 fn a_refused_header_fails_the_link_with_the_sinks_reason() {
     let (a, mut b) = UnixStream::pair().unwrap();
     let e = engine(1);
-    e.add_link(0, a.into());
+    e.add_link(0, shared(a));
     let sink = Sink::default();
     std::io::Write::write_all(&mut b, &u64::MAX.to_le_bytes()).unwrap();
     wait_for(&e, &sink, |s| !lock(&s.failed).is_empty());
@@ -205,7 +210,7 @@ fn a_stalled_send_is_released_by_shutting_the_link() {
     let (a, b) = UnixStream::pair().unwrap();
     let shut = a.try_clone().unwrap();
     let e = engine(1);
-    e.add_link(0, a.into());
+    e.add_link(0, shared(a));
     let sink = Sink::default();
     let big = vec![7u8; 32 << 20];
     let soon = Instant::now() + Duration::from_millis(200);
@@ -230,7 +235,7 @@ fn a_stalled_send_is_released_by_shutting_the_link() {
 fn owned_frames_flush() {
     let (a, mut b) = UnixStream::pair().unwrap();
     let e = engine(1);
-    e.add_link(0, a.into());
+    e.add_link(0, shared(a));
     let sink = Sink::default();
     let mut frame = 3u64.to_le_bytes().to_vec();
     frame.extend_from_slice(b"abc");
@@ -326,8 +331,8 @@ fn work_queued_while_the_driver_sleeps_in_the_kernel_wakes_it() {
             .unwrap()
         };
         let (ea, eb) = (Arc::new(make()), make());
-        ea.add_link(0, a.into());
-        eb.add_link(0, b.into());
+        ea.add_link(0, shared(a));
+        eb.add_link(0, shared(b));
         let sink = Arc::new(Sink::default());
         let start = Instant::now();
         let sleeper = {
@@ -364,8 +369,8 @@ fn a_polling_driver_reads_small_frames_without_ring_entries() {
         Arc::new(engine(1)),
         spinning_engine(1, Duration::from_secs(20)),
     );
-    ea.add_link(0, a.into());
-    eb.add_link(0, b.into());
+    ea.add_link(0, shared(a));
+    eb.add_link(0, shared(b));
     let sender = {
         let ea = ea.clone();
         std::thread::spawn(move || {
@@ -453,8 +458,8 @@ fn frames_are_received_in_place_when_a_caller_waits_for_them() {
 fn a_frame_that_came_first_goes_to_the_sink_and_the_caller_stops() {
     let (a, b) = UnixStream::pair().unwrap();
     let (ea, eb) = (engine(1), engine(1));
-    ea.add_link(0, a.into());
-    eb.add_link(0, b.into());
+    ea.add_link(0, shared(a));
+    eb.add_link(0, shared(b));
     let sink = Sink::default();
     let p = payload(3); // larger than staging, smaller than the socket buffer
     send_one(&ea, 0, &p, &sink);
@@ -483,7 +488,7 @@ fn a_frame_that_came_first_goes_to_the_sink_and_the_caller_stops() {
 fn a_link_that_dies_fails_a_waiting_placement() {
     let (a, mut b) = UnixStream::pair().unwrap();
     let e = engine(1);
-    e.add_link(0, a.into());
+    e.add_link(0, shared(a));
     let sink = Sink::default();
     // Half a large frame, then the peer goes away.
     let p = payload(3);
@@ -506,7 +511,7 @@ fn timed_read_after_driving(release: bool) -> std::io::ErrorKind {
     let (a, mut b) = UnixStream::pair().unwrap();
     let e = Arc::new(engine(1));
     let sink = Arc::new(Sink::default());
-    e.add_link(0, a.into());
+    e.add_link(0, shared(a));
     let (ready_tx, ready_rx) = std::sync::mpsc::channel();
     let thread = {
         let (e, sink) = (e.clone(), sink.clone());
@@ -559,7 +564,7 @@ fn release_keeps_a_partly_received_payload_whole() {
     let (a, mut b) = UnixStream::pair().unwrap();
     let e = Arc::new(engine(1));
     let sink = Arc::new(Sink::default());
-    e.add_link(0, a.into());
+    e.add_link(0, shared(a));
     let p = payload(4); // 1 MiB: received in place
     let mut frame = (p.len() as u64).to_le_bytes().to_vec();
     frame.extend_from_slice(&p);
@@ -670,7 +675,7 @@ fn posted_placements_land_in_place_while_the_caller_works_and_the_rest_are_withd
 fn pieces_that_overlap_an_untaken_one_or_leave_the_region_are_refused() {
     let e = engine(1);
     let (a, _b) = UnixStream::pair().unwrap();
-    e.add_link(0, a.into());
+    e.add_link(0, shared(a));
     let sink = Sink::default();
     let far = Instant::now() + Duration::from_secs(30);
     let mut region = vec![0u8; 200];
@@ -735,7 +740,7 @@ fn small_frames_stay_in_order_when_the_socket_fills_mid_frame() {
 fn a_scope_that_ends_mid_frame_waits_until_the_piece_is_whole() {
     let (a, mut b) = UnixStream::pair().unwrap();
     let e = engine(1);
-    e.add_link(0, a.into());
+    e.add_link(0, shared(a));
     let sink = Sink::default();
     let p = payload(4); // 1 MiB: received in place after its header
     let mut region = vec![0u8; p.len()];
@@ -793,7 +798,7 @@ fn padded_frames_are_whole_lines_on_the_wire() {
     use std::io::Read;
     let (a, mut b) = UnixStream::pair().unwrap();
     let e = Arc::new(aligned_engine(1, Duration::from_micros(20), 64));
-    e.add_link(0, a.into());
+    e.add_link(0, shared(a));
     // Small frames (sent directly) and large ones (through the ring), with
     // pads from 0 to 63, and an owned frame whose tail the engine adds.
     let frames: Vec<(Vec<u8>, usize)> = (0..40).map(|i| (payload(i), (i * 13) % 64)).collect();
@@ -842,8 +847,8 @@ fn padded_frames_arrive_whole_and_in_order_over_unix_and_tcp() {
         };
         let ea = Arc::new(aligned_engine(1, spin, 64));
         let eb = aligned_engine(1, spin, 64);
-        ea.add_link(0, a);
-        eb.add_link(0, b);
+        ea.add_link(0, shared(a));
+        eb.add_link(0, shared(b));
         let n = 200;
         let sender = {
             let ea = ea.clone();
@@ -884,7 +889,7 @@ fn padded_frames_arrive_whole_and_in_order_over_unix_and_tcp() {
 fn a_pad_past_the_frame_alignment_fails_the_link() {
     let (a, mut b) = UnixStream::pair().unwrap();
     let e = aligned_engine(1, Duration::from_micros(20), 64);
-    e.add_link(0, a.into());
+    e.add_link(0, shared(a));
     let sink = Sink::default();
     std::io::Write::write_all(&mut b, &padded_head(0, 64)).unwrap();
     wait_for(&e, &sink, |s| !lock(&s.failed).is_empty());
@@ -905,18 +910,18 @@ fn laned_tcp(links: usize, link: [usize; 2]) -> [Arc<FrameEngine>; 2] {
     let ends = [Arc::new(engine(links)), Arc::new(engine(links))];
     ends[0].add_link_with_lanes(
         link[0],
-        main_a.into(),
+        shared(main_a),
         Lanes {
-            send: ab_a.into(),
-            recv: ba_a.into(),
+            send: shared(ab_a),
+            recv: shared(ba_a),
         },
     );
     ends[1].add_link_with_lanes(
         link[1],
-        main_b.into(),
+        shared(main_b),
         Lanes {
-            send: ba_b.into(),
-            recv: ab_b.into(),
+            send: shared(ba_b),
+            recv: shared(ab_b),
         },
     );
     ends
@@ -930,10 +935,10 @@ fn a_laned_frame_puts_its_payload_on_the_lane_and_the_rest_stays_on_the_link() {
     let e = aligned_engine(1, Duration::from_micros(20), 64);
     e.add_link_with_lanes(
         0,
-        main_a.into(),
+        shared(main_a),
         Lanes {
-            send: lane_a.into(),
-            recv: back_a.into(),
+            send: shared(lane_a),
+            recv: shared(back_a),
         },
     );
     // lane_from is 64 KiB here: the first and last go whole on the link,
@@ -1044,10 +1049,10 @@ fn a_lane_that_closes_fails_the_link() {
     let e = engine(1);
     e.add_link_with_lanes(
         0,
-        main_a.into(),
+        shared(main_a),
         Lanes {
-            send: lane_a.into(),
-            recv: back_a.into(),
+            send: shared(lane_a),
+            recv: shared(back_a),
         },
     );
     let sink = Sink::default();
