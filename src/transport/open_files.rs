@@ -83,6 +83,15 @@ pub(crate) fn make_room_for_links(me: usize, world: usize) {
     }
 }
 
+/// Whether `e` says the process (EMFILE) or the system (ENFILE) ran out
+/// of file descriptors.
+pub(crate) fn ran_out(e: &io::Error) -> bool {
+    matches!(
+        e.raw_os_error().map(Errno::from_raw),
+        Some(Errno::EMFILE | Errno::ENFILE)
+    )
+}
+
 /// `e`, with a hint when it says the process ran out of descriptors.
 pub(crate) fn describe(e: &io::Error) -> String {
     match e.raw_os_error().map(Errno::from_raw) {
@@ -120,6 +129,10 @@ mod tests {
         );
         let other = describe(&io::Error::from_raw_os_error(Errno::ECONNREFUSED as i32));
         assert!(!other.contains("RLIMIT_NOFILE"), "{other}");
+        assert!(ran_out(&io::Error::from_raw_os_error(Errno::ENFILE as i32)));
+        assert!(!ran_out(&io::Error::from_raw_os_error(
+            Errno::ECONNREFUSED as i32
+        )));
     }
 
     /// Set in the child of `the_soft_limit_rises_only_as_far_as_needed_and_allowed`.

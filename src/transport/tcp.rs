@@ -808,7 +808,9 @@ impl Shared {
             };
             match connected {
                 Ok(s) => return Ok(s),
-                Err(e) if Instant::now() + backoff < deadline => {
+                // Out of descriptors is not a peer that is still starting:
+                // say so now rather than at the deadline.
+                Err(e) if Instant::now() + backoff < deadline && !open_files::ran_out(&e) => {
                     tracing::debug!(peer, addr = %shown, error = %e, "connect failed, retrying");
                     std::thread::sleep(backoff);
                     backoff = (backoff * 2).min(Duration::from_millis(500));
