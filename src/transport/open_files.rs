@@ -104,7 +104,9 @@ pub(crate) fn describe(e: &io::Error) -> String {
                  holds up to {PER_LINK}); raise it with `ulimit -n`"
             )
         }
-        Some(Errno::ENFILE) => format!("{e}: the system's open-file table is full (fs.file-max)"),
+        Some(Errno::ENFILE) => format!(
+            "{e}: the system's open-file table is full: raise fs.file-max (sysctl) or close files elsewhere"
+        ),
         _ => e.to_string(),
     }
 }

@@ -1813,7 +1813,8 @@ impl Transport for TcpTransport {
         let Some(writer) = link.writer() else {
             // Only engine links lack a writer, and they were served above.
             return Err(LinkError::Lost(format!(
-                "the link to rank {peer} has no writer"
+                "the link to rank {peer} belongs to the io_uring engine, but this transport runs \
+                 none (a bug in ringwire: please report it)"
             )));
         };
         let result = write_frame(&mut **lock(writer), header, payload);
