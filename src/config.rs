@@ -2,6 +2,7 @@
 //! defaults. Precedence: a builder call, then the `RINGWIRE_*` variable, then
 //! the default.
 
+use crate::env::{EnvError, SWITCH_WORDS, parse_switch};
 use crate::error::Error;
 use std::time::Duration;
 
@@ -18,14 +19,12 @@ pub enum TransportKind {
 }
 
 impl TransportKind {
-    fn parse(var: &str, value: &str) -> Result<TransportKind, Error> {
-        match value.to_ascii_lowercase().as_str() {
+    fn parse(var: &'static str, value: &str) -> Result<TransportKind, Error> {
+        match value.trim().to_ascii_lowercase().as_str() {
             "auto" | "" => Ok(TransportKind::Auto),
             "portable" | "tcp" => Ok(TransportKind::Portable),
             "uring" | "io_uring" => Ok(TransportKind::Uring),
-            other => Err(Error::Rendezvous(format!(
-                "{var}={other}: unknown transport; use auto, uring or portable"
-            ))),
+            _ => Err(invalid(var, value, "a transport: auto, uring or portable")),
         }
     }
 }
@@ -43,13 +42,11 @@ pub enum LocalLinks {
 }
 
 impl LocalLinks {
-    fn parse(var: &str, value: &str) -> Result<LocalLinks, Error> {
-        match value.to_ascii_lowercase().as_str() {
+    fn parse(var: &'static str, value: &str) -> Result<LocalLinks, Error> {
+        match value.trim().to_ascii_lowercase().as_str() {
             "unix" | "" => Ok(LocalLinks::Unix),
             "tcp" => Ok(LocalLinks::Tcp),
-            other => Err(Error::Rendezvous(format!(
-                "{var}={other}: unknown kind of local link; use unix or tcp"
-            ))),
+            _ => Err(invalid(var, value, "a kind of local link: unix or tcp")),
         }
     }
 }
@@ -206,36 +203,59 @@ pub(crate) struct Overrides {
     pub(crate) debug_checks: Option<bool>,
 }
 
+/// The error for a variable holding what it does not take.
+fn invalid(var: &'static str, value: &str, expected: &'static str) -> Error {
+    Error::Env(EnvError::Invalid {
+        var,
+        value: value.to_owned(),
+        expected,
+    })
+}
+
 /// `var` parsed by `parse`; unset or blank is `None`, anything `parse`
 /// refuses an error naming the variable, its value and `expected`.
 fn env_parsed<T>(
     lookup: &dyn Fn(&str) -> Option<String>,
-    var: &str,
+    var: &'static str,
     parse: impl Fn(&str) -> Option<T>,
-    expected: &str,
+    expected: &'static str,
 ) -> Result<Option<T>, Error> {
     match lookup(var) {
         None => Ok(None),
         Some(v) if v.trim().is_empty() => Ok(None),
         Some(v) => parse(v.trim())
             .map(Some)
-            .ok_or_else(|| Error::Rendezvous(format!("{var}={v}: expected {expected}"))),
+            .ok_or_else(|| invalid(var, &v, expected)),
     }
 }
 
+/// An on/off variable ([`parse_switch`]'s words).
+fn env_switch(
+    lookup: &dyn Fn(&str) -> Option<String>,
+    var: &'static str,
+) -> Result<Option<bool>, Error> {
+    env_parsed(lookup, var, parse_switch, SWITCH_WORDS)
+}
+
 /// A byte count, with the suffixes `crate::env::parse_bytes` takes.
-fn env_bytes(lookup: &dyn Fn(&str) -> Option<String>, var: &str) -> Result<Option<u64>, Error> {
+fn env_bytes(
+    lookup: &dyn Fn(&str) -> Option<String>,
+    var: &'static str,
+) -> Result<Option<u64>, Error> {
     let expected = "a number of bytes, e.g. 262144, 256K, 4M or 1G";
     env_parsed(lookup, var, crate::env::parse_bytes, expected)
 }
 
-fn env_number(lookup: &dyn Fn(&str) -> Option<String>, var: &str) -> Result<Option<u64>, Error> {
+fn env_number(
+    lookup: &dyn Fn(&str) -> Option<String>,
+    var: &'static str,
+) -> Result<Option<u64>, Error> {
     env_parsed(lookup, var, |v| v.parse().ok(), "a whole number")
 }
 
 fn env_seconds(
     lookup: &dyn Fn(&str) -> Option<String>,
-    var: &str,
+    var: &'static str,
 ) -> Result<Option<Duration>, Error> {
     let seconds = |v: &str| {
         let s = v.parse::<f64>().ok()?;
@@ -293,19 +313,7 @@ impl Overrides {
         };
         let tcp_lanes = match self.tcp_lanes {
             Some(l) => l,
-            None => match lookup("RINGWIRE_TCP_LANES")
-                .as_deref()
-                .map(|v| v.trim().to_ascii_lowercase())
-                .as_deref()
-            {
-                None | Some("" | "1" | "on") => true,
-                Some("0" | "off") => false,
-                Some(other) => {
-                    return Err(Error::Rendezvous(format!(
-                        "RINGWIRE_TCP_LANES={other}: expected on (large payloads of TCP links on one-way lanes) or off"
-                    )));
-                }
-            },
+            None => env_switch(lookup, "RINGWIRE_TCP_LANES")?.unwrap_or(true),
         };
         let spin =
             env_number(lookup, "RINGWIRE_SPIN_US")?.map_or(DEFAULT_SPIN, Duration::from_micros);
@@ -316,19 +324,17 @@ impl Overrides {
         };
         let debug_checks = match self.debug_checks {
             Some(d) => d,
-            None => match lookup("RINGWIRE_DEBUG")
-                .as_deref()
-                .map(str::to_ascii_lowercase)
-                .as_deref()
-            {
-                None | Some("" | "0" | "off") => false,
-                Some("detail" | "1" | "on") => true,
-                Some(other) => {
-                    return Err(Error::Rendezvous(format!(
-                        "RINGWIRE_DEBUG={other}: expected detail (check every op's signature across ranks) or off"
-                    )));
-                }
-            },
+            // `detail` as torch's TORCH_DISTRIBUTED_DEBUG says it, or a switch.
+            None => env_parsed(
+                lookup,
+                "RINGWIRE_DEBUG",
+                |v| match v.to_ascii_lowercase().as_str() {
+                    "detail" => Some(true),
+                    other => parse_switch(other),
+                },
+                "detail (check every op's signature across ranks), or a switch: 1, on, true, yes; 0, off, false, no",
+            )?
+            .unwrap_or(false),
         };
         let flight_recorder_ops = env_number(lookup, "RINGWIRE_FLIGHT_RECORDER_OPS")?
             .map_or(crate::recorder::DEFAULT_FLIGHT_RECORDER_OPS, |n| n as usize);
@@ -449,6 +455,47 @@ mod tests {
         let msg = err.to_string();
         assert!(msg.contains("RINGWIRE_SOCKET_BUFFER_BYTES=4MB"), "{msg}");
         assert!(msg.contains("4M"), "{msg}");
+    }
+
+    #[test]
+    fn switches_take_the_same_words_and_name_a_bad_one() {
+        let on_words = ["1", "on", "true", "yes", " ON ", "Yes"];
+        let off_words = ["0", "off", "false", "no", "OFF", "False"];
+        type Setting = fn(&Tunables) -> bool;
+        let read: [(&str, Setting); 2] = [
+            ("RINGWIRE_TCP_LANES", |t| t.tcp_lanes),
+            ("RINGWIRE_DEBUG", |t| t.debug_checks),
+        ];
+        for (var, setting) in read {
+            for (words, want) in [(on_words, true), (off_words, false)] {
+                for word in words {
+                    let t = Overrides::default().resolve(&vars(&[(var, word)])).unwrap();
+                    assert_eq!(setting(&t), want, "{var}={word:?}");
+                }
+            }
+            match Overrides::default().resolve(&vars(&[(var, "sometimes")])) {
+                Err(Error::Env(EnvError::Invalid {
+                    var: named,
+                    value,
+                    expected,
+                })) => {
+                    assert_eq!((named, value.as_str()), (var, "sometimes"));
+                    assert!(
+                        expected.contains("off, false or no")
+                            || expected.contains("0, off, false, no"),
+                        "{expected}"
+                    );
+                }
+                other => panic!("{var}: expected an invalid-setting error, got {other:?}"),
+            }
+        }
+        // Unset, and torch's word for the debug checks.
+        let t = Overrides::default().resolve(&vars(&[])).unwrap();
+        assert!(t.tcp_lanes && !t.debug_checks);
+        let t = Overrides::default()
+            .resolve(&vars(&[("RINGWIRE_DEBUG", "DETAIL")]))
+            .unwrap();
+        assert!(t.debug_checks);
     }
 
     #[test]

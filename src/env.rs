@@ -93,6 +93,13 @@ pub enum EnvError {
         value: String,
         expected: &'static str,
     },
+    /// A `RINGWIRE_*` setting holds a word or value it does not take.
+    #[error("{var}={value}: expected {expected}")]
+    Invalid {
+        var: &'static str,
+        value: String,
+        expected: &'static str,
+    },
     /// A rank is not below its world size.
     #[error(
         "{rank_var}={rank} is out of range for {size_var}={size}; ranks run from 0 to \
@@ -287,6 +294,20 @@ pub fn discover(lookup: impl Fn(&str) -> Option<String>) -> Result<LaunchConfig,
 pub fn discover_from_process() -> Result<LaunchConfig, EnvError> {
     discover(|var| std::env::var_os(var).map(|v| v.to_string_lossy().into_owned()))
 }
+
+/// Parses an on/off setting the way every `RINGWIRE_*` switch takes it:
+/// `1`, `on`, `true`, `yes` or `0`, `off`, `false`, `no`, in any case.
+/// `None` for any other word.
+pub fn parse_switch(text: &str) -> Option<bool> {
+    match text.trim().to_ascii_lowercase().as_str() {
+        "1" | "on" | "true" | "yes" => Some(true),
+        "0" | "off" | "false" | "no" => Some(false),
+        _ => None,
+    }
+}
+
+/// What [`parse_switch`] takes, for error messages.
+pub(crate) const SWITCH_WORDS: &str = "1, on, true or yes; or 0, off, false or no";
 
 /// Parses a byte count: a whole number with an optional binary suffix,
 /// `K`, `M` or `G` (also `KiB`, `MiB`, `GiB`; any case), as in `4096`,

@@ -95,7 +95,12 @@ impl Builder {
     /// A builder filled from the launch environment (RINGWIRE_*, torchrun,
     /// Open MPI, Slurm or PMI variables; see the README).
     pub fn from_env() -> Result<Builder, Error> {
-        let cfg = env::discover_from_process()?;
+        Builder::from_lookup(&|var| std::env::var_os(var).map(|v| v.to_string_lossy().into_owned()))
+    }
+
+    /// [`Builder::from_env`] over any source of variables.
+    fn from_lookup(lookup: &dyn Fn(&str) -> Option<String>) -> Result<Builder, Error> {
+        let cfg = env::discover(lookup)?;
         let mut b = Builder::new()
             .rank(cfg.rank)
             .world_size(cfg.world_size)
@@ -104,18 +109,20 @@ impl Builder {
             b = b.socket_ifname(ifname);
         }
         b.local = cfg.local_rank.zip(cfg.local_world_size);
-        if let Ok(job) = std::env::var("RINGWIRE_JOB_ID") {
+        if let Some(job) = lookup("RINGWIRE_JOB_ID") {
             b = b.job(job);
         }
-        match std::env::var("RINGWIRE_HOST_STORE").as_deref() {
-            Err(_) | Ok("") => {}
-            Ok("0" | "false" | "no") => b = b.host_store(false),
-            Ok("1" | "true" | "yes") => b = b.host_store(true),
-            Ok(other) => {
-                return Err(Error::Rendezvous(format!(
-                    "RINGWIRE_HOST_STORE={other}: expected 0 or 1"
-                )));
-            }
+        if let Some(value) = lookup("RINGWIRE_HOST_STORE")
+            && !value.trim().is_empty()
+        {
+            let Some(host) = env::parse_switch(&value) else {
+                return Err(Error::Env(env::EnvError::Invalid {
+                    var: "RINGWIRE_HOST_STORE",
+                    value,
+                    expected: env::SWITCH_WORDS,
+                }));
+            };
+            b = b.host_store(host);
         }
         Ok(b)
     }
@@ -646,4 +653,46 @@ fn start_transport(
                 tracing::info!(rank, transport = t.name(), "transport running");
             }
         })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn launch(extra: &[(&str, &str)]) -> Result<Builder, Error> {
+        let mut vars = vec![
+            ("RINGWIRE_RANK", "0"),
+            ("RINGWIRE_WORLD_SIZE", "2"),
+            ("MASTER_ADDR", "127.0.0.1"),
+            ("MASTER_PORT", "29500"),
+        ];
+        vars.extend_from_slice(extra);
+        Builder::from_lookup(&|var| {
+            vars.iter()
+                .find(|(name, _)| *name == var)
+                .map(|(_, value)| value.to_string())
+        })
+    }
+
+    #[test]
+    fn host_store_takes_the_switch_words_and_names_a_bad_one() {
+        assert_eq!(launch(&[]).unwrap().host_store, None);
+        for (word, host) in [
+            ("1", true),
+            ("Yes", true),
+            ("on", true),
+            ("false", false),
+            ("OFF", false),
+            ("0", false),
+        ] {
+            let b = launch(&[("RINGWIRE_HOST_STORE", word)]).unwrap();
+            assert_eq!(b.host_store, Some(host), "RINGWIRE_HOST_STORE={word}");
+        }
+        match launch(&[("RINGWIRE_HOST_STORE", "rank0")]) {
+            Err(Error::Env(env::EnvError::Invalid { var, value, .. })) => {
+                assert_eq!((var, value.as_str()), ("RINGWIRE_HOST_STORE", "rank0"));
+            }
+            other => panic!("expected an invalid-setting error, got {other:?}"),
+        }
+    }
 }

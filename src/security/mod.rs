@@ -166,7 +166,7 @@ pub(crate) fn tls_from_lookup(
         None => return Ok(None),
         Some(m) => match m.as_str() {
             "off" | "0" | "no" | "false" | "none" => return Ok(None),
-            "tls" | "on" | "1" => TlsMode::Tls,
+            "tls" | "on" | "1" | "true" | "yes" => TlsMode::Tls,
             "mtls" | "mutual" => TlsMode::Mutual,
             other => {
                 return Err(SecurityError(format!(
