@@ -22,7 +22,11 @@ pub(crate) enum TransportChoice {
 
 #[derive(Clone, Debug)]
 pub(crate) struct Args {
+    /// The op this sweep measures: the first of `ops`, or the one
+    /// [`Args::for_op`] set.
     pub(crate) op: BenchOp,
+    /// Every op the run measures, in order (`all_reduce,all_gather` or `all`).
+    pub(crate) ops: Vec<BenchOp>,
     pub(crate) ranks: Option<usize>,
     pub(crate) min_bytes: usize,
     pub(crate) max_bytes: usize,
@@ -64,7 +68,10 @@ pub(crate) struct Args {
 pub(crate) const USAGE: &str = "\
 usage: ringwire-bench <op> [options]
 
-ops: all_reduce broadcast reduce all_gather reduce_scatter all_to_all barrier sendrecv
+ops: all_reduce broadcast reduce all_gather reduce_scatter all_to_all barrier sendrecv;
+     several separated by commas (all_reduce,all_gather), or `all` for every one, run
+     in turn on the same ranks and links, a table each (--json/--csv/--plot files get
+     the op's name before their extension: r.json -> r.all_gather.json)
      (or `ringwire-bench core-round-trip`: print the core-to-core round trip and exit)
 
   --ranks N          start N local rank processes (else join via RANK, WORLD_SIZE,
@@ -121,9 +128,10 @@ pub(crate) fn parse(args: &[String]) -> Result<Args, String> {
     if op_name == "-h" || op_name == "--help" {
         return Err(USAGE.to_string());
     }
-    let op = BenchOp::parse(op_name).ok_or_else(|| format!("unknown op {op_name:?}\n\n{USAGE}"))?;
+    let ops = parse_ops(op_name)?;
     let mut a = Args {
-        op,
+        op: ops[0],
+        ops,
         ranks: None,
         min_bytes: 8,
         max_bytes: 32 << 20,
@@ -274,6 +282,59 @@ pub(crate) fn parse(args: &[String]) -> Result<Args, String> {
     Ok(a)
 }
 
+/// `all`, one op, or several separated by commas (each once, in order).
+fn parse_ops(text: &str) -> Result<Vec<BenchOp>, String> {
+    if text == "all" {
+        return Ok(BenchOp::ALL.to_vec());
+    }
+    let mut ops = Vec::new();
+    for name in text.split(',') {
+        let op = BenchOp::parse(name).ok_or_else(|| format!("unknown op {name:?}\n\n{USAGE}"))?;
+        if ops.contains(&op) {
+            return Err(format!("op {name:?} is named twice in {text:?}"));
+        }
+        ops.push(op);
+    }
+    Ok(ops)
+}
+
+impl Args {
+    /// These arguments for one op of the run. With several ops, output
+    /// files get the op's name before their extension, so each op's rows
+    /// keep the one-op format (`r.json` -> `r.all_gather.json`).
+    pub(crate) fn for_op(&self, op: BenchOp) -> Args {
+        let several = self.ops.len() > 1;
+        let path = |p: &Option<String>| {
+            p.as_ref().map(|p| {
+                if several {
+                    with_op(p, op.name())
+                } else {
+                    p.clone()
+                }
+            })
+        };
+        Args {
+            op,
+            json: path(&self.json),
+            csv: path(&self.csv),
+            plot: path(&self.plot),
+            ..self.clone()
+        }
+    }
+}
+
+/// `path` with `.name` before its extension (or at its end without one).
+fn with_op(path: &str, name: &str) -> String {
+    let file_start = path.rfind('/').map_or(0, |i| i + 1);
+    match path[file_start..].rfind('.') {
+        Some(dot) if dot > 0 => {
+            let dot = file_start + dot;
+            format!("{}.{name}{}", &path[..dot], &path[dot..])
+        }
+        _ => format!("{path}.{name}"),
+    }
+}
+
 /// The sizes of the sweep: min, min*f, ... up to max (max itself included).
 pub(crate) fn sizes(a: &Args) -> Vec<usize> {
     if a.op == BenchOp::Barrier {
@@ -362,6 +423,42 @@ mod tests {
         let sized = args(&["all_reduce", "--link-socket-buffer", "1M"]).unwrap();
         assert_eq!(sized.link_socket_buffer, Some(1 << 20));
         assert!(args(&["all_reduce", "--link-socket-buffer", "lots"]).is_err());
+    }
+
+    #[test]
+    fn several_ops_run_in_turn_each_with_its_own_files() {
+        let a = args(&[
+            "all_reduce,all-gather",
+            "--json",
+            "out/r.json",
+            "--csv",
+            "r",
+        ])
+        .unwrap();
+        assert_eq!(a.ops, vec![BenchOp::AllReduce, BenchOp::AllGather]);
+        assert_eq!(a.op, BenchOp::AllReduce);
+        let gather = a.for_op(BenchOp::AllGather);
+        assert_eq!(gather.op, BenchOp::AllGather);
+        assert_eq!(gather.json.as_deref(), Some("out/r.all_gather.json"));
+        assert_eq!(gather.csv.as_deref(), Some("r.all_gather"));
+        assert_eq!(gather.plot, None);
+        // One op keeps the names it was given.
+        let one = args(&["broadcast", "--json", "b.json"]).unwrap();
+        assert_eq!(
+            one.for_op(BenchOp::Broadcast).json.as_deref(),
+            Some("b.json")
+        );
+        assert_eq!(with_op("./dir.v2/run", "reduce"), "./dir.v2/run.reduce");
+        assert_eq!(with_op(".hidden", "reduce"), ".hidden.reduce");
+        let all = args(&["all"]).unwrap();
+        assert_eq!(all.ops, BenchOp::ALL.to_vec());
+        assert!(args(&["all_reduce,nope"]).unwrap_err().contains("\"nope\""));
+        assert!(
+            args(&["all_reduce,all_reduce"])
+                .unwrap_err()
+                .contains("twice")
+        );
+        assert!(args(&["all_reduce,"]).is_err());
     }
 
     #[test]

@@ -402,10 +402,10 @@ fn run_rank(a: &Args) -> Result<bool, String> {
     }
     let ctrl = comms[0].1.clone();
     let (rank, world) = (ctrl.rank(), ctrl.world_size());
-    if a.op == BenchOp::SendRecv && world < 2 {
+    if a.ops == [BenchOp::SendRecv] && world < 2 {
         return Err("sendrecv needs at least 2 ranks".into());
     }
-    if a.op.rooted() && a.root >= world {
+    if a.ops.iter().any(|op| op.rooted()) && a.root >= world {
         return Err(format!(
             "--root {} is not a rank (world size {world})",
             a.root
@@ -416,7 +416,11 @@ fn run_rank(a: &Args) -> Result<bool, String> {
     if lead {
         println!(
             "# ringwire-bench {}: {world} ranks, dtype {}, redop {}, transports: {}",
-            a.op.name(),
+            a.ops
+                .iter()
+                .map(|op| op.name())
+                .collect::<Vec<_>>()
+                .join(","),
             a.dtype,
             a.redop,
             variants
@@ -525,196 +529,211 @@ fn run_rank(a: &Args) -> Result<bool, String> {
     }
     let link_limit = limit_in(&limits, "tcp").map(|l| l.gbps);
     let link_limit_unix = limit_in(&limits, "unix").map(|l| l.gbps);
-    if lead {
-        println!("{}", report::header());
-    }
-    let mut rows = Vec::new();
-    let mut total_wrong = 0u64;
-    let elem = a.dtype.size();
-    // Limits measured just after the previous size, if it was bracketed.
-    let mut before: Option<Vec<(&str, Option<LinkLimit>)>> = None;
-    // (kind, lowest, highest) of the bracketing limits, for the summary.
-    // and the lowest and highest CPU per GB streamed.
-    let mut drift: Vec<(&str, [f64; 2], [f64; 2])> = Vec::new();
-    for size in args::sizes(a) {
-        let payload = a.op.shape(size, elem, world).bytes;
-        if a.op != BenchOp::Barrier && payload == 0 {
+    let mut all_wrong = 0u64;
+    for &op in &a.ops {
+        let a = &a.for_op(op);
+        if op == BenchOp::SendRecv && world < 2 {
+            if lead {
+                println!("# sendrecv: skipped (it needs at least 2 ranks)");
+            }
             continue;
         }
-        let bracket = a.link_limit && world > 1 && payload >= BRACKET_FROM;
-        // `--link-buffer op`: streams from buffers as large as this size's
-        // payload, as the op must; the limit after the previous size, from
-        // smaller buffers, does not serve as this one's before.
-        let buffer = if a.link_buffer_op {
-            payload
-        } else {
-            a.link_buffer
-        };
-        if a.link_buffer_op {
-            before = None;
+        if lead && a.ops.len() > 1 {
+            println!("#\n# {}", op.name());
         }
-        if bracket && before.is_none() {
-            before = Some(measure_limits(BRACKET_BYTES, buffer)?);
+        if lead {
+            println!("{}", report::header());
         }
-        let first_row = rows.len();
-        for ((name, comm), kind) in comms.iter().zip(&kinds) {
-            if progress {
-                eprint!("\r[{name}] {} {size} B ...        ", a.op.name());
+        let mut rows = Vec::new();
+        let mut total_wrong = 0u64;
+        let elem = a.dtype.size();
+        // Limits measured just after the previous size, if it was bracketed.
+        let mut before: Option<Vec<(&str, Option<LinkLimit>)>> = None;
+        // (kind, lowest, highest) of the bracketing limits, for the summary.
+        // and the lowest and highest CPU per GB streamed.
+        let mut drift: Vec<(&str, [f64; 2], [f64; 2])> = Vec::new();
+        for size in args::sizes(a) {
+            let payload = a.op.shape(size, elem, world).bytes;
+            if a.op != BenchOp::Barrier && payload == 0 {
+                continue;
             }
-            let m = with_dtype!(a.dtype, T => measure::<T>(comm, &ctrl, a, size))?;
-            let e = |e: ringwire::Error| e.to_string();
-            let iters = m.times.len();
-            let all = ctrl
-                .all_gather(m.times, vec![0f64; iters * world])
-                .wait()
-                .map_err(e)?
-                .1;
-            let cpu = ctrl
-                .all_reduce(vec![m.cpu], ReduceOp::Sum)
-                .wait()
-                .map_err(e)?[0];
-            let wrong = ctrl
-                .all_reduce(vec![m.wrong as i64], ReduceOp::Sum)
-                .wait()
-                .map_err(e)?[0] as u64;
-            total_wrong += wrong;
+            let bracket = a.link_limit && world > 1 && payload >= BRACKET_FROM;
+            // `--link-buffer op`: streams from buffers as large as this size's
+            // payload, as the op must; the limit after the previous size, from
+            // smaller buffers, does not serve as this one's before.
+            let buffer = if a.link_buffer_op {
+                payload
+            } else {
+                a.link_buffer
+            };
+            if a.link_buffer_op {
+                before = None;
+            }
+            if bracket && before.is_none() {
+                before = Some(measure_limits(BRACKET_BYTES, buffer)?);
+            }
+            let first_row = rows.len();
+            for ((name, comm), kind) in comms.iter().zip(&kinds) {
+                if progress {
+                    eprint!("\r[{name}] {} {size} B ...        ", a.op.name());
+                }
+                let m = with_dtype!(a.dtype, T => measure::<T>(comm, &ctrl, a, size))?;
+                let e = |e: ringwire::Error| e.to_string();
+                let iters = m.times.len();
+                let all = ctrl
+                    .all_gather(m.times, vec![0f64; iters * world])
+                    .wait()
+                    .map_err(e)?
+                    .1;
+                let cpu = ctrl
+                    .all_reduce(vec![m.cpu], ReduceOp::Sum)
+                    .wait()
+                    .map_err(e)?[0];
+                let wrong = ctrl
+                    .all_reduce(vec![m.wrong as i64], ReduceOp::Sum)
+                    .wait()
+                    .map_err(e)?[0] as u64;
+                total_wrong += wrong;
+                if !lead {
+                    continue;
+                }
+                // An iteration ends when its slowest rank does; ping-pong
+                // reports one-way latency (half the round trip).
+                let scale = if a.op == BenchOp::SendRecv { 0.5 } else { 1.0 };
+                let per_iter: Vec<f64> = (0..iters)
+                    .map(|i| (0..world).map(|r| all[r * iters + i]).fold(0.0, f64::max) * scale)
+                    .collect();
+                let mean = per_iter.iter().sum::<f64>() / iters as f64;
+                let mut hist = Histogram::<u64>::new_with_bounds(1, 3_600_000_000_000, 3)
+                    .map_err(|e| e.to_string())?;
+                for t in &per_iter {
+                    hist.saturating_record((t * 1e9).max(1.0) as u64);
+                }
+                let us = |ns: u64| ns as f64 / 1e3;
+                let bytes = m.shape.bytes;
+                let algbw = report::algbw(bytes, mean);
+                let busbw = algbw * a.op.bus_factor(world);
+                let moved_gb = bytes as f64 * iters as f64 / 1e9;
+                let row = Row {
+                    transport: name.to_string(),
+                    size_bytes: bytes,
+                    count: bytes / elem,
+                    dtype: a.dtype.name().into(),
+                    redop: if a.op.reduces() {
+                        a.redop.name().into()
+                    } else {
+                        "none".into()
+                    },
+                    root: a.op.rooted().then_some(a.root),
+                    iters,
+                    time_us: mean * 1e6,
+                    algbw_gbps: algbw,
+                    busbw_gbps: busbw,
+                    wrong,
+                    p50_us: us(hist.value_at_quantile(0.5)),
+                    p99_us: us(hist.value_at_quantile(0.99)),
+                    max_us: us(hist.max()),
+                    cpu_s_per_gb: (moved_gb > 0.0).then(|| cpu / moved_gb),
+                    link_pct: None,
+                    link_limit_gbps: limit_in(&limits, kind).map(|l| l.gbps),
+                    link_cpu_s_per_gb: limit_in(&limits, kind).map(|l| l.cpu_s_per_gb),
+                    link_buffer_bytes: limit_in(&limits, kind).map(|l| l.buffer),
+                    link_kind: kind.to_string(),
+                    max_rss_kib: cpu_and_rss().1,
+                };
+                rows.push(row);
+            }
+            if bracket {
+                let after = measure_limits(BRACKET_BYTES, buffer)?;
+                let around = before.replace(after.clone()).unwrap_or_default();
+                for row in &mut rows[first_row..] {
+                    if let (Some(x), Some(y)) = (
+                        limit_in(&around, &row.link_kind),
+                        limit_in(&after, &row.link_kind),
+                    ) {
+                        row.link_limit_gbps = Some((x.gbps + y.gbps) / 2.0);
+                        row.link_cpu_s_per_gb = Some((x.cpu_s_per_gb + y.cpu_s_per_gb) / 2.0);
+                        row.link_buffer_bytes = Some(buffer);
+                    }
+                }
+                for (kind, l) in around.iter().chain(&after) {
+                    let Some(l) = *l else { continue };
+                    let (gbps, cpu) = (l.gbps, l.cpu_s_per_gb);
+                    match drift.iter_mut().find(|d| d.0 == *kind) {
+                        Some((_, low, high)) => {
+                            *low = [low[0].min(gbps), low[1].min(cpu)];
+                            *high = [high[0].max(gbps), high[1].max(cpu)];
+                        }
+                        None => drift.push((kind, [gbps, cpu], [gbps, cpu])),
+                    }
+                }
+            } else {
+                before = None;
+            }
             if !lead {
                 continue;
             }
-            // An iteration ends when its slowest rank does; ping-pong
-            // reports one-way latency (half the round trip).
-            let scale = if a.op == BenchOp::SendRecv { 0.5 } else { 1.0 };
-            let per_iter: Vec<f64> = (0..iters)
-                .map(|i| (0..world).map(|r| all[r * iters + i]).fold(0.0, f64::max) * scale)
-                .collect();
-            let mean = per_iter.iter().sum::<f64>() / iters as f64;
-            let mut hist = Histogram::<u64>::new_with_bounds(1, 3_600_000_000_000, 3)
-                .map_err(|e| e.to_string())?;
-            for t in &per_iter {
-                hist.saturating_record((t * 1e9).max(1.0) as u64);
+            if progress {
+                eprint!("\r{:60}\r", "");
             }
-            let us = |ns: u64| ns as f64 / 1e3;
-            let bytes = m.shape.bytes;
-            let algbw = report::algbw(bytes, mean);
-            let busbw = algbw * a.op.bus_factor(world);
-            let moved_gb = bytes as f64 * iters as f64 / 1e9;
-            let row = Row {
-                transport: name.to_string(),
-                size_bytes: bytes,
-                count: bytes / elem,
-                dtype: a.dtype.name().into(),
-                redop: if a.op.reduces() {
-                    a.redop.name().into()
-                } else {
-                    "none".into()
-                },
-                root: a.op.rooted().then_some(a.root),
-                iters,
-                time_us: mean * 1e6,
-                algbw_gbps: algbw,
-                busbw_gbps: busbw,
-                wrong,
-                p50_us: us(hist.value_at_quantile(0.5)),
-                p99_us: us(hist.value_at_quantile(0.99)),
-                max_us: us(hist.max()),
-                cpu_s_per_gb: (moved_gb > 0.0).then(|| cpu / moved_gb),
-                link_pct: None,
-                link_limit_gbps: limit_in(&limits, kind).map(|l| l.gbps),
-                link_cpu_s_per_gb: limit_in(&limits, kind).map(|l| l.cpu_s_per_gb),
-                link_buffer_bytes: limit_in(&limits, kind).map(|l| l.buffer),
-                link_kind: kind.to_string(),
-                max_rss_kib: cpu_and_rss().1,
-            };
-            rows.push(row);
-        }
-        if bracket {
-            let after = measure_limits(BRACKET_BYTES, buffer)?;
-            let around = before.replace(after.clone()).unwrap_or_default();
             for row in &mut rows[first_row..] {
-                if let (Some(x), Some(y)) = (
-                    limit_in(&around, &row.link_kind),
-                    limit_in(&after, &row.link_kind),
-                ) {
-                    row.link_limit_gbps = Some((x.gbps + y.gbps) / 2.0);
-                    row.link_cpu_s_per_gb = Some((x.cpu_s_per_gb + y.cpu_s_per_gb) / 2.0);
-                    row.link_buffer_bytes = Some(buffer);
-                }
+                row.link_pct = row
+                    .link_limit_gbps
+                    .filter(|l| *l > 0.0 && row.size_bytes > 0)
+                    .map(|l| row.busbw_gbps / l * 100.0);
+                println!("{}", report::format_row(row));
             }
-            for (kind, l) in around.iter().chain(&after) {
-                let Some(l) = *l else { continue };
-                let (gbps, cpu) = (l.gbps, l.cpu_s_per_gb);
-                match drift.iter_mut().find(|d| d.0 == *kind) {
-                    Some((_, low, high)) => {
-                        *low = [low[0].min(gbps), low[1].min(cpu)];
-                        *high = [high[0].max(gbps), high[1].max(cpu)];
-                    }
-                    None => drift.push((kind, [gbps, cpu], [gbps, cpu])),
-                }
+        }
+        if lead {
+            for (kind, low, high) in &drift {
+                println!(
+                    "# ring link limit ({kind}) around the sizes from {}: {:.3} to {:.3} GB/s, {:.3} to {:.3} CPU s per GB streamed",
+                    report::human_bytes(BRACKET_FROM),
+                    low[0],
+                    high[0],
+                    low[1],
+                    high[1],
+                );
             }
-        } else {
-            before = None;
-        }
-        if !lead {
-            continue;
-        }
-        if progress {
-            eprint!("\r{:60}\r", "");
-        }
-        for row in &mut rows[first_row..] {
-            row.link_pct = row
-                .link_limit_gbps
-                .filter(|l| *l > 0.0 && row.size_bytes > 0)
-                .map(|l| row.busbw_gbps / l * 100.0);
-            println!("{}", report::format_row(row));
-        }
-    }
-    if lead {
-        for (kind, low, high) in &drift {
+            for (t, avg) in report::averages(&rows) {
+                println!("# avg bus bandwidth: {avg:.3} GB/s ({t})");
+            }
+            if let Some(r) = report::ratios(&rows) {
+                println!("{r}");
+            }
             println!(
-                "# ring link limit ({kind}) around the sizes from {}: {:.3} to {:.3} GB/s, {:.3} to {:.3} CPU s per GB streamed",
-                report::human_bytes(BRACKET_FROM),
-                low[0],
-                high[0],
-                low[1],
-                high[1],
+                "# wrong elements: {total_wrong}{}",
+                if total_wrong == 0 {
+                    " (OK)"
+                } else {
+                    " (FAILED)"
+                }
             );
-        }
-        for (t, avg) in report::averages(&rows) {
-            println!("# avg bus bandwidth: {avg:.3} GB/s ({t})");
-        }
-        if let Some(r) = report::ratios(&rows) {
-            println!("{r}");
-        }
-        println!(
-            "# wrong elements: {total_wrong}{}",
-            if total_wrong == 0 {
-                " (OK)"
-            } else {
-                " (FAILED)"
+            let title = format!("ringwire {} {}, {world} ranks", a.op.name(), a.dtype);
+            if let Some(path) = &a.json {
+                let doc = serde_json::json!({
+                    "op": a.op.name(), "ranks": world, "dtype": a.dtype.name(), "redop": a.redop.name(),
+                    "machine": machine_line(), "link_limit_gbps": link_limit,
+                    "link_limit_unix_gbps": link_limit_unix,
+                    "link_buffer_bytes": a.link_limit.then_some(a.link_buffer),
+                    "link_socket_buffer_bytes": a.link_limit.then_some(a.link_socket_buffer).flatten(),
+                    "rows": rows,
+                });
+                std::fs::write(
+                    path,
+                    serde_json::to_string_pretty(&doc).map_err(|e| e.to_string())?,
+                )
+                .map_err(|e| format!("writing {path}: {e}"))?;
             }
-        );
-        let title = format!("ringwire {} {}, {world} ranks", a.op.name(), a.dtype);
-        if let Some(path) = &a.json {
-            let doc = serde_json::json!({
-                "op": a.op.name(), "ranks": world, "dtype": a.dtype.name(), "redop": a.redop.name(),
-                "machine": machine_line(), "link_limit_gbps": link_limit,
-                "link_limit_unix_gbps": link_limit_unix,
-                "link_buffer_bytes": a.link_limit.then_some(a.link_buffer),
-                "link_socket_buffer_bytes": a.link_limit.then_some(a.link_socket_buffer).flatten(),
-                "rows": rows,
-            });
-            std::fs::write(
-                path,
-                serde_json::to_string_pretty(&doc).map_err(|e| e.to_string())?,
-            )
-            .map_err(|e| format!("writing {path}: {e}"))?;
+            if let Some(path) = &a.csv {
+                std::fs::write(path, report::csv(&rows))
+                    .map_err(|e| format!("writing {path}: {e}"))?;
+            }
+            if let Some(path) = &a.plot {
+                plot::write_svg(path, &title, &rows)?;
+            }
         }
-        if let Some(path) = &a.csv {
-            std::fs::write(path, report::csv(&rows)).map_err(|e| format!("writing {path}: {e}"))?;
-        }
-        if let Some(path) = &a.plot {
-            plot::write_svg(path, &title, &rows)?;
-        }
+        all_wrong += total_wrong;
     }
-    Ok(total_wrong == 0)
+    Ok(all_wrong == 0)
 }

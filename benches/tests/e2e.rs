@@ -83,10 +83,11 @@ fn two_ranks_all_reduce_is_checked_and_correct() {
     assert!(out.contains("# avg bus bandwidth:"), "{out}");
 }
 
+/// Also in a run of several ops: the run fails as a whole.
 #[test]
 fn a_wrong_result_is_counted_and_fails_the_run() {
     let (ok, out, err) = bench(&[
-        "all_reduce",
+        "broadcast,all_reduce",
         "--ranks",
         "2",
         "-b",
@@ -104,9 +105,15 @@ fn a_wrong_result_is_counted_and_fails_the_run() {
     assert!(out.contains("(FAILED)"), "{out}");
 }
 
+/// Every op, in one run of `all` (one table each, in the order of the usage).
 #[test]
 fn every_op_runs_with_three_ranks() {
-    for op in [
+    let (ok, out, err) = bench(&[
+        "all", "--ranks", "3", "-b", "64", "-e", "96K", "-f", "32", "-n", "2", "-w", "1", "-d",
+        "bf16", "-o", "max", "-r", "2",
+    ]);
+    assert!(ok, "{out}\n{err}");
+    let ops = [
         "all_reduce",
         "broadcast",
         "reduce",
@@ -115,18 +122,59 @@ fn every_op_runs_with_three_ranks() {
         "all_to_all",
         "barrier",
         "sendrecv",
-    ] {
-        let (ok, out, err) = bench(&[
-            op, "--ranks", "3", "-b", "64", "-e", "96K", "-f", "32", "-n", "2", "-w", "1", "-d",
-            "bf16", "-o", "max", "-r", "2",
-        ]);
-        assert!(ok, "{op}:\n{out}\n{err}");
-        let wrong = wrong_column(&out);
+    ];
+    // Each op's section: its name, then its table and summary.
+    let sections: Vec<&str> = out.split("\n#\n# ").skip(1).collect();
+    assert_eq!(sections.len(), ops.len(), "{out}");
+    for (op, section) in ops.iter().zip(&sections) {
+        assert!(section.starts_with(&format!("{op}\n")), "{op}:\n{section}");
+        let wrong = wrong_column(section);
+        // Barrier has one size; the others 64 B, 2 KiB and 64 KiB, 96 KiB.
+        let sizes = if *op == "barrier" { 1 } else { 4 };
+        assert_eq!(wrong.len(), sizes * transports(), "{op}:\n{section}");
+        assert!(wrong.iter().all(|w| *w == 0), "{op}:\n{section}");
         assert!(
-            !wrong.is_empty() && wrong.iter().all(|w| *w == 0),
-            "{op}:\n{out}"
+            section.contains("# wrong elements: 0 (OK)"),
+            "{op}:\n{section}"
         );
     }
+}
+
+#[test]
+fn several_ops_write_a_file_each() {
+    let dir = std::env::temp_dir().join(format!("ringwire-bench-ops-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let json = dir.join("r.json");
+    let (ok, out, err) = bench(&[
+        "all_gather,all_reduce",
+        "--ranks",
+        "2",
+        "-b",
+        "1K",
+        "-e",
+        "4K",
+        "-f",
+        "4",
+        "-n",
+        "2",
+        "-w",
+        "0",
+        "--json",
+        json.to_str().unwrap(),
+    ]);
+    assert!(ok, "{out}\n{err}");
+    for op in ["all_gather", "all_reduce"] {
+        let path = dir.join(format!("r.{op}.json"));
+        let doc: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        assert_eq!(doc["op"], op);
+        assert_eq!(doc["rows"].as_array().unwrap().len(), 2 * transports());
+    }
+    assert!(
+        !json.exists(),
+        "with several ops no file takes the plain name"
+    );
+    std::fs::remove_dir_all(&dir).ok();
 }
 
 #[test]
