@@ -189,6 +189,16 @@ pub trait Element:
     /// [`Element::finish_avg`] divides at the end.
     fn reduce_into(acc: &mut [Self], incoming: &[Self], op: ReduceOp);
 
+    /// `dst[i] = op(source[i], incoming[i])` for every i: what copying
+    /// `source` into `dst` and then [`Element::reduce_into`] give, bit for
+    /// bit. Native types do it in one pass, so a reduce-scatter that
+    /// combines its read-only input with what arrives writes its slot once
+    /// instead of copying the input there first.
+    fn combine_into(dst: &mut [Self], source: &[Self], incoming: &[Self], op: ReduceOp) {
+        dst.copy_from_slice(source);
+        Self::reduce_into(dst, incoming, op);
+    }
+
     /// Divides every element by `ranks` (the last step of `Avg`).
     fn finish_avg(values: &mut [Self], ranks: usize);
 
@@ -209,6 +219,18 @@ fn zip_apply<T: Copy>(acc: &mut [T], incoming: &[T], f: impl Fn(T, T) -> T) {
     }
 }
 
+/// `dst[i] = f(a[i], b[i])`, monomorphised per operator as [`zip_apply`].
+#[inline(always)]
+fn zip3_apply<T: Copy>(dst: &mut [T], a: &[T], b: &[T], f: impl Fn(T, T) -> T) {
+    assert!(
+        dst.len() == a.len() && a.len() == b.len(),
+        "combine_into: length mismatch"
+    );
+    for ((d, x), y) in dst.iter_mut().zip(a).zip(b) {
+        *d = f(*x, *y);
+    }
+}
+
 macro_rules! native_element {
     ($t:ty, $dtype:expr, $sum:expr, $prod:expr, $min:expr, $max:expr, $div:expr) => {
         impl sealed::Sealed for $t {}
@@ -221,6 +243,15 @@ macro_rules! native_element {
                     ReduceOp::Prod => zip_apply(acc, incoming, $prod),
                     ReduceOp::Min => zip_apply(acc, incoming, $min),
                     ReduceOp::Max => zip_apply(acc, incoming, $max),
+                }
+            }
+
+            fn combine_into(dst: &mut [Self], source: &[Self], incoming: &[Self], op: ReduceOp) {
+                match op {
+                    ReduceOp::Sum | ReduceOp::Avg => zip3_apply(dst, source, incoming, $sum),
+                    ReduceOp::Prod => zip3_apply(dst, source, incoming, $prod),
+                    ReduceOp::Min => zip3_apply(dst, source, incoming, $min),
+                    ReduceOp::Max => zip3_apply(dst, source, incoming, $max),
                 }
             }
 
@@ -454,6 +485,39 @@ mod tests {
         assert_eq!(ints, [i32::MIN, 10]);
         i32::finish_avg(&mut ints, 2);
         assert_eq!(ints, [i32::MIN / 2, 5]);
+    }
+
+    /// `combine_into` gives what a copy and `reduce_into` give, bit for
+    /// bit, for every type and operator (NaNs, signed zeros and overflow
+    /// among the values).
+    #[test]
+    fn combine_into_equals_copy_then_reduce() {
+        fn check<T: Element>(rng: &mut crate::testing::Rng) {
+            for op in ReduceOp::ALL {
+                for len in [0, 1, 7, 1000] {
+                    let source: Vec<T> = crate::testing::random_data(rng, len, op);
+                    let mut incoming: Vec<T> = crate::testing::random_data(rng, len, op);
+                    if len > 3 {
+                        incoming[0] = T::from_f64(f64::NAN);
+                        incoming[1] = T::from_f64(-0.0);
+                        incoming[2] = T::from_f64(1e300);
+                    }
+                    let mut want = source.clone();
+                    T::reduce_into(&mut want, &incoming, op);
+                    let mut got = vec![T::default(); len];
+                    T::combine_into(&mut got, &source, &incoming, op);
+                    assert_eq!(got.as_bytes(), want.as_bytes(), "{} {op} n={len}", T::DTYPE);
+                }
+            }
+        }
+        let mut rng = crate::testing::Rng::new(crate::testing::Rng::fresh_seed());
+        check::<f32>(&mut rng);
+        check::<f64>(&mut rng);
+        check::<f16>(&mut rng);
+        check::<bf16>(&mut rng);
+        check::<i32>(&mut rng);
+        check::<i64>(&mut rng);
+        check::<u8>(&mut rng);
     }
 
     #[test]

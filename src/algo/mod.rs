@@ -65,11 +65,7 @@ impl Action {
         match self {
             Action::Copy => dst.copy_from_slice(incoming),
             Action::Reduce => T::reduce_into(dst, incoming, op),
-            Action::ReduceFrom { .. } => {
-                // One chunk at a time, so the reduction reads the copy from cache.
-                dst.copy_from_slice(source);
-                T::reduce_into(dst, incoming, op);
-            }
+            Action::ReduceFrom { .. } => T::combine_into(dst, source, incoming, op),
         }
     }
 
