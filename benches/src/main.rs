@@ -594,6 +594,12 @@ fn run_rank(a: &Args) -> Result<bool, String> {
                     .wait()
                     .map_err(e)?[0] as u64;
                 total_wrong += wrong;
+                // The largest rank: a slow root or receiver holds what its
+                // peers sent ahead, and rank 0 is not always that one.
+                let max_rss_kib = ctrl
+                    .all_reduce(vec![cpu_and_rss().1 as i64], ReduceOp::Max)
+                    .wait()
+                    .map_err(e)?[0] as u64;
                 if !lead {
                     continue;
                 }
@@ -639,7 +645,7 @@ fn run_rank(a: &Args) -> Result<bool, String> {
                     link_cpu_s_per_gb: limit_in(&limits, kind).map(|l| l.cpu_s_per_gb),
                     link_buffer_bytes: limit_in(&limits, kind).map(|l| l.buffer),
                     link_kind: kind.to_string(),
-                    max_rss_kib: cpu_and_rss().1,
+                    max_rss_kib,
                 };
                 rows.push(row);
             }

@@ -38,7 +38,7 @@ pub(crate) struct Row {
     pub(crate) link_buffer_bytes: Option<usize>,
     /// The kind of link (tcp, unix) this row's ring ran over.
     pub(crate) link_kind: String,
-    /// Peak resident memory of rank 0 (KiB) after this row.
+    /// Peak resident memory (KiB) of the rank with the most, after this row.
     pub(crate) max_rss_kib: u64,
 }
 
