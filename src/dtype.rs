@@ -339,6 +339,10 @@ trait Widen: Sized {
     fn reduce_fused(_acc: &mut [Self], _incoming: &[Self], _op: ReduceOp) {
         unreachable!("only called when FUSED is true")
     }
+    /// [`Element::combine_into`] in one fused pass.
+    fn combine_fused(_dst: &mut [Self], _source: &[Self], _incoming: &[Self], _op: ReduceOp) {
+        unreachable!("only called when FUSED is true")
+    }
 }
 
 impl Widen for f16 {
@@ -360,6 +364,9 @@ impl Widen for bf16 {
     const FUSED: bool = true;
     fn reduce_fused(acc: &mut [bf16], incoming: &[bf16], op: ReduceOp) {
         bf16_reduce_fused(acc, incoming, op);
+    }
+    fn combine_fused(dst: &mut [bf16], source: &[bf16], incoming: &[bf16], op: ReduceOp) {
+        bf16_combine_fused(dst, source, incoming, op);
     }
     fn widen(src: &[bf16], dst: &mut [f32]) {
         for (d, s) in dst.iter_mut().zip(src) {
@@ -399,6 +406,14 @@ macro_rules! half_element {
                     }
                     <$t as Widen>::narrow(a, acc);
                 }
+            }
+
+            fn combine_into(dst: &mut [Self], source: &[Self], incoming: &[Self], op: ReduceOp) {
+                if <$t as Widen>::FUSED {
+                    return <$t as Widen>::combine_fused(dst, source, incoming, op);
+                }
+                dst.copy_from_slice(source);
+                Self::reduce_into(dst, incoming, op);
             }
 
             fn finish_avg(values: &mut [Self], ranks: usize) {
@@ -452,6 +467,22 @@ fn bf16_reduce_fused(acc: &mut [bf16], incoming: &[bf16], op: ReduceOp) {
         ReduceOp::Prod => fused(acc, incoming, |x, y| x * y),
         ReduceOp::Min => fused(acc, incoming, f32::min),
         ReduceOp::Max => fused(acc, incoming, f32::max),
+    }
+}
+
+/// [`bf16_reduce_fused`] writing `source ⊕ incoming` into `dst`.
+fn bf16_combine_fused(dst: &mut [bf16], source: &[bf16], incoming: &[bf16], op: ReduceOp) {
+    #[inline(always)]
+    fn fused(dst: &mut [bf16], a: &[bf16], b: &[bf16], g: impl Fn(f32, f32) -> f32) {
+        zip3_apply(dst, a, b, |x, y| {
+            bf16_narrow(g(bf16_widen(x), bf16_widen(y)))
+        });
+    }
+    match op {
+        ReduceOp::Sum | ReduceOp::Avg => fused(dst, source, incoming, |x, y| x + y),
+        ReduceOp::Prod => fused(dst, source, incoming, |x, y| x * y),
+        ReduceOp::Min => fused(dst, source, incoming, f32::min),
+        ReduceOp::Max => fused(dst, source, incoming, f32::max),
     }
 }
 
