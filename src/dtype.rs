@@ -453,7 +453,10 @@ fn bf16_narrow(x: f32) -> bf16 {
     bf16::from_bits(if is_nan { quiet_nan } else { rounded })
 }
 
-/// Fused bf16 reduction: widen, combine in f32, round, one pass.
+/// Fused bf16 reduction: widen, combine in f32, round, one pass. Unlike
+/// f32's, which streams memory, this loop is bound by its arithmetic, so it
+/// is also compiled for AVX2 and AVX-512 and picked at run time.
+#[multiversion::multiversion(targets("x86_64+avx512f+avx512bw", "x86_64+avx2"))]
 fn bf16_reduce_fused(acc: &mut [bf16], incoming: &[bf16], op: ReduceOp) {
     // Generic over the combiner so each operator gets its own inlined loop.
     #[inline(always)]
@@ -471,6 +474,7 @@ fn bf16_reduce_fused(acc: &mut [bf16], incoming: &[bf16], op: ReduceOp) {
 }
 
 /// [`bf16_reduce_fused`] writing `source ⊕ incoming` into `dst`.
+#[multiversion::multiversion(targets("x86_64+avx512f+avx512bw", "x86_64+avx2"))]
 fn bf16_combine_fused(dst: &mut [bf16], source: &[bf16], incoming: &[bf16], op: ReduceOp) {
     #[inline(always)]
     fn fused(dst: &mut [bf16], a: &[bf16], b: &[bf16], g: impl Fn(f32, f32) -> f32) {
