@@ -320,109 +320,18 @@ native_element!(
     |v: u8, n: usize| (v as usize / n) as u8
 );
 
-/// Combines `a[i] = f(a[i], b[i])` over f32 blocks (vectorises).
-#[inline(always)]
-fn zip_f32(a: &mut [f32], b: &[f32], f: impl Fn(f32, f32) -> f32) {
-    for (x, y) in a.iter_mut().zip(b) {
-        *x = f(*x, *y);
-    }
-}
-
-/// Block conversions between a half type and f32, written so they vectorise.
-trait Widen: Sized {
-    fn widen(src: &[Self], dst: &mut [f32]);
-    /// Round to nearest, ties to even (NaN stays NaN).
-    fn narrow(src: &[f32], dst: &mut [Self]);
-    /// Whether [`Widen::reduce_fused`] beats the block path for this type.
-    const FUSED: bool = false;
-    /// Widen, combine and round in one pass (no staging blocks).
-    fn reduce_fused(_acc: &mut [Self], _incoming: &[Self], _op: ReduceOp) {
-        unreachable!("only called when FUSED is true")
-    }
-    /// [`Element::combine_into`] in one fused pass.
-    fn combine_fused(_dst: &mut [Self], _source: &[Self], _incoming: &[Self], _op: ReduceOp) {
-        unreachable!("only called when FUSED is true")
-    }
-}
-
-impl Widen for f16 {
-    // A fused pass with the bit-level conversions below (per element,
-    // vectorisable) beat half's F16C slice conversions, which it calls on 8
-    // elements at a time through a feature check (2.7 GiB/s for a sum).
-    const FUSED: bool = true;
-    fn reduce_fused(acc: &mut [f16], incoming: &[f16], op: ReduceOp) {
-        f16_reduce_fused(acc, incoming, op);
-    }
-    fn combine_fused(dst: &mut [f16], source: &[f16], incoming: &[f16], op: ReduceOp) {
-        f16_combine_fused(dst, source, incoming, op);
-    }
-    fn widen(src: &[f16], dst: &mut [f32]) {
-        use half::slice::HalfFloatSliceExt;
-        src.convert_to_f32_slice(dst);
-    }
-    fn narrow(src: &[f32], dst: &mut [f16]) {
-        use half::slice::HalfFloatSliceExt;
-        dst.convert_from_f32_slice(src);
-    }
-}
-
-impl Widen for bf16 {
-    // bf16 is the top half of an f32: widening is a shift, narrowing a
-    // rounding add, both branch-free per element; one fused pass measured
-    // 30-60% faster than the block path (interleaved criterion runs).
-    const FUSED: bool = true;
-    fn reduce_fused(acc: &mut [bf16], incoming: &[bf16], op: ReduceOp) {
-        bf16_reduce_fused(acc, incoming, op);
-    }
-    fn combine_fused(dst: &mut [bf16], source: &[bf16], incoming: &[bf16], op: ReduceOp) {
-        bf16_combine_fused(dst, source, incoming, op);
-    }
-    fn widen(src: &[bf16], dst: &mut [f32]) {
-        for (d, s) in dst.iter_mut().zip(src) {
-            *d = bf16_widen(*s);
-        }
-    }
-    fn narrow(src: &[f32], dst: &mut [bf16]) {
-        for (d, s) in dst.iter_mut().zip(src) {
-            *d = bf16_narrow(*s);
-        }
-    }
-}
-
 macro_rules! half_element {
-    ($t:ty, $dtype:expr) => {
+    ($t:ty, $dtype:expr, $reduce:ident, $combine:ident) => {
         impl sealed::Sealed for $t {}
         impl Element for $t {
             const DTYPE: DType = $dtype;
 
             fn reduce_into(acc: &mut [Self], incoming: &[Self], op: ReduceOp) {
-                if <$t as Widen>::FUSED {
-                    return <$t as Widen>::reduce_fused(acc, incoming, op);
-                }
-                // Widen blocks to f32, combine, round once.
-                const BLOCK: usize = 512;
-                assert_eq!(acc.len(), incoming.len(), "reduce_into: length mismatch");
-                let (mut a, mut b) = ([0f32; BLOCK], [0f32; BLOCK]);
-                for (acc, inc) in acc.chunks_mut(BLOCK).zip(incoming.chunks(BLOCK)) {
-                    let (a, b) = (&mut a[..acc.len()], &mut b[..acc.len()]);
-                    <$t as Widen>::widen(acc, a);
-                    <$t as Widen>::widen(inc, b);
-                    match op {
-                        ReduceOp::Sum | ReduceOp::Avg => zip_f32(a, b, |x, y| x + y),
-                        ReduceOp::Prod => zip_f32(a, b, |x, y| x * y),
-                        ReduceOp::Min => zip_f32(a, b, f32::min),
-                        ReduceOp::Max => zip_f32(a, b, f32::max),
-                    }
-                    <$t as Widen>::narrow(a, acc);
-                }
+                $reduce(acc, incoming, op);
             }
 
             fn combine_into(dst: &mut [Self], source: &[Self], incoming: &[Self], op: ReduceOp) {
-                if <$t as Widen>::FUSED {
-                    return <$t as Widen>::combine_fused(dst, source, incoming, op);
-                }
-                dst.copy_from_slice(source);
-                Self::reduce_into(dst, incoming, op);
+                $combine(dst, source, incoming, op);
             }
 
             fn finish_avg(values: &mut [Self], ranks: usize) {
@@ -443,11 +352,11 @@ macro_rules! half_element {
     };
 }
 
-half_element!(f16, DType::F16);
-half_element!(bf16, DType::BF16);
+half_element!(f16, DType::F16, f16_reduce, f16_combine);
+half_element!(bf16, DType::BF16, bf16_reduce, bf16_combine);
 
 /// bf16 widen and round-to-nearest-even narrow, inline per element so the
-/// fused loop below vectorises.
+/// kernels below vectorise.
 #[inline(always)]
 fn bf16_widen(x: bf16) -> f32 {
     f32::from_bits(u32::from(x.to_bits()) << 16)
@@ -460,43 +369,6 @@ fn bf16_narrow(x: f32) -> bf16 {
     let quiet_nan = ((bits >> 16) as u16) | 0x0040;
     let is_nan = (bits & 0x7FFF_FFFF) > 0x7F80_0000;
     bf16::from_bits(if is_nan { quiet_nan } else { rounded })
-}
-
-/// Fused bf16 reduction: widen, combine in f32, round, one pass. Unlike
-/// f32's, which streams memory, this loop is bound by its arithmetic, so it
-/// is also compiled for AVX2 and AVX-512 and picked at run time.
-#[multiversion::multiversion(targets("x86_64+avx512f+avx512bw", "x86_64+avx2"))]
-fn bf16_reduce_fused(acc: &mut [bf16], incoming: &[bf16], op: ReduceOp) {
-    // Generic over the combiner so each operator gets its own inlined loop.
-    #[inline(always)]
-    fn fused(acc: &mut [bf16], incoming: &[bf16], g: impl Fn(f32, f32) -> f32) {
-        zip_apply(acc, incoming, |a, b| {
-            bf16_narrow(g(bf16_widen(a), bf16_widen(b)))
-        });
-    }
-    match op {
-        ReduceOp::Sum | ReduceOp::Avg => fused(acc, incoming, |x, y| x + y),
-        ReduceOp::Prod => fused(acc, incoming, |x, y| x * y),
-        ReduceOp::Min => fused(acc, incoming, f32::min),
-        ReduceOp::Max => fused(acc, incoming, f32::max),
-    }
-}
-
-/// [`bf16_reduce_fused`] writing `source ⊕ incoming` into `dst`.
-#[multiversion::multiversion(targets("x86_64+avx512f+avx512bw", "x86_64+avx2"))]
-fn bf16_combine_fused(dst: &mut [bf16], source: &[bf16], incoming: &[bf16], op: ReduceOp) {
-    #[inline(always)]
-    fn fused(dst: &mut [bf16], a: &[bf16], b: &[bf16], g: impl Fn(f32, f32) -> f32) {
-        zip3_apply(dst, a, b, |x, y| {
-            bf16_narrow(g(bf16_widen(x), bf16_widen(y)))
-        });
-    }
-    match op {
-        ReduceOp::Sum | ReduceOp::Avg => fused(dst, source, incoming, |x, y| x + y),
-        ReduceOp::Prod => fused(dst, source, incoming, |x, y| x * y),
-        ReduceOp::Min => fused(dst, source, incoming, f32::min),
-        ReduceOp::Max => fused(dst, source, incoming, f32::max),
-    }
 }
 
 /// f16 to f32 with integer and float operations only, so loops of it
@@ -561,37 +433,57 @@ fn f16_narrow(f: f32) -> f16 {
     f16::from_bits((magnitude | (sign >> 16)) as u16)
 }
 
-/// Fused f16 reduction, as [`bf16_reduce_fused`].
-#[multiversion::multiversion(targets("x86_64+avx512f+avx512bw", "x86_64+avx2"))]
-fn f16_reduce_fused(acc: &mut [f16], incoming: &[f16], op: ReduceOp) {
-    #[inline(always)]
-    fn fused(acc: &mut [f16], incoming: &[f16], g: impl Fn(f32, f32) -> f32) {
-        zip_apply(acc, incoming, |a, b| {
-            f16_narrow(g(f16_widen(a), f16_widen(b)))
-        });
-    }
-    match op {
-        ReduceOp::Sum | ReduceOp::Avg => fused(acc, incoming, |x, y| x + y),
-        ReduceOp::Prod => fused(acc, incoming, |x, y| x * y),
-        ReduceOp::Min => fused(acc, incoming, f32::min),
-        ReduceOp::Max => fused(acc, incoming, f32::max),
-    }
+/// Binds `$g` to the f32 combiner of `$op` and evaluates `$body`, once per
+/// operator, so each gets its own inlined loop.
+macro_rules! per_f32_op {
+    ($op:expr, |$g:ident| $body:expr) => {
+        match $op {
+            ReduceOp::Sum | ReduceOp::Avg => {
+                let $g = |x: f32, y: f32| x + y;
+                $body
+            }
+            ReduceOp::Prod => {
+                let $g = |x: f32, y: f32| x * y;
+                $body
+            }
+            ReduceOp::Min => {
+                let $g = f32::min;
+                $body
+            }
+            ReduceOp::Max => {
+                let $g = f32::max;
+                $body
+            }
+        }
+    };
 }
 
-/// [`f16_reduce_fused`] writing `source ⊕ incoming` into `dst`.
-#[multiversion::multiversion(targets("x86_64+avx512f+avx512bw", "x86_64+avx2"))]
-fn f16_combine_fused(dst: &mut [f16], source: &[f16], incoming: &[f16], op: ReduceOp) {
-    #[inline(always)]
-    fn fused(dst: &mut [f16], a: &[f16], b: &[f16], g: impl Fn(f32, f32) -> f32) {
-        zip3_apply(dst, a, b, |x, y| f16_narrow(g(f16_widen(x), f16_widen(y))));
-    }
-    match op {
-        ReduceOp::Sum | ReduceOp::Avg => fused(dst, source, incoming, |x, y| x + y),
-        ReduceOp::Prod => fused(dst, source, incoming, |x, y| x * y),
-        ReduceOp::Min => fused(dst, source, incoming, f32::min),
-        ReduceOp::Max => fused(dst, source, incoming, f32::max),
-    }
+/// A half type's reduce and combine kernels: widen each element, combine
+/// in f32, round once, in one pass (a block path that converted 512 at a
+/// time was slower for both types). Unlike f32's, which streams memory,
+/// these loops are bound by their arithmetic, so they are also compiled
+/// for AVX2 and AVX-512 and picked at run time.
+macro_rules! half_kernels {
+    ($t:ty, $widen:ident, $narrow:ident, $reduce:ident, $combine:ident) => {
+        #[multiversion::multiversion(targets("x86_64+avx512f+avx512bw", "x86_64+avx2"))]
+        fn $reduce(acc: &mut [$t], incoming: &[$t], op: ReduceOp) {
+            per_f32_op!(op, |g| zip_apply(acc, incoming, |a, b| {
+                $narrow(g($widen(a), $widen(b)))
+            }))
+        }
+
+        /// `dst = source ⊕ incoming`, as the reduce above.
+        #[multiversion::multiversion(targets("x86_64+avx512f+avx512bw", "x86_64+avx2"))]
+        fn $combine(dst: &mut [$t], source: &[$t], incoming: &[$t], op: ReduceOp) {
+            per_f32_op!(op, |g| zip3_apply(dst, source, incoming, |a, b| {
+                $narrow(g($widen(a), $widen(b)))
+            }))
+        }
+    };
 }
+
+half_kernels!(bf16, bf16_widen, bf16_narrow, bf16_reduce, bf16_combine);
+half_kernels!(f16, f16_widen, f16_narrow, f16_reduce, f16_combine);
 
 #[cfg(test)]
 mod tests {
@@ -706,7 +598,7 @@ mod tests {
     }
 
     #[test]
-    fn bf16_block_conversion_matches_half() {
+    fn bf16_conversion_matches_half() {
         let values: Vec<f32> = (0..5000)
             .map(|i| f32::from_bits((i as u32).wrapping_mul(2_654_435_761)))
             .chain([
@@ -718,20 +610,15 @@ mod tests {
                 1.0 + f32::EPSILON,
             ])
             .collect();
-        let mut ours = vec![bf16::ZERO; values.len()];
-        <bf16 as Widen>::narrow(&values, &mut ours);
-        for (v, o) in values.iter().zip(&ours) {
-            let theirs = bf16::from_f32(*v);
+        for v in &values {
+            let (ours, theirs) = (bf16_narrow(*v), bf16::from_f32(*v));
             if v.is_nan() {
-                assert!(o.is_nan());
+                assert!(ours.is_nan());
             } else {
-                assert_eq!(o.to_bits(), theirs.to_bits(), "{v:e}");
+                assert_eq!(ours.to_bits(), theirs.to_bits(), "{v:e}");
             }
-        }
-        let mut back = vec![0f32; ours.len()];
-        <bf16 as Widen>::widen(&ours, &mut back);
-        for (o, b) in ours.iter().zip(&back) {
-            assert!(o.to_f32() == *b || b.is_nan());
+            let back = bf16_widen(ours);
+            assert!(ours.to_f32() == back || back.is_nan());
         }
     }
 
