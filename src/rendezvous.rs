@@ -667,11 +667,7 @@ mod tests {
             ("MASTER_PORT", "29500"),
         ];
         vars.extend_from_slice(extra);
-        Builder::from_lookup(&|var| {
-            vars.iter()
-                .find(|(name, _)| *name == var)
-                .map(|(_, value)| value.to_string())
-        })
+        Builder::from_lookup(&crate::testing::env_lookup(&vars))
     }
 
     #[test]

@@ -143,3 +143,23 @@ pub fn env_lookup(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> + u
         .collect();
     move |k| map.get(k).cloned()
 }
+
+/// Runs the test `name` (its full path, as `--exact` wants it) again in a
+/// child of the current test binary with `marker` set, and asserts that it
+/// passed there. For tests that change process-wide state (limits, user,
+/// open files): the test checks `marker` and does that work only in the
+/// child.
+pub fn in_a_child(name: &str, marker: &str) {
+    let out = std::process::Command::new(std::env::current_exe().expect("the test binary"))
+        .env(marker, "1")
+        .args(["--exact", name, "--nocapture", "--test-threads", "1"])
+        .output()
+        .expect("start the test binary again");
+    let text = format!(
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "{text}");
+    assert!(text.contains("1 passed"), "{text}");
+}

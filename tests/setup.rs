@@ -5,6 +5,7 @@ mod common;
 
 use common::on_all;
 use ringwire::store::StoreServer;
+use ringwire::testing::in_a_child;
 use ringwire::{Communicator, Error, ReduceOp};
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
@@ -447,22 +448,4 @@ fn an_engine_link_holds_one_descriptor_per_connection() {
         "an_engine_link_holds_one_descriptor_per_connection",
         COUNT_FDS,
     );
-}
-
-/// Runs the test `name` again in a child process with `marker` set (the
-/// test then does its work there: it changes the process's limits or
-/// user, or counts its files) and asserts that it passed.
-fn in_a_child(name: &str, marker: &str) {
-    let out = std::process::Command::new(std::env::current_exe().unwrap())
-        .env(marker, "1")
-        .args(["--exact", name, "--nocapture", "--test-threads", "1"])
-        .output()
-        .unwrap();
-    let text = format!(
-        "{}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(out.status.success(), "{text}");
-    assert!(text.contains("1 passed"), "{text}");
 }

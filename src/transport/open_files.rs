@@ -161,19 +161,9 @@ mod tests {
             assert_eq!(limit(), (500, 500));
             return;
         }
-        let name =
-            "transport::open_files::tests::the_soft_limit_rises_only_as_far_as_needed_and_allowed";
-        let out = std::process::Command::new(std::env::current_exe().unwrap())
-            .env(CHILD, "1")
-            .args(["--exact", name, "--nocapture", "--test-threads", "1"])
-            .output()
-            .unwrap();
-        let text = format!(
-            "{}\n{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
+        crate::testing::in_a_child(
+            "transport::open_files::tests::the_soft_limit_rises_only_as_far_as_needed_and_allowed",
+            CHILD,
         );
-        assert!(out.status.success(), "{text}");
-        assert!(text.contains("1 passed"), "{text}");
     }
 }
