@@ -1,6 +1,7 @@
 //! Helpers shared by the unit tests, the integration tests and the benchmark
-//! harness: a seeded PRNG, random inputs per dtype and operator, and a
-//! reference reduction computed in f64.
+//! harness: a seeded PRNG, random inputs per dtype and operator, a
+//! reference reduction computed in f64, a lookup over fixed variables, and
+//! re-running a test in a child process.
 //!
 //! Not part of the stable API.
 
