@@ -540,7 +540,10 @@ impl Communicator {
 
     /// Op count, bytes moved and latency percentiles so far.
     pub fn stats(&self) -> Stats {
-        self.inner.stats.snapshot()
+        Stats {
+            held_ahead_peak_bytes: self.inner.world.transport.held_ahead_peak() as u64,
+            ..self.inner.stats.snapshot()
+        }
     }
 
     /// Fails this communicator on purpose, here and on every rank: their
@@ -662,6 +665,8 @@ impl Communicator {
             plan,
             seq,
             peer,
+            // A receive's frames carry the sender's count, matched here.
+            receives_from: p2p.and_then(|(p, send)| (!send).then(|| self.inner.members[p])),
             timeout: self.timeout,
         }
     }
@@ -1145,6 +1150,8 @@ struct Ticket {
     plan: OpPlan,
     seq: u64,
     peer: Option<usize>,
+    /// A point-to-point receive's source (world rank).
+    receives_from: Option<usize>,
     timeout: Duration,
 }
 
@@ -1181,6 +1188,7 @@ fn execute<R>(
         plan,
         seq,
         peer,
+        receives_from,
         timeout,
     } = ticket;
     if let Some(first) = lock(&ex.state).clone() {
@@ -1193,6 +1201,8 @@ fn execute<R>(
         return Err(Error::Failed { first });
     }
     ex.recorder.started(plan.kind, seq, peer);
+    // Peers' frames for this op stop counting as run ahead (decision 0019).
+    ex.world.transport.begin(ex.comm_id, seq, receives_from);
     // On a crowded host (more local ranks than cores) a home core steadies
     // latency-bound ops (no two ranks of a recursive-doubling round stacked
     // on one core), but large ones ran faster where the scheduler put them

@@ -106,6 +106,9 @@ pub(crate) struct Tunables {
     /// in `wait`, the executor between jobs, either plane for a frame.
     pub(crate) spin: Duration,
     pub(crate) heartbeat_timeout: Duration,
+    /// Bytes a peer may deliver ahead of this rank (0: unbounded;
+    /// RINGWIRE_RUN_AHEAD_BYTES; decision 0019).
+    pub(crate) run_ahead_bytes: usize,
     pub(crate) debug_checks: bool,
     pub(crate) flight_recorder_ops: usize,
 }
@@ -186,6 +189,11 @@ pub const DEFAULT_SPIN: Duration = Duration::from_millis(1);
 /// A link silent this long (no data, no heartbeat) is declared dead.
 pub const DEFAULT_HEARTBEAT_TIMEOUT: Duration = Duration::from_secs(10);
 /// Idle links send a heartbeat this often.
+/// How far one peer may run ahead of this rank, in bytes of ops not started
+/// here (decision 0019): a few of the largest frames, so an op still
+/// overlaps the next, and far below what a host would miss.
+pub(crate) const DEFAULT_RUN_AHEAD_BYTES: usize = 64 << 20;
+
 pub(crate) const HEARTBEAT_INTERVAL: Duration = Duration::from_secs(1);
 
 /// Optional overrides, as set on the builder.
@@ -200,6 +208,7 @@ pub(crate) struct Overrides {
     pub(crate) local_links: Option<LocalLinks>,
     pub(crate) tcp_lanes: Option<bool>,
     pub(crate) heartbeat_timeout: Option<Duration>,
+    pub(crate) run_ahead_bytes: Option<usize>,
     pub(crate) debug_checks: Option<bool>,
 }
 
@@ -322,6 +331,11 @@ impl Overrides {
             None => env_seconds(lookup, "RINGWIRE_HEARTBEAT_TIMEOUT")?
                 .unwrap_or(DEFAULT_HEARTBEAT_TIMEOUT),
         };
+        let run_ahead_bytes = match self.run_ahead_bytes {
+            Some(b) => b,
+            None => env_bytes(lookup, "RINGWIRE_RUN_AHEAD_BYTES")?
+                .map_or(DEFAULT_RUN_AHEAD_BYTES, |b| b as usize),
+        };
         let debug_checks = match self.debug_checks {
             Some(d) => d,
             // `detail` as torch's TORCH_DISTRIBUTED_DEBUG says it, or a switch.
@@ -351,6 +365,7 @@ impl Overrides {
             tcp_lanes,
             spin,
             heartbeat_timeout,
+            run_ahead_bytes,
             debug_checks,
             flight_recorder_ops,
         })

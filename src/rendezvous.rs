@@ -232,6 +232,18 @@ impl Builder {
         self
     }
 
+    /// How many bytes one peer may deliver for ops this rank has not started
+    /// yet before this rank stops reading its link, so a rank that falls
+    /// behind (a slow root in a loop of `reduce`s, a slow pipeline stage)
+    /// holds the senders back through TCP's window instead of buffering
+    /// without bound (64 MiB; 0 never stops reading; decision 0019). A
+    /// sender held back longer than its op timeout fails naming this rank.
+    /// Env: RINGWIRE_RUN_AHEAD_BYTES.
+    pub fn run_ahead_bytes(mut self, bytes: usize) -> Builder {
+        self.overrides.run_ahead_bytes = Some(bytes);
+        self
+    }
+
     /// Before each collective, check across ranks that every rank called the
     /// same op with the same type, count, reduce op and root (one small
     /// all-gather per op; like TORCH_DISTRIBUTED_DEBUG=DETAIL). Env:
@@ -635,6 +647,7 @@ fn start_transport(
         security: sec.clone(),
         heartbeat_interval: crate::config::HEARTBEAT_INTERVAL.min(t.heartbeat_timeout / 4),
         heartbeat_timeout: t.heartbeat_timeout,
+        run_ahead_limit: t.run_ahead_bytes,
     };
     let peers = if peers.is_empty() {
         vec![

@@ -21,6 +21,12 @@ pub struct Stats {
     pub p99: Duration,
     /// Slowest op.
     pub max: Duration,
+    /// Most bytes peers had sent ahead of this rank at once (frames of ops
+    /// it had not started, over every link of the process). Past
+    /// [`crate::Builder::run_ahead_bytes`] per peer, a link is not read
+    /// until this rank catches up, so this stays near that limit times the
+    /// peers that run ahead (decision 0019).
+    pub held_ahead_peak_bytes: u64,
 }
 
 pub(crate) struct StatsRecorder {

@@ -12,6 +12,7 @@
 
 pub(crate) mod conn;
 pub(crate) mod open_files;
+pub(crate) mod run_ahead;
 pub(crate) mod tcp;
 
 use crate::error::Error;
@@ -190,6 +191,18 @@ pub(crate) trait Transport: Send + Sync {
     fn link_has_lanes(&self, peer: usize) -> bool {
         let _ = peer;
         false
+    }
+    /// This rank starts op `seq` of communicator `comm_id` (a collective;
+    /// or, `from` a peer's world rank, its `seq`-th point-to-point receive
+    /// from that peer): frames of that op no longer count as run ahead
+    /// (decision 0019).
+    fn begin(&self, comm_id: u64, seq: u64, from: Option<usize>) {
+        let _ = (comm_id, seq, from);
+    }
+    /// Most bytes peers had delivered at once for ops this rank had not
+    /// started (decision 0019).
+    fn held_ahead_peak(&self) -> usize {
+        0
     }
     /// A short name for logs (`portable`, `uring`).
     fn name(&self) -> &'static str;

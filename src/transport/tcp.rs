@@ -17,12 +17,13 @@
 
 use super::conn::{Conn, ConnKind};
 use super::open_files;
+use super::run_ahead::RunAhead;
 use super::{AlignedBuf, Incoming, LinkError, PostedRecvs, Received, Transport};
 use crate::error::Error;
 use crate::security::secret::{self, NONCE_LEN, Role};
 use crate::security::{self, Opening, Security};
 use crate::wire::handshake::security_mismatch;
-use crate::wire::{self, Channel, FrameKind, HEADER_LEN, Header, Hello, HelloAck};
+use crate::wire::{self, Channel, FrameKind, HEADER_LEN, Header, Hello, HelloAck, OpKind};
 use ringwire_uring::{
     EngineConfig, FrameEngine, FrameKey, FrameSink, Lanes, LinkFault, PayloadAt, Placement,
     Placements, SharedFd,
@@ -71,6 +72,9 @@ pub(crate) struct TcpConfig {
     pub(crate) spin: Duration,
     /// Dial TCP links with lanes when the engine runs (decision 0018).
     pub(crate) lanes: bool,
+    /// Bytes a peer may deliver for ops this rank has not started before
+    /// its link stops being read (0: never stop; decision 0019).
+    pub(crate) run_ahead_limit: usize,
 }
 
 enum PeerState {
@@ -182,6 +186,16 @@ struct Shared {
     /// the dialer and the lane to it, as they arrive.
     pending_lanes: Mutex<HashMap<usize, [Option<Conn>; 2]>>,
     lanes_arrived: Condvar,
+    /// What each peer delivered for ops not started yet (decision 0019).
+    run_ahead: Mutex<RunAhead>,
+    /// Signalled when a peer's link may be read again (portable readers
+    /// wait on it).
+    run_ahead_changed: Condvar,
+    /// Per peer: over the run-ahead limit (kept with `run_ahead`).
+    over: Vec<AtomicBool>,
+    /// Per peer: threads waiting for one of its frames (they read its link
+    /// whatever the run-ahead count: their frame may sit behind held ones).
+    waiting: Vec<AtomicUsize>,
 }
 
 /// An abort as first heard of by this rank.
@@ -283,6 +297,7 @@ impl TcpTransport {
                 }
             },
         };
+        let run_ahead_limit = config.run_ahead_limit;
         let shared = Arc::new(Shared {
             me,
             world,
@@ -304,6 +319,10 @@ impl TcpTransport {
             engine,
             pending_lanes: Mutex::new(HashMap::new()),
             lanes_arrived: Condvar::new(),
+            run_ahead: Mutex::new(RunAhead::new(world, run_ahead_limit)),
+            run_ahead_changed: Condvar::new(),
+            over: (0..world).map(|_| AtomicBool::new(false)).collect(),
+            waiting: (0..world).map(|_| AtomicUsize::new(0)).collect(),
         });
         let s = shared.clone();
         std::thread::Builder::new()
@@ -576,6 +595,76 @@ impl Shared {
                 })
             })
             .clone()
+    }
+
+    /// Files a data frame from `peer` in its inbox and counts it if its op
+    /// has not started here (decision 0019).
+    fn file(&self, peer: usize, header: Header, payload: AlignedBuf) {
+        let (comm_id, seq, bytes) = (header.comm_id, header.seq, payload.len());
+        let p2p = header.op == OpKind::SendRecv;
+        let inbox = self.inbox(comm_id, peer);
+        lock(&inbox.queue).push_back(Incoming { header, payload });
+        inbox.arrived.notify_one();
+        let mut ahead = lock(&self.run_ahead);
+        let over = ahead.filed(comm_id, peer, seq, p2p, bytes);
+        if over && !self.over[peer].swap(true, Ordering::SeqCst) {
+            tracing::debug!(
+                rank = self.me,
+                peer,
+                held = ahead.held_from(peer),
+                limit = ahead.limit(),
+                "rank {peer} ran ahead past the run-ahead limit: its link waits until this rank catches up"
+            );
+        }
+    }
+
+    /// Whether `peer`'s link is not read for now: it delivered more than the
+    /// run-ahead limit for ops this rank has not started, and no thread here
+    /// waits for a frame of it.
+    fn paused(&self, peer: usize) -> bool {
+        self.over.get(peer).is_some_and(|o| o.load(Ordering::SeqCst))
+            && self.waiting[peer].load(Ordering::SeqCst) == 0
+            && !self.closing.load(Ordering::SeqCst)
+    }
+
+    /// Counts the calling thread as waiting for a frame of `peer` until the
+    /// guard drops; a paused link is read again meanwhile.
+    fn waiting_on(&self, peer: usize) -> Waiting<'_> {
+        if let Some(w) = self.waiting.get(peer) {
+            if w.fetch_add(1, Ordering::SeqCst) == 0 && self.over[peer].load(Ordering::SeqCst) {
+                self.resume_reading();
+            }
+        }
+        Waiting(self, peer)
+    }
+
+    /// Wakes whatever reads links to re-check which are paused.
+    fn resume_reading(&self) {
+        {
+            let _ahead = lock(&self.run_ahead);
+            self.run_ahead_changed.notify_all();
+        }
+        if let Some(engine) = &self.engine {
+            engine.notify();
+        }
+    }
+
+    /// Portable plane: holds `peer`'s reader thread while its link is paused.
+    fn wait_while_paused(&self, peer: usize) {
+        if !self.paused(peer) {
+            return;
+        }
+        let mut ahead = lock(&self.run_ahead);
+        while self.paused(peer) {
+            ahead = self
+                .run_ahead_changed
+                .wait_timeout(ahead, Duration::from_millis(100))
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+        drop(ahead);
+        // The pause was this rank's doing: the silence does not count.
+        self.last_recv[peer].store(self.now_ms(), Ordering::Relaxed);
     }
 
     fn failure(&self, peer: usize) -> Option<String> {
@@ -1414,6 +1503,17 @@ impl Drop for PendingHandshake<'_> {
     }
 }
 
+/// A thread waiting for a frame of a peer (see `Shared::waiting_on`).
+struct Waiting<'a>(&'a Shared, usize);
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        if let Some(w) = self.0.waiting.get(self.1) {
+            w.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+}
+
 /// Sends heartbeats on idle links and declares links dead that have been
 /// silent past the heartbeat timeout (a stopped process still has a kernel
 /// that ACKs, so only silence at this level reveals it).
@@ -1428,6 +1528,10 @@ fn heartbeat_loop(s: &Arc<Shared>) {
         let now = s.now_ms();
         let links = s.ready_links();
         for (peer, link) in links {
+            if s.over[peer].load(Ordering::SeqCst) {
+                // Not read on purpose (decision 0019): silence proves nothing.
+                s.last_recv[peer].store(now, Ordering::Relaxed);
+            }
             let silent = now.saturating_sub(s.last_recv[peer].load(Ordering::Relaxed));
             if silent > s.config.heartbeat_timeout.as_millis() as u64 {
                 s.fail(
@@ -1471,6 +1575,7 @@ fn heartbeat_loop(s: &Arc<Shared>) {
 fn read_loop(s: &Arc<Shared>, peer: usize, mut stream: LinkReader) {
     s.last_recv[peer].store(s.now_ms(), Ordering::Relaxed);
     let reason = loop {
+        s.wait_while_paused(peer);
         let mut head = [0u8; HEADER_LEN];
         if let Err(e) = stream.read_exact(&mut head) {
             break describe_read_error(peer, &e);
@@ -1487,12 +1592,7 @@ fn read_loop(s: &Arc<Shared>, peer: usize, mut stream: LinkReader) {
                 if let Err(e) = read_payload(&mut stream, &header, payload) {
                     break describe_read_error(peer, &e);
                 }
-                let inbox = s.inbox(header.comm_id, peer);
-                lock(&inbox.queue).push_back(Incoming {
-                    header,
-                    payload: buf,
-                });
-                inbox.arrived.notify_one();
+                s.file(peer, header, buf);
             }
             FrameKind::Heartbeat | FrameKind::Abort => {
                 if header.payload_len > wire::MAX_CONTROL_PAYLOAD {
@@ -1551,10 +1651,7 @@ impl FrameSink for Shared {
             return;
         };
         match header.kind {
-            FrameKind::Data => {
-                let inbox = self.inbox(header.comm_id, peer);
-                lock(&inbox.queue).push_back(Incoming { header, payload });
-            }
+            FrameKind::Data => self.file(peer, header, payload),
             FrameKind::Abort => {
                 match wire::Abort::decode(payload.bytes()) {
                     Ok(a) => self.on_abort(Some(peer), header.comm_id, a),
@@ -1564,6 +1661,10 @@ impl FrameSink for Shared {
             }
             _ => self.recycle_buf(payload),
         }
+    }
+
+    fn paused(&self, peer: usize) -> bool {
+        Shared::paused(self, peer)
     }
 
     fn frame_key(&self, _peer: usize, head: &[u8]) -> Option<FrameKey> {
@@ -1607,12 +1708,7 @@ impl Shared {
         payload: &[u8],
     ) -> Result<(), LinkError> {
         let give_up = Instant::now() + self.config.write_timeout;
-        let mut on_stall = || {
-            self.fail(
-                peer,
-                format!("rank {peer} stopped reading (send blocked past the write timeout)"),
-            );
-        };
+        let mut on_stall = || self.fail(peer, stopped_reading(peer));
         let (head, head_len) = padded_head(header);
         let result = engine.send(
             peer,
@@ -1653,6 +1749,7 @@ impl Shared {
                 .map(Received::Frame);
         }
         let key = frame_key(comm_id, seq, step, chunk);
+        let _waiting = self.waiting_on(peer);
         let placement = engine.receive_in_place(peer, key, dest, deadline, self, &mut stop);
         self.placed(engine, inbox, comm_id, peer, deadline, placement)
     }
@@ -1714,6 +1811,7 @@ impl Shared {
         peer: usize,
         deadline: Instant,
     ) -> Result<Incoming, LinkError> {
+        let _waiting = self.waiting_on(peer);
         loop {
             let seen = engine.generation();
             if let Some(e) = self.aborted_error(comm_id) {
@@ -1788,6 +1886,15 @@ enum StopWaiting {
     Failed(LinkError),
 }
 
+/// Why a send blocked past the write timeout (the op timeout).
+fn stopped_reading(peer: usize) -> String {
+    format!(
+        "rank {peer} stopped reading (a send blocked past the op timeout): it is stuck, or it \
+         fell behind this rank by more than its run-ahead limit (RINGWIRE_RUN_AHEAD_BYTES) \
+         and did not catch up in time"
+    )
+}
+
 fn describe_read_error(peer: usize, e: &io::Error) -> String {
     match e.kind() {
         io::ErrorKind::UnexpectedEof => {
@@ -1822,7 +1929,7 @@ impl Transport for TcpTransport {
         result.map_err(|e| {
             let reason = match e.kind() {
                 io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => {
-                    format!("rank {peer} stopped reading (send blocked past the write timeout)")
+                    stopped_reading(peer)
                 }
                 _ => format!("send to rank {peer} failed: {e}"),
             };
@@ -1844,6 +1951,7 @@ impl Transport for TcpTransport {
                 .shared
                 .engine_recv(engine, &inbox, comm_id, peer, deadline);
         }
+        let _waiting = self.shared.waiting_on(peer);
         // Poll briefly before sleeping: a frame the link's reader thread
         // files within the spin is taken without a second wake-up (the
         // reader's own is unavoidable on this plane). An abort still ends
@@ -1917,6 +2025,8 @@ impl Transport for TcpTransport {
             _ => return super::in_turn(self, comm_id, peer, region, body),
         };
         let inbox = shared.inbox(comm_id, peer);
+        // The op reads this peer's link until it ends, held frames or not.
+        let _waiting = shared.waiting_on(peer);
         engine.with_placements(peer, region, shared, |placements| {
             body(&mut PlacedAhead {
                 shared,
@@ -1931,6 +2041,25 @@ impl Transport for TcpTransport {
 
     fn recycle(&self, buf: AlignedBuf) {
         self.shared.recycle_buf(buf);
+    }
+
+    fn begin(&self, comm_id: u64, seq: u64, from: Option<usize>) {
+        let resumed = {
+            let mut ahead = lock(&self.shared.run_ahead);
+            let resumed = ahead.begin(comm_id, seq, from);
+            for &peer in &resumed {
+                self.shared.over[peer].store(false, Ordering::SeqCst);
+            }
+            resumed
+        };
+        if !resumed.is_empty() {
+            tracing::debug!(rank = self.shared.me, ?resumed, "caught up: reading those links again");
+            self.shared.resume_reading();
+        }
+    }
+
+    fn held_ahead_peak(&self) -> usize {
+        lock(&self.shared.run_ahead).peak()
     }
 
     fn abort(&self, comm_id: u64, seq: u64, reason: &str) {

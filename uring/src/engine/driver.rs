@@ -488,7 +488,7 @@ impl Driver {
         // leaves receives in flight for the ring.
         let direct = !wait.is_zero() && self.receives_directly();
         for link in 0..self.links.len() {
-            let receive = !direct || !self.is_staging(link);
+            let receive = (!direct || !self.is_staging(link)) && !self.held_back(link, sink);
             self.post_entries(link, receive);
         }
         self.touched.clear();
@@ -655,7 +655,8 @@ impl Driver {
         if direct {
             // Asleep, the driver learns of frames only from the ring.
             for link in 0..self.links.len() {
-                self.post(link);
+                let receive = !self.held_back(link, sink);
+                self.post_entries(link, receive);
             }
         }
         // Only a driver asleep in the kernel needs the eventfd to learn of
@@ -758,12 +759,6 @@ impl Driver {
         }));
     }
 
-    /// Puts a receive in flight on `link` if it has none, and the next
-    /// queued send if no send is in flight.
-    fn post(&mut self, link: usize) {
-        self.post_entries(link, true);
-    }
-
     /// Writes `link`'s queued small frames with plain non-blocking
     /// `sendmsg` calls while the socket takes them whole, before any ring
     /// entry is made for them: a small frame then costs one system call and
@@ -831,6 +826,17 @@ impl Driver {
             .is_some_and(|l| matches!(l.rx, Rx::Staging))
     }
 
+    /// Whether `link` is between frames, no caller waits to have a frame
+    /// placed from it, and the sink has paused it: it gets no receive.
+    fn held_back(&self, link: usize, sink: &dyn FrameSink) -> bool {
+        self.links
+            .get(link)
+            .and_then(|l| l.as_ref())
+            .is_some_and(|l| {
+                matches!(l.rx, Rx::Staging) && l.targets.is_empty() && sink.paused(link)
+            })
+    }
+
     /// Reads what each staging link without a receive in flight has, with
     /// one plain non-blocking `recv` per link, and handles it as a receive's
     /// completion; true if any link had bytes (or an error). A polling
@@ -850,6 +856,9 @@ impl Driver {
                 continue;
             };
             if l.dead.is_some() || l.recv_in_flight || !matches!(l.rx, Rx::Staging) {
+                continue;
+            }
+            if l.targets.is_empty() && sink.paused(link) {
                 continue;
             }
             let (ptr, len, _) = l.receive_into(header_ask);

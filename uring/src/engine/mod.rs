@@ -66,6 +66,13 @@ pub trait FrameSink {
     fn frame_key(&self, _link: usize, _header: &[u8]) -> Option<FrameKey> {
         None
     }
+    /// Whether `link` is not to be read for now (its peer ran too far
+    /// ahead). The engine then posts no new receive on it between frames;
+    /// a frame begun, or one a caller waits to have placed, is finished.
+    /// Call [`FrameEngine::notify`] when this turns false.
+    fn paused(&self, _link: usize) -> bool {
+        false
+    }
     /// `link` is dead: the peer closed it, it was reset, or it sent a header
     /// [`FrameSink::payload`] refused.
     fn link_failed(&self, link: usize, fault: LinkFault);

@@ -1,0 +1,199 @@
+//! How far peers have run ahead of this rank (decision 0019): the bytes
+//! each peer has delivered for ops this rank has not started, and whether
+//! that passes the limit, at which point the link stops being read (unless
+//! someone waits on it) and TCP's window holds the sender back.
+//!
+//! Only frames of unstarted ops count. Frames of an op this rank is in are
+//! always read: counting them too would let a large all-to-all stall with
+//! every rank blocked sending to a paused peer. Collective frames start
+//! with their communicator's op (`seq`); point-to-point frames carry the
+//! sender's count of sends to this rank and start with this rank's receive
+//! of the same number from that peer.
+//!
+//! Sans-IO: the transports call [`RunAhead::filed`] for each data frame they
+//! put in an inbox and [`RunAhead::begin`] when an op starts, and pause
+//! reading by what [`RunAhead::over`] says.
+
+use std::collections::HashMap;
+
+/// A frame held for an op not started yet.
+#[derive(Clone, Copy, Debug)]
+struct Held {
+    seq: u64,
+    p2p: bool,
+    bytes: usize,
+}
+
+/// The run-ahead ledger of one process's transport.
+#[derive(Debug)]
+pub(crate) struct RunAhead {
+    /// Bytes per peer past which its link pauses; 0 never pauses.
+    limit: usize,
+    /// Highest collective op begun per communicator.
+    begun: HashMap<u64, u64>,
+    /// Highest point-to-point receive begun per (communicator, peer).
+    begun_p2p: HashMap<(u64, usize), u64>,
+    /// Frames of unstarted ops per (communicator, peer), in arrival order.
+    held: HashMap<(u64, usize), Vec<Held>>,
+    /// Their bytes per peer.
+    bytes: Vec<usize>,
+    /// Most bytes held at once, over all peers.
+    peak: usize,
+}
+
+impl RunAhead {
+    pub(crate) fn new(world: usize, limit: usize) -> RunAhead {
+        RunAhead {
+            limit,
+            begun: HashMap::new(),
+            begun_p2p: HashMap::new(),
+            held: HashMap::new(),
+            bytes: vec![0; world],
+            peak: 0,
+        }
+    }
+
+    fn started(&self, comm: u64, peer: usize, seq: u64, p2p: bool) -> bool {
+        let begun = match p2p {
+            true => self.begun_p2p.get(&(comm, peer)),
+            false => self.begun.get(&comm),
+        };
+        begun.is_some_and(|&b| b >= seq)
+    }
+
+    /// A data frame of op `seq` (`p2p`: a point-to-point send) from `peer`
+    /// went into an inbox. Returns whether `peer`'s link is now over the
+    /// limit.
+    pub(crate) fn filed(&mut self, comm: u64, peer: usize, seq: u64, p2p: bool, bytes: usize) -> bool {
+        if peer >= self.bytes.len() || self.started(comm, peer, seq, p2p) {
+            return self.over(peer);
+        }
+        self.held
+            .entry((comm, peer))
+            .or_default()
+            .push(Held { seq, p2p, bytes });
+        self.bytes[peer] += bytes;
+        let total: usize = self.bytes.iter().sum();
+        self.peak = self.peak.max(total);
+        self.over(peer)
+    }
+
+    /// This rank starts op `seq` of communicator `comm`: a collective, or
+    /// (`from` a peer) its `seq`-th point-to-point receive from that peer.
+    /// Frames of that op no longer count. Returns the peers whose links
+    /// were over the limit and are not any more (to resume reading).
+    pub(crate) fn begin(&mut self, comm: u64, seq: u64, from: Option<usize>) -> Vec<usize> {
+        match from {
+            Some(peer) => {
+                let b = self.begun_p2p.entry((comm, peer)).or_insert(0);
+                *b = (*b).max(seq);
+            }
+            None => {
+                let b = self.begun.entry(comm).or_insert(0);
+                *b = (*b).max(seq);
+            }
+        }
+        if self.held.is_empty() {
+            return Vec::new();
+        }
+        let peers: Vec<usize> = match from {
+            Some(peer) => vec![peer],
+            None => self
+                .held
+                .keys()
+                .filter(|(c, _)| *c == comm)
+                .map(|&(_, p)| p)
+                .collect(),
+        };
+        let mut resumed = Vec::new();
+        for peer in peers {
+            let Some(frames) = self.held.get_mut(&(comm, peer)) else {
+                continue;
+            };
+            let was_over = self.limit > 0 && self.bytes[peer] > self.limit;
+            let mut freed = 0;
+            frames.retain(|h| {
+                let starts = h.p2p == from.is_some() && h.seq <= seq;
+                if starts {
+                    freed += h.bytes;
+                }
+                !starts
+            });
+            if frames.is_empty() {
+                self.held.remove(&(comm, peer));
+            }
+            self.bytes[peer] -= freed;
+            if was_over && !self.over(peer) {
+                resumed.push(peer);
+            }
+        }
+        resumed
+    }
+
+    /// Whether `peer` has more bytes held for unstarted ops than the limit.
+    pub(crate) fn over(&self, peer: usize) -> bool {
+        self.limit > 0 && self.bytes.get(peer).is_some_and(|&b| b > self.limit)
+    }
+
+    /// Bytes `peer` has delivered for ops this rank has not started.
+    pub(crate) fn held_from(&self, peer: usize) -> usize {
+        self.bytes.get(peer).copied().unwrap_or(0)
+    }
+
+    /// Most bytes held at once, over all peers.
+    pub(crate) fn peak(&self) -> usize {
+        self.peak
+    }
+
+    pub(crate) fn limit(&self) -> usize {
+        self.limit
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn frames_of_unstarted_ops_count_until_their_op_begins() {
+        let mut r = RunAhead::new(3, 100);
+        r.begin(7, 1, None);
+        assert!(!r.filed(7, 1, 1, false, 80), "op 1 has begun: not held");
+        assert_eq!(r.held_from(1), 0);
+        assert!(!r.filed(7, 1, 2, false, 80));
+        assert!(r.filed(7, 1, 3, false, 80), "160 bytes ahead passes 100");
+        assert_eq!(r.held_from(1), 160);
+        assert!(!r.over(2), "only the peer that ran ahead is over");
+        assert_eq!(r.begin(7, 2, None), vec![1], "back at 80: resumed");
+        assert_eq!(r.held_from(1), 80);
+        assert!(r.begin(7, 3, None).is_empty(), "was not over");
+        assert_eq!(r.held_from(1), 0);
+        assert_eq!(r.peak(), 160);
+    }
+
+    #[test]
+    fn communicators_and_point_to_point_are_counted_apart() {
+        let mut r = RunAhead::new(2, 10);
+        r.filed(1, 1, 5, false, 8);
+        r.filed(2, 1, 1, false, 8);
+        r.filed(1, 1, 1, true, 8);
+        assert_eq!(r.held_from(1), 24);
+        r.begin(1, 5, None);
+        assert_eq!(r.held_from(1), 16, "comm 2's op and the p2p receive still count");
+        r.begin(1, 1, Some(0));
+        assert_eq!(r.held_from(1), 16, "a receive from another peer frees nothing");
+        r.begin(1, 1, Some(1));
+        assert_eq!(r.held_from(1), 8);
+        r.begin(2, 1, None);
+        assert_eq!(r.held_from(1), 0);
+    }
+
+    #[test]
+    fn a_zero_limit_never_pauses_and_strangers_are_ignored() {
+        let mut r = RunAhead::new(2, 0);
+        assert!(!r.filed(1, 1, 9, false, 1 << 40));
+        assert!(!r.over(1));
+        assert!(!r.filed(1, 5, 9, false, 10), "no such peer");
+        assert_eq!(r.held_from(5), 0);
+    }
+}
