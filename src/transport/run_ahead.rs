@@ -33,10 +33,13 @@ pub(crate) struct RunAhead {
     begun: HashMap<u64, u64>,
     /// Highest point-to-point receive begun per (communicator, peer).
     begun_p2p: HashMap<(u64, usize), u64>,
-    /// Frames of unstarted ops per (communicator, peer), in arrival order.
+    /// Frames of unstarted ops per (communicator, peer), in arrival order
+    /// (emptied lists stay, so steady state allocates nothing).
     held: HashMap<(u64, usize), Vec<Held>>,
     /// Their bytes per peer.
     bytes: Vec<usize>,
+    /// How many frames are held, over all peers.
+    frames: usize,
     /// Most bytes held at once, over all peers.
     peak: usize,
 }
@@ -49,6 +52,7 @@ impl RunAhead {
             begun_p2p: HashMap::new(),
             held: HashMap::new(),
             bytes: vec![0; world],
+            frames: 0,
             peak: 0,
         }
     }
@@ -64,7 +68,14 @@ impl RunAhead {
     /// A data frame of op `seq` (`p2p`: a point-to-point send) from `peer`
     /// went into an inbox. Returns whether `peer`'s link is now over the
     /// limit.
-    pub(crate) fn filed(&mut self, comm: u64, peer: usize, seq: u64, p2p: bool, bytes: usize) -> bool {
+    pub(crate) fn filed(
+        &mut self,
+        comm: u64,
+        peer: usize,
+        seq: u64,
+        p2p: bool,
+        bytes: usize,
+    ) -> bool {
         if peer >= self.bytes.len() || self.started(comm, peer, seq, p2p) {
             return self.over(peer);
         }
@@ -73,6 +84,7 @@ impl RunAhead {
             .or_default()
             .push(Held { seq, p2p, bytes });
         self.bytes[peer] += bytes;
+        self.frames += 1;
         let total: usize = self.bytes.iter().sum();
         self.peak = self.peak.max(total);
         self.over(peer)
@@ -80,54 +92,46 @@ impl RunAhead {
 
     /// This rank starts op `seq` of communicator `comm`: a collective, or
     /// (`from` a peer) its `seq`-th point-to-point receive from that peer.
-    /// Frames of that op no longer count. Returns the peers whose links
-    /// were over the limit and are not any more (to resume reading).
-    pub(crate) fn begin(&mut self, comm: u64, seq: u64, from: Option<usize>) -> Vec<usize> {
-        match from {
-            Some(peer) => {
-                let b = self.begun_p2p.entry((comm, peer)).or_insert(0);
-                *b = (*b).max(seq);
-            }
-            None => {
-                let b = self.begun.entry(comm).or_insert(0);
-                *b = (*b).max(seq);
-            }
-        }
-        if self.held.is_empty() {
-            return Vec::new();
-        }
-        let peers: Vec<usize> = match from {
-            Some(peer) => vec![peer],
-            None => self
-                .held
-                .keys()
-                .filter(|(c, _)| *c == comm)
-                .map(|&(_, p)| p)
-                .collect(),
+    /// Frames of that op no longer count; `resumed` is called with each
+    /// peer whose link was over the limit and is not any more. Allocates
+    /// nothing once the communicator's first op has begun.
+    pub(crate) fn begin(
+        &mut self,
+        comm: u64,
+        seq: u64,
+        from: Option<usize>,
+        mut resumed: impl FnMut(usize),
+    ) {
+        let begun = match from {
+            Some(peer) => self.begun_p2p.entry((comm, peer)).or_insert(0),
+            None => self.begun.entry(comm).or_insert(0),
         };
-        let mut resumed = Vec::new();
-        for peer in peers {
-            let Some(frames) = self.held.get_mut(&(comm, peer)) else {
+        *begun = (*begun).max(seq);
+        if self.frames == 0 {
+            return;
+        }
+        let limit = self.limit;
+        for (&(c, peer), frames) in self.held.iter_mut() {
+            if c != comm || from.is_some_and(|f| f != peer) || frames.is_empty() {
                 continue;
-            };
-            let was_over = self.limit > 0 && self.bytes[peer] > self.limit;
-            let mut freed = 0;
+            }
+            let before = self.bytes[peer];
+            let (mut freed, mut count) = (0, 0);
             frames.retain(|h| {
                 let starts = h.p2p == from.is_some() && h.seq <= seq;
                 if starts {
                     freed += h.bytes;
+                    count += 1;
                 }
                 !starts
             });
-            if frames.is_empty() {
-                self.held.remove(&(comm, peer));
-            }
+            self.frames -= count;
             self.bytes[peer] -= freed;
-            if was_over && !self.over(peer) {
-                resumed.push(peer);
+            let over = |b: usize| limit > 0 && b > limit;
+            if over(before) && !over(self.bytes[peer]) {
+                resumed(peer);
             }
         }
-        resumed
     }
 
     /// Whether `peer` has more bytes held for unstarted ops than the limit.
@@ -154,19 +158,25 @@ impl RunAhead {
 mod tests {
     use super::*;
 
+    fn begin(r: &mut RunAhead, comm: u64, seq: u64, from: Option<usize>) -> Vec<usize> {
+        let mut resumed = Vec::new();
+        r.begin(comm, seq, from, |p| resumed.push(p));
+        resumed
+    }
+
     #[test]
     fn frames_of_unstarted_ops_count_until_their_op_begins() {
         let mut r = RunAhead::new(3, 100);
-        r.begin(7, 1, None);
+        begin(&mut r, 7, 1, None);
         assert!(!r.filed(7, 1, 1, false, 80), "op 1 has begun: not held");
         assert_eq!(r.held_from(1), 0);
         assert!(!r.filed(7, 1, 2, false, 80));
         assert!(r.filed(7, 1, 3, false, 80), "160 bytes ahead passes 100");
         assert_eq!(r.held_from(1), 160);
         assert!(!r.over(2), "only the peer that ran ahead is over");
-        assert_eq!(r.begin(7, 2, None), vec![1], "back at 80: resumed");
+        assert_eq!(begin(&mut r, 7, 2, None), vec![1], "back at 80: resumed");
         assert_eq!(r.held_from(1), 80);
-        assert!(r.begin(7, 3, None).is_empty(), "was not over");
+        assert!(begin(&mut r, 7, 3, None).is_empty(), "was not over");
         assert_eq!(r.held_from(1), 0);
         assert_eq!(r.peak(), 160);
     }
@@ -178,13 +188,21 @@ mod tests {
         r.filed(2, 1, 1, false, 8);
         r.filed(1, 1, 1, true, 8);
         assert_eq!(r.held_from(1), 24);
-        r.begin(1, 5, None);
-        assert_eq!(r.held_from(1), 16, "comm 2's op and the p2p receive still count");
-        r.begin(1, 1, Some(0));
-        assert_eq!(r.held_from(1), 16, "a receive from another peer frees nothing");
-        r.begin(1, 1, Some(1));
+        begin(&mut r, 1, 5, None);
+        assert_eq!(
+            r.held_from(1),
+            16,
+            "comm 2's op and the p2p receive still count"
+        );
+        begin(&mut r, 1, 1, Some(0));
+        assert_eq!(
+            r.held_from(1),
+            16,
+            "a receive from another peer frees nothing"
+        );
+        begin(&mut r, 1, 1, Some(1));
         assert_eq!(r.held_from(1), 8);
-        r.begin(2, 1, None);
+        begin(&mut r, 2, 1, None);
         assert_eq!(r.held_from(1), 0);
     }
 

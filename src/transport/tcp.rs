@@ -193,9 +193,12 @@ struct Shared {
     run_ahead_changed: Condvar,
     /// Per peer: over the run-ahead limit (kept with `run_ahead`).
     over: Vec<AtomicBool>,
-    /// Per peer: threads waiting for one of its frames (they read its link
-    /// whatever the run-ahead count: their frame may sit behind held ones).
+    /// Per peer: threads waiting for one of its frames (its link is read
+    /// whatever the run-ahead count until their frames are in: they may
+    /// sit behind held ones).
     waiting: Vec<AtomicUsize>,
+    /// What each of those waits for: (communicator, peer).
+    waiting_for: Mutex<Vec<(u64, usize)>>,
 }
 
 /// An abort as first heard of by this rank.
@@ -323,6 +326,7 @@ impl TcpTransport {
             run_ahead_changed: Condvar::new(),
             over: (0..world).map(|_| AtomicBool::new(false)).collect(),
             waiting: (0..world).map(|_| AtomicUsize::new(0)).collect(),
+            waiting_for: Mutex::new(Vec::new()),
         });
         let s = shared.clone();
         std::thread::Builder::new()
@@ -619,23 +623,39 @@ impl Shared {
     }
 
     /// Whether `peer`'s link is not read for now: it delivered more than the
-    /// run-ahead limit for ops this rank has not started, and no thread here
-    /// waits for a frame of it.
+    /// run-ahead limit for ops this rank has not started, and no thread
+    /// here waits for a frame of it that has not arrived.
     fn paused(&self, peer: usize) -> bool {
-        self.over.get(peer).is_some_and(|o| o.load(Ordering::SeqCst))
-            && self.waiting[peer].load(Ordering::SeqCst) == 0
-            && !self.closing.load(Ordering::SeqCst)
+        if !self
+            .over
+            .get(peer)
+            .is_some_and(|o| o.load(Ordering::SeqCst))
+            || self.closing.load(Ordering::SeqCst)
+        {
+            return false;
+        }
+        if self.waiting[peer].load(Ordering::SeqCst) == 0 {
+            return true;
+        }
+        // A waiter whose frame is in is served; its thread may not have
+        // run yet, and reading on for it would let the peer run ahead.
+        let waiting_for = lock(&self.waiting_for);
+        !waiting_for
+            .iter()
+            .any(|&(comm, p)| p == peer && lock(&self.inbox(comm, p).queue).is_empty())
     }
 
-    /// Counts the calling thread as waiting for a frame of `peer` until the
-    /// guard drops; a paused link is read again meanwhile.
-    fn waiting_on(&self, peer: usize) -> Waiting<'_> {
+    /// Counts the calling thread as waiting for a frame of `peer` on
+    /// `comm_id` until the guard drops; a paused link is read again until
+    /// that frame is in.
+    fn waiting_on(&self, comm_id: u64, peer: usize) -> Waiting<'_> {
+        lock(&self.waiting_for).push((comm_id, peer));
         if let Some(w) = self.waiting.get(peer) {
             if w.fetch_add(1, Ordering::SeqCst) == 0 && self.over[peer].load(Ordering::SeqCst) {
                 self.resume_reading();
             }
         }
-        Waiting(self, peer)
+        Waiting(self, comm_id, peer)
     }
 
     /// Wakes whatever reads links to re-check which are paused.
@@ -1504,12 +1524,17 @@ impl Drop for PendingHandshake<'_> {
 }
 
 /// A thread waiting for a frame of a peer (see `Shared::waiting_on`).
-struct Waiting<'a>(&'a Shared, usize);
+struct Waiting<'a>(&'a Shared, u64, usize);
 
 impl Drop for Waiting<'_> {
     fn drop(&mut self) {
-        if let Some(w) = self.0.waiting.get(self.1) {
+        let Waiting(shared, comm_id, peer) = *self;
+        if let Some(w) = shared.waiting.get(peer) {
             w.fetch_sub(1, Ordering::SeqCst);
+        }
+        let mut waiting_for = lock(&shared.waiting_for);
+        if let Some(i) = waiting_for.iter().position(|&w| w == (comm_id, peer)) {
+            waiting_for.swap_remove(i);
         }
     }
 }
@@ -1749,7 +1774,6 @@ impl Shared {
                 .map(Received::Frame);
         }
         let key = frame_key(comm_id, seq, step, chunk);
-        let _waiting = self.waiting_on(peer);
         let placement = engine.receive_in_place(peer, key, dest, deadline, self, &mut stop);
         self.placed(engine, inbox, comm_id, peer, deadline, placement)
     }
@@ -1811,7 +1835,7 @@ impl Shared {
         peer: usize,
         deadline: Instant,
     ) -> Result<Incoming, LinkError> {
-        let _waiting = self.waiting_on(peer);
+        let _waiting = self.waiting_on(comm_id, peer);
         loop {
             let seen = engine.generation();
             if let Some(e) = self.aborted_error(comm_id) {
@@ -1868,6 +1892,8 @@ impl PostedRecvs for PlacedAhead<'_, '_, '_> {
         let (comm_id, peer) = (self.comm_id, self.peer);
         let mut stop = || shared.stop_waiting(inbox, comm_id, peer, deadline);
         let key = frame_key(comm_id, seq, step, chunk);
+        // A posted placement keeps its link read while it waits (see
+        // `FrameSink::paused`): no `waiting_on` here.
         let (placement, piece) = self.placements.take(key, offset, len, deadline, &mut stop);
         let received = shared.placed(engine, inbox, comm_id, peer, deadline, placement)?;
         Ok((received, piece))
@@ -1928,9 +1954,7 @@ impl Transport for TcpTransport {
         self.shared.last_send[peer].store(self.shared.now_ms(), Ordering::Relaxed);
         result.map_err(|e| {
             let reason = match e.kind() {
-                io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => {
-                    stopped_reading(peer)
-                }
+                io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => stopped_reading(peer),
                 _ => format!("send to rank {peer} failed: {e}"),
             };
             self.shared.fail(peer, reason.clone());
@@ -1951,7 +1975,7 @@ impl Transport for TcpTransport {
                 .shared
                 .engine_recv(engine, &inbox, comm_id, peer, deadline);
         }
-        let _waiting = self.shared.waiting_on(peer);
+        let _waiting = self.shared.waiting_on(comm_id, peer);
         // Poll briefly before sleeping: a frame the link's reader thread
         // files within the spin is taken without a second wake-up (the
         // reader's own is unavoidable on this plane). An abort still ends
@@ -2025,8 +2049,6 @@ impl Transport for TcpTransport {
             _ => return super::in_turn(self, comm_id, peer, region, body),
         };
         let inbox = shared.inbox(comm_id, peer);
-        // The op reads this peer's link until it ends, held frames or not.
-        let _waiting = shared.waiting_on(peer);
         engine.with_placements(peer, region, shared, |placements| {
             body(&mut PlacedAhead {
                 shared,
@@ -2044,16 +2066,17 @@ impl Transport for TcpTransport {
     }
 
     fn begin(&self, comm_id: u64, seq: u64, from: Option<usize>) {
-        let resumed = {
-            let mut ahead = lock(&self.shared.run_ahead);
-            let resumed = ahead.begin(comm_id, seq, from);
-            for &peer in &resumed {
-                self.shared.over[peer].store(false, Ordering::SeqCst);
-            }
-            resumed
-        };
-        if !resumed.is_empty() {
-            tracing::debug!(rank = self.shared.me, ?resumed, "caught up: reading those links again");
+        let mut any = false;
+        lock(&self.shared.run_ahead).begin(comm_id, seq, from, |peer| {
+            self.shared.over[peer].store(false, Ordering::SeqCst);
+            tracing::debug!(
+                rank = self.shared.me,
+                peer,
+                "caught up: reading its link again"
+            );
+            any = true;
+        });
+        if any {
             self.shared.resume_reading();
         }
     }

@@ -1,0 +1,242 @@
+//! How far peers may run ahead of a slow rank (decision 0019): a rank stops
+//! reading a peer that has delivered more than the run-ahead limit for ops
+//! it has not started, so the peer waits in its send instead of this rank
+//! buffering without bound; and nothing that used to work deadlocks for it
+//! (another communicator's frame behind held ones, all-to-all blocks past
+//! the limit, a paused link's silence, a sender held past its timeout).
+
+mod common;
+
+use common::{local_group, on_all};
+use ringwire::testing::Rng;
+use ringwire::{Communicator, Error, ReduceOp};
+use std::time::Duration;
+
+const LIMIT: usize = 1 << 20;
+
+fn limited(bytes: usize) -> impl Fn(ringwire::Builder) -> ringwire::Builder + Sync {
+    move |b| b.run_ahead_bytes(bytes)
+}
+
+/// Ranks 0-2 loop over `reduce`s to rank 0, which is slow. Rank 3 keeps
+/// rank 0's transport reading meanwhile (it answers rank 0's receive only
+/// at the end), as a root that is busy in other ops would: the engine reads
+/// only while some thread waits on it.
+#[test]
+fn a_slow_root_holds_the_leaves_back_near_the_limit() {
+    common::init_logging();
+    let (_store, comms) = local_group(4, limited(LIMIT));
+    let ops = 40;
+    let len = 64 << 10; // 256 KiB of f32 per op: 10 MiB per leaf in all
+    let results = on_all(&comms, |c| {
+        let group = c.split((c.rank() < 3).then_some(0), 0).unwrap();
+        let Some(group) = group else {
+            std::thread::sleep(Duration::from_secs(3));
+            c.send(vec![1u8], 0).wait().unwrap();
+            return None;
+        };
+        let keep_reading = (c.rank() == 0).then(|| c.recv(vec![0u8], 3));
+        let mut sums = Vec::new();
+        for i in 0..ops {
+            if c.rank() == 0 {
+                // Without the bound each leaf would be all 40 ops ahead
+                // within milliseconds.
+                std::thread::sleep(Duration::from_millis(15));
+            }
+            let mut data = vec![(c.rank() + i) as f32; len];
+            group.reduce_slice(&mut data, 0, ReduceOp::Sum).unwrap();
+            sums.push(data[len - 1]);
+        }
+        if let Some(pending) = keep_reading {
+            pending.wait().unwrap();
+        }
+        Some(sums)
+    });
+    let sums = results[0].as_ref().unwrap();
+    for (i, &s) in sums.iter().enumerate() {
+        assert_eq!(s, (3 * i + 3) as f32, "op {i}");
+    }
+    let held = comms[0].stats().held_ahead_peak_bytes as usize;
+    // Each leaf stops at the limit plus what was in flight when it passed
+    // it (a frame, and what a posted receive had already taken in).
+    let bound = 2 * (LIMIT + (2 << 20));
+    assert!(
+        held <= bound,
+        "the root held {held} bytes ahead (bound {bound})"
+    );
+    assert!(
+        held >= LIMIT,
+        "the leaves never ran ahead ({held} bytes): the test proves nothing"
+    );
+}
+
+/// Rank 1 runs far ahead on the world communicator, then joins a small
+/// all-reduce on a second one, which rank 0 joined first. Rank 1's part of
+/// it sits on the shared link behind more held frames than the limit, so
+/// rank 0 must read past the limit to get it.
+#[test]
+fn a_frame_of_another_communicator_behind_held_ones_still_arrives() {
+    common::init_logging();
+    let (_store, comms) = local_group(2, limited(256 << 10));
+    on_all(&comms, |c| {
+        let other = c.split(Some(0), 0).unwrap().expect("every rank is in");
+        let mut data = vec![0u8; 1 << 20];
+        let mut small = vec![c.rank() as f32 + 1.0; 300];
+        if c.rank() == 1 {
+            for i in 0..24u8 {
+                data.fill(i);
+                c.broadcast_slice(&mut data, 1).unwrap();
+            }
+            other.all_reduce_slice(&mut small, ReduceOp::Sum).unwrap();
+        } else {
+            other.all_reduce_slice(&mut small, ReduceOp::Sum).unwrap();
+            for i in 0..24u8 {
+                c.broadcast_slice(&mut data, 1).unwrap();
+                assert!(data.iter().all(|&b| b == i), "broadcast {i}");
+            }
+        }
+        assert!(small.iter().all(|&v| v == 3.0));
+    });
+}
+
+/// Blocks far larger than the limit, ranks skewed at random, and every
+/// kind of op mixed: frames of the op a rank is in always get read.
+#[test]
+fn every_op_completes_with_a_tiny_limit_and_skewed_ranks() {
+    common::init_logging();
+    let seed = common::seed();
+    let world = 4;
+    let (_store, comms) = local_group(world, limited(4 << 10));
+    on_all(&comms, |c| {
+        let (rank, size) = (c.rank(), c.world_size());
+        let mut rng = Rng::new(seed ^ rank as u64);
+        for round in 0..6 {
+            let skew = rng.below(20) as u64;
+            std::thread::sleep(Duration::from_millis(skew));
+            let block = 100_003 + round * 7; // not a multiple of anything
+            let input: Vec<f32> = (0..block * size)
+                .map(|i| (rank * 1000 + i % 1000) as f32)
+                .collect();
+            let mut output = vec![0f32; block * size];
+            c.all_to_all_slice(&input, &mut output).unwrap();
+            for from in 0..size {
+                let got = &output[from * block..(from + 1) * block];
+                let want = |i: usize| (from * 1000 + (rank * block + i) % 1000) as f32;
+                assert!(
+                    got.iter().enumerate().all(|(i, &v)| v == want(i)),
+                    "all-to-all from {from}"
+                );
+            }
+            let mut sum = vec![rank as f32 + 1.0; block];
+            c.all_reduce_slice(&mut sum, ReduceOp::Sum).unwrap();
+            assert!(sum.iter().all(|&v| v == (size * (size + 1) / 2) as f32));
+            let root = round % size;
+            let mut b = vec![if rank == root { round as u8 } else { 0 }; block];
+            c.broadcast_slice(&mut b, root).unwrap();
+            assert!(b.iter().all(|&v| v == round as u8));
+            let mut r = vec![1i32; block];
+            c.reduce_slice(&mut r, root, ReduceOp::Sum).unwrap();
+            if rank == root {
+                assert!(r.iter().all(|&v| v == size as i32));
+            }
+            let mine = vec![rank as i64; block];
+            let mut all = vec![0i64; block * size];
+            c.all_gather_slice(&mine, &mut all).unwrap();
+            assert!((0..size).all(|p| {
+                all[p * block..(p + 1) * block]
+                    .iter()
+                    .all(|&v| v == p as i64)
+            }));
+            let mut part = vec![0f64; block];
+            c.reduce_scatter_slice(&vec![1f64; block * size], &mut part, ReduceOp::Sum)
+                .unwrap();
+            assert!(part.iter().all(|&v| v == size as f64));
+            // A ring of point-to-point transfers, each larger than the
+            // limit: even ranks send first, odd ones receive first.
+            let (next, prev) = ((rank + 1) % size, (rank + size - 1) % size);
+            let send = vec![rank as u8; block];
+            let recv = |c: &Communicator| c.recv(vec![0u8; block], prev).wait().unwrap();
+            let got = if rank % 2 == 0 {
+                c.send(send, next).wait().unwrap();
+                recv(c)
+            } else {
+                let got = recv(c);
+                c.send(send, next).wait().unwrap();
+                got
+            };
+            assert!(got.iter().all(|&v| v == prev as u8), "from {prev}");
+        }
+    });
+}
+
+/// A link this rank leaves unread longer than the heartbeat timeout is not
+/// declared dead: the silence is its own doing.
+#[test]
+fn a_link_paused_past_the_heartbeat_timeout_is_not_declared_dead() {
+    common::init_logging();
+    let (_store, comms) = local_group(2, |b| {
+        b.run_ahead_bytes(64 << 10)
+            .heartbeat_timeout(Duration::from_millis(800))
+    });
+    on_all(&comms, |c| {
+        c.barrier().wait().unwrap(); // links up
+        let mut data = vec![0u8; 1 << 20];
+        if c.rank() == 0 {
+            std::thread::sleep(Duration::from_millis(2500));
+        }
+        for i in 0..16u8 {
+            if c.rank() == 1 {
+                data.fill(i);
+            }
+            c.broadcast_slice(&mut data, 1).unwrap();
+            assert!(data.iter().all(|&b| b == i));
+        }
+    });
+}
+
+/// A sender held back longer than its op timeout fails, and says that the
+/// receiver stopped reading and why that may be.
+#[test]
+fn a_sender_held_past_its_timeout_names_the_rank_behind() {
+    common::init_logging();
+    let (_store, comms) = local_group(2, |b| {
+        b.run_ahead_bytes(64 << 10).timeout(Duration::from_secs(2))
+    });
+    let results = on_all(&comms, |c| {
+        c.barrier().wait().unwrap(); // links up
+        let mut data = vec![1u8; 1 << 20];
+        if c.rank() == 0 {
+            std::thread::sleep(Duration::from_secs(5));
+            // The job failed meanwhile. What had arrived may still make
+            // whole broadcasts here, but the rest must fail, not hang.
+        }
+        (0..64)
+            .map(|_| c.broadcast_slice(&mut data, 1))
+            .find_map(Result::err)
+    });
+    let sender = results[1]
+        .as_ref()
+        .expect("the sender was held back and failed");
+    let text = sender.to_string();
+    assert!(
+        text.contains("rank 0 stopped reading") && text.contains("run-ahead"),
+        "{text}"
+    );
+    assert!(
+        results[0].is_some(),
+        "rank 0 completed every broadcast the sender gave up on"
+    );
+    assert!(!matches!(sender, Error::InvalidArgument { .. }));
+}
+
+/// Every other test of this file, again on the portable transport.
+#[test]
+fn on_the_portable_transport_too() {
+    common::rerun_on_portable("on_the_portable_transport_too");
+}
+
+/// Every other test of this file, again with local ranks linked over TCP.
+#[test]
+fn over_tcp_local_links_too() {
+    common::rerun_over_tcp_local_links("over_tcp_local_links_too");
+}
