@@ -197,8 +197,8 @@ struct Shared {
     /// whatever the run-ahead count until their frames are in: they may
     /// sit behind held ones).
     waiting: Vec<AtomicUsize>,
-    /// What each of those waits for: (communicator, peer).
-    waiting_for: Mutex<Vec<(u64, usize)>>,
+    /// What each of those waits for: (communicator, peer, where).
+    waiting_for: Mutex<Vec<(u64, usize, Await)>>,
 }
 
 /// An abort as first heard of by this rank.
@@ -637,25 +637,30 @@ impl Shared {
         if self.waiting[peer].load(Ordering::SeqCst) == 0 {
             return true;
         }
-        // A waiter whose frame is in is served; its thread may not have
-        // run yet, and reading on for it would let the peer run ahead.
+        // A waiter whose frame is in the inbox is served; its thread may
+        // not have run yet, and reading on for it would let the peer run
+        // ahead. (One waiting for a placement is served when it returns.)
         let waiting_for = lock(&self.waiting_for);
-        !waiting_for
-            .iter()
-            .any(|&(comm, p)| p == peer && lock(&self.inbox(comm, p).queue).is_empty())
+        !waiting_for.iter().any(|&(comm, p, at)| {
+            p == peer
+                && match at {
+                    Await::Placement => true,
+                    Await::Inbox => lock(&self.inbox(comm, p).queue).is_empty(),
+                }
+        })
     }
 
     /// Counts the calling thread as waiting for a frame of `peer` on
     /// `comm_id` until the guard drops; a paused link is read again until
     /// that frame is in.
-    fn waiting_on(&self, comm_id: u64, peer: usize) -> Waiting<'_> {
-        lock(&self.waiting_for).push((comm_id, peer));
+    fn waiting_on(&self, comm_id: u64, peer: usize, at: Await) -> Waiting<'_> {
+        lock(&self.waiting_for).push((comm_id, peer, at));
         if let Some(w) = self.waiting.get(peer) {
             if w.fetch_add(1, Ordering::SeqCst) == 0 && self.over[peer].load(Ordering::SeqCst) {
                 self.resume_reading();
             }
         }
-        Waiting(self, comm_id, peer)
+        Waiting(self, (comm_id, peer, at))
     }
 
     /// Wakes whatever reads links to re-check which are paused.
@@ -1523,17 +1528,26 @@ impl Drop for PendingHandshake<'_> {
     }
 }
 
+/// Where a waiting thread's frame lands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Await {
+    /// In the inbox of its (communicator, peer).
+    Inbox,
+    /// In the caller's memory, placed by the engine.
+    Placement,
+}
+
 /// A thread waiting for a frame of a peer (see `Shared::waiting_on`).
-struct Waiting<'a>(&'a Shared, u64, usize);
+struct Waiting<'a>(&'a Shared, (u64, usize, Await));
 
 impl Drop for Waiting<'_> {
     fn drop(&mut self) {
-        let Waiting(shared, comm_id, peer) = *self;
-        if let Some(w) = shared.waiting.get(peer) {
+        let Waiting(shared, what) = *self;
+        if let Some(w) = shared.waiting.get(what.1) {
             w.fetch_sub(1, Ordering::SeqCst);
         }
         let mut waiting_for = lock(&shared.waiting_for);
-        if let Some(i) = waiting_for.iter().position(|&w| w == (comm_id, peer)) {
+        if let Some(i) = waiting_for.iter().position(|&w| w == what) {
             waiting_for.swap_remove(i);
         }
     }
@@ -1774,6 +1788,7 @@ impl Shared {
                 .map(Received::Frame);
         }
         let key = frame_key(comm_id, seq, step, chunk);
+        let _waiting = self.waiting_on(comm_id, peer, Await::Placement);
         let placement = engine.receive_in_place(peer, key, dest, deadline, self, &mut stop);
         self.placed(engine, inbox, comm_id, peer, deadline, placement)
     }
@@ -1835,7 +1850,7 @@ impl Shared {
         peer: usize,
         deadline: Instant,
     ) -> Result<Incoming, LinkError> {
-        let _waiting = self.waiting_on(comm_id, peer);
+        let _waiting = self.waiting_on(comm_id, peer, Await::Inbox);
         loop {
             let seen = engine.generation();
             if let Some(e) = self.aborted_error(comm_id) {
@@ -1892,8 +1907,7 @@ impl PostedRecvs for PlacedAhead<'_, '_, '_> {
         let (comm_id, peer) = (self.comm_id, self.peer);
         let mut stop = || shared.stop_waiting(inbox, comm_id, peer, deadline);
         let key = frame_key(comm_id, seq, step, chunk);
-        // A posted placement keeps its link read while it waits (see
-        // `FrameSink::paused`): no `waiting_on` here.
+        let _waiting = shared.waiting_on(comm_id, peer, Await::Placement);
         let (placement, piece) = self.placements.take(key, offset, len, deadline, &mut stop);
         let received = shared.placed(engine, inbox, comm_id, peer, deadline, placement)?;
         Ok((received, piece))
@@ -1975,7 +1989,7 @@ impl Transport for TcpTransport {
                 .shared
                 .engine_recv(engine, &inbox, comm_id, peer, deadline);
         }
-        let _waiting = self.shared.waiting_on(comm_id, peer);
+        let _waiting = self.shared.waiting_on(comm_id, peer, Await::Inbox);
         // Poll briefly before sleeping: a frame the link's reader thread
         // files within the spin is taken without a second wake-up (the
         // reader's own is unavoidable on this plane). An abort still ends

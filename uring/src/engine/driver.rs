@@ -826,15 +826,16 @@ impl Driver {
             .is_some_and(|l| matches!(l.rx, Rx::Staging))
     }
 
-    /// Whether `link` is between frames, no caller waits to have a frame
-    /// placed from it, and the sink has paused it: it gets no receive.
+    /// Whether `link` is between frames and the sink has paused it: it
+    /// gets no receive. (Posted placements do not keep it read: one whose
+    /// frame came before it was posted waits in the inbox, and would hold
+    /// the link open for nothing; callers waiting on a placement tell the
+    /// sink themselves.)
     fn held_back(&self, link: usize, sink: &dyn FrameSink) -> bool {
         self.links
             .get(link)
             .and_then(|l| l.as_ref())
-            .is_some_and(|l| {
-                matches!(l.rx, Rx::Staging) && l.targets.is_empty() && sink.paused(link)
-            })
+            .is_some_and(|l| matches!(l.rx, Rx::Staging) && sink.paused(link))
     }
 
     /// Reads what each staging link without a receive in flight has, with
@@ -858,7 +859,7 @@ impl Driver {
             if l.dead.is_some() || l.recv_in_flight || !matches!(l.rx, Rx::Staging) {
                 continue;
             }
-            if l.targets.is_empty() && sink.paused(link) {
+            if sink.paused(link) {
                 continue;
             }
             let (ptr, len, _) = l.receive_into(header_ask);

@@ -67,8 +67,9 @@ pub trait FrameSink {
         None
     }
     /// Whether `link` is not to be read for now (its peer ran too far
-    /// ahead). The engine then posts no new receive on it between frames;
-    /// a frame begun, or one a caller waits to have placed, is finished.
+    /// ahead). The engine then posts no new receive on it between frames
+    /// (a frame begun is finished), posted placements or not: the sink
+    /// must say false while a caller waits for a frame of the link.
     /// Call [`FrameEngine::notify`] when this turns false.
     fn paused(&self, _link: usize) -> bool {
         false
