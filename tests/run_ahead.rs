@@ -10,6 +10,7 @@ mod common;
 use common::{local_group, on_all};
 use ringwire::testing::Rng;
 use ringwire::{Communicator, Error, ReduceOp};
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 const LIMIT: usize = 1 << 20;
@@ -202,17 +203,26 @@ fn a_sender_held_past_its_timeout_names_the_rank_behind() {
     let (_store, comms) = local_group(2, |b| {
         b.run_ahead_bytes(64 << 10).timeout(Duration::from_secs(2))
     });
+    let sender_done = std::sync::atomic::AtomicBool::new(false);
     let results = on_all(&comms, |c| {
         c.barrier().wait().unwrap(); // links up
         let mut data = vec![1u8; 1 << 20];
         if c.rank() == 0 {
-            std::thread::sleep(Duration::from_secs(5));
-            // The job failed meanwhile. What had arrived may still make
-            // whole broadcasts here, but the rest must fail, not hang.
+            // Away until the sender gives up (or long past its timeout).
+            let start = std::time::Instant::now();
+            while !sender_done.load(Ordering::SeqCst) && start.elapsed() < Duration::from_secs(20) {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            // What had arrived may still make whole broadcasts here, but
+            // the rest must fail, not hang.
         }
-        (0..64)
+        let failed = (0..64)
             .map(|_| c.broadcast_slice(&mut data, 1))
-            .find_map(Result::err)
+            .find_map(Result::err);
+        if c.rank() == 1 {
+            sender_done.store(true, Ordering::SeqCst);
+        }
+        failed
     });
     let sender = results[1]
         .as_ref()

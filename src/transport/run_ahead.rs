@@ -10,9 +10,11 @@
 //! sender's count of sends to this rank and start with this rank's receive
 //! of the same number from that peer.
 //!
-//! Sans-IO: the transports call [`RunAhead::filed`] for each data frame they
-//! put in an inbox and [`RunAhead::begin`] when an op starts, and pause
-//! reading by what [`RunAhead::over`] says.
+//! Sans-IO: the transport records each data frame of an op not begun here
+//! with [`RunAhead::filed`] (which ops have begun it keeps in atomics beside
+//! its inboxes, so a frame of a running op costs no lock), calls
+//! [`RunAhead::begin`] when an op starts, and pauses reading by what
+//! [`RunAhead::over`] says.
 
 use std::collections::HashMap;
 
@@ -29,10 +31,6 @@ struct Held {
 pub(crate) struct RunAhead {
     /// Bytes per peer past which its link pauses; 0 never pauses.
     limit: usize,
-    /// Highest collective op begun per communicator.
-    begun: HashMap<u64, u64>,
-    /// Highest point-to-point receive begun per (communicator, peer).
-    begun_p2p: HashMap<(u64, usize), u64>,
     /// Frames of unstarted ops per (communicator, peer), in arrival order
     /// (emptied lists stay, so steady state allocates nothing).
     held: HashMap<(u64, usize), Vec<Held>>,
@@ -48,8 +46,6 @@ impl RunAhead {
     pub(crate) fn new(world: usize, limit: usize) -> RunAhead {
         RunAhead {
             limit,
-            begun: HashMap::new(),
-            begun_p2p: HashMap::new(),
             held: HashMap::new(),
             bytes: vec![0; world],
             frames: 0,
@@ -57,17 +53,9 @@ impl RunAhead {
         }
     }
 
-    fn started(&self, comm: u64, peer: usize, seq: u64, p2p: bool) -> bool {
-        let begun = match p2p {
-            true => self.begun_p2p.get(&(comm, peer)),
-            false => self.begun.get(&comm),
-        };
-        begun.is_some_and(|&b| b >= seq)
-    }
-
-    /// A data frame of op `seq` (`p2p`: a point-to-point send) from `peer`
-    /// went into an inbox. Returns whether `peer`'s link is now over the
-    /// limit.
+    /// A data frame of op `seq` (`p2p`: a point-to-point send) from `peer`,
+    /// whose op has not begun here, went into an inbox. Returns whether
+    /// `peer`'s link is now over the limit.
     pub(crate) fn filed(
         &mut self,
         comm: u64,
@@ -76,8 +64,8 @@ impl RunAhead {
         p2p: bool,
         bytes: usize,
     ) -> bool {
-        if peer >= self.bytes.len() || self.started(comm, peer, seq, p2p) {
-            return self.over(peer);
+        if peer >= self.bytes.len() {
+            return false;
         }
         self.held
             .entry((comm, peer))
@@ -92,25 +80,20 @@ impl RunAhead {
 
     /// This rank starts op `seq` of communicator `comm`: a collective, or
     /// (`from` a peer) its `seq`-th point-to-point receive from that peer.
-    /// Frames of that op no longer count; `resumed` is called with each
-    /// peer whose link was over the limit and is not any more. Allocates
-    /// nothing once the communicator's first op has begun.
+    /// Frames of that op and earlier ones no longer count; `resumed` is
+    /// called with each peer whose link was over the limit and is not any
+    /// more. Returns how many frames stopped counting. Allocates nothing.
     pub(crate) fn begin(
         &mut self,
         comm: u64,
         seq: u64,
         from: Option<usize>,
         mut resumed: impl FnMut(usize),
-    ) {
-        let begun = match from {
-            Some(peer) => self.begun_p2p.entry((comm, peer)).or_insert(0),
-            None => self.begun.entry(comm).or_insert(0),
-        };
-        *begun = (*begun).max(seq);
+    ) -> usize {
         if self.frames == 0 {
-            return;
+            return 0;
         }
-        let limit = self.limit;
+        let (limit, mut released) = (self.limit, 0);
         for (&(c, peer), frames) in self.held.iter_mut() {
             if c != comm || from.is_some_and(|f| f != peer) || frames.is_empty() {
                 continue;
@@ -126,12 +109,14 @@ impl RunAhead {
                 !starts
             });
             self.frames -= count;
+            released += count;
             self.bytes[peer] -= freed;
             let over = |b: usize| limit > 0 && b > limit;
             if over(before) && !over(self.bytes[peer]) {
                 resumed(peer);
             }
         }
+        released
     }
 
     /// Whether `peer` has more bytes held for unstarted ops than the limit.
@@ -165,11 +150,8 @@ mod tests {
     }
 
     #[test]
-    fn frames_of_unstarted_ops_count_until_their_op_begins() {
+    fn frames_count_until_their_op_begins() {
         let mut r = RunAhead::new(3, 100);
-        begin(&mut r, 7, 1, None);
-        assert!(!r.filed(7, 1, 1, false, 80), "op 1 has begun: not held");
-        assert_eq!(r.held_from(1), 0);
         assert!(!r.filed(7, 1, 2, false, 80));
         assert!(r.filed(7, 1, 3, false, 80), "160 bytes ahead passes 100");
         assert_eq!(r.held_from(1), 160);
@@ -212,6 +194,11 @@ mod tests {
         assert!(!r.filed(1, 1, 9, false, 1 << 40));
         assert!(!r.over(1));
         assert!(!r.filed(1, 5, 9, false, 10), "no such peer");
+        assert_eq!(
+            r.begin(1, 9, None, |_| ()),
+            1,
+            "only the real frame counted"
+        );
         assert_eq!(r.held_from(5), 0);
     }
 }

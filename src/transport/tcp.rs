@@ -153,6 +153,14 @@ struct LaneConns {
 struct Inbox {
     queue: Mutex<VecDeque<Incoming>>,
     arrived: Condvar,
+    /// The highest collective op of this communicator begun here (shared
+    /// by the communicator's inboxes), and the highest point-to-point
+    /// receive from this peer: frames up to them are not run ahead
+    /// (decision 0019), which a reader learns without a lock.
+    begun: Arc<AtomicU64>,
+    begun_p2p: AtomicU64,
+    /// Threads waiting for a frame of this inbox.
+    waiters: AtomicUsize,
 }
 
 struct Shared {
@@ -193,12 +201,15 @@ struct Shared {
     run_ahead_changed: Condvar,
     /// Per peer: over the run-ahead limit (kept with `run_ahead`).
     over: Vec<AtomicBool>,
+    /// Frames `run_ahead` holds, readable without its lock.
+    held_frames: AtomicUsize,
+    /// Each communicator's highest collective op begun (see `Inbox::begun`).
+    comm_begun: Mutex<HashMap<u64, Arc<AtomicU64>>>,
     /// Per peer: threads waiting for one of its frames (its link is read
     /// whatever the run-ahead count until their frames are in: they may
-    /// sit behind held ones).
+    /// sit behind held ones), and those of them waiting for a placement.
     waiting: Vec<AtomicUsize>,
-    /// What each of those waits for: (communicator, peer, where).
-    waiting_for: Mutex<Vec<(u64, usize, Await)>>,
+    placing: Vec<AtomicUsize>,
 }
 
 /// An abort as first heard of by this rank.
@@ -325,8 +336,10 @@ impl TcpTransport {
             run_ahead: Mutex::new(RunAhead::new(world, run_ahead_limit)),
             run_ahead_changed: Condvar::new(),
             over: (0..world).map(|_| AtomicBool::new(false)).collect(),
+            held_frames: AtomicUsize::new(0),
+            comm_begun: Mutex::new(HashMap::new()),
             waiting: (0..world).map(|_| AtomicUsize::new(0)).collect(),
-            waiting_for: Mutex::new(Vec::new()),
+            placing: (0..world).map(|_| AtomicUsize::new(0)).collect(),
         });
         let s = shared.clone();
         std::thread::Builder::new()
@@ -596,20 +609,45 @@ impl Shared {
                 Arc::new(Inbox {
                     queue: Mutex::new(VecDeque::new()),
                     arrived: Condvar::new(),
+                    begun: self.comm_begun(comm_id),
+                    begun_p2p: AtomicU64::new(0),
+                    waiters: AtomicUsize::new(0),
                 })
             })
             .clone()
     }
 
-    /// Files a data frame from `peer` in its inbox and counts it if its op
-    /// has not started here (decision 0019).
-    fn file(&self, peer: usize, header: Header, payload: AlignedBuf) {
+    fn comm_begun(&self, comm_id: u64) -> Arc<AtomicU64> {
+        lock(&self.comm_begun).entry(comm_id).or_default().clone()
+    }
+
+    /// Files a data frame from `peer` in its inbox (waking a portable
+    /// receive sleeping on it if `wake`) and counts it if its op has not
+    /// begun here (decision 0019).
+    fn file(&self, peer: usize, header: Header, payload: AlignedBuf, wake: bool) {
         let (comm_id, seq, bytes) = (header.comm_id, header.seq, payload.len());
         let p2p = header.op == OpKind::SendRecv;
         let inbox = self.inbox(comm_id, peer);
         lock(&inbox.queue).push_back(Incoming { header, payload });
-        inbox.arrived.notify_one();
+        if wake {
+            inbox.arrived.notify_one();
+        }
+        let begun = || match p2p {
+            true => inbox.begun_p2p.load(Ordering::SeqCst),
+            false => inbox.begun.load(Ordering::SeqCst),
+        };
+        if seq <= begun() {
+            return; // the op runs here: the usual case, and lock-free
+        }
         let mut ahead = lock(&self.run_ahead);
+        // Counted before looking again, so a `begin` that raised `begun`
+        // meanwhile either is seen here or sees the count and takes the
+        // lock to release the frame.
+        self.held_frames.fetch_add(1, Ordering::SeqCst);
+        if seq <= begun() {
+            self.held_frames.fetch_sub(1, Ordering::SeqCst);
+            return;
+        }
         let over = ahead.filed(comm_id, peer, seq, p2p, bytes);
         if over && !self.over[peer].swap(true, Ordering::SeqCst) {
             tracing::debug!(
@@ -619,6 +657,33 @@ impl Shared {
                 limit = ahead.limit(),
                 "rank {peer} ran ahead past the run-ahead limit: its link waits until this rank catches up"
             );
+        }
+    }
+
+    /// This rank begins op `seq` of `comm_id` (see `Transport::begin`).
+    fn begin(&self, comm_id: u64, seq: u64, from: Option<usize>) {
+        match from {
+            Some(peer) => self
+                .inbox(comm_id, peer)
+                .begun_p2p
+                .fetch_max(seq, Ordering::SeqCst),
+            None => self.comm_begun(comm_id).fetch_max(seq, Ordering::SeqCst),
+        };
+        if self.held_frames.load(Ordering::SeqCst) == 0 {
+            return;
+        }
+        let mut any = false;
+        {
+            let mut ahead = lock(&self.run_ahead);
+            let released = ahead.begin(comm_id, seq, from, |peer| {
+                self.over[peer].store(false, Ordering::SeqCst);
+                tracing::debug!(rank = self.me, peer, "caught up: reading its link again");
+                any = true;
+            });
+            self.held_frames.fetch_sub(released, Ordering::SeqCst);
+        }
+        if any {
+            self.resume_reading();
         }
     }
 
@@ -637,30 +702,36 @@ impl Shared {
         if self.waiting[peer].load(Ordering::SeqCst) == 0 {
             return true;
         }
+        if self.placing[peer].load(Ordering::SeqCst) > 0 {
+            return false; // served when it returns
+        }
         // A waiter whose frame is in the inbox is served; its thread may
         // not have run yet, and reading on for it would let the peer run
-        // ahead. (One waiting for a placement is served when it returns.)
-        let waiting_for = lock(&self.waiting_for);
-        !waiting_for.iter().any(|&(comm, p, at)| {
-            p == peer
-                && match at {
-                    Await::Placement => true,
-                    Await::Inbox => lock(&self.inbox(comm, p).queue).is_empty(),
-                }
+        // ahead.
+        !lock(&self.inboxes).iter().any(|(&(_, p), inbox)| {
+            p == peer && inbox.waiters.load(Ordering::SeqCst) > 0 && lock(&inbox.queue).is_empty()
         })
     }
 
-    /// Counts the calling thread as waiting for a frame of `peer` on
-    /// `comm_id` until the guard drops; a paused link is read again until
-    /// that frame is in.
-    fn waiting_on(&self, comm_id: u64, peer: usize, at: Await) -> Waiting<'_> {
-        lock(&self.waiting_for).push((comm_id, peer, at));
-        if let Some(w) = self.waiting.get(peer) {
-            if w.fetch_add(1, Ordering::SeqCst) == 0 && self.over[peer].load(Ordering::SeqCst) {
-                self.resume_reading();
-            }
+    /// Counts the calling thread as waiting for a frame of `peer` in
+    /// `inbox` (or, `at` a placement, straight into its memory) until the
+    /// guard drops; a paused link is read again until that frame is in.
+    fn waiting_on<'a>(&'a self, inbox: &'a Inbox, peer: usize, at: Await) -> Waiting<'a> {
+        inbox.waiters.fetch_add(1, Ordering::SeqCst);
+        if at == Await::Placement {
+            self.placing[peer].fetch_add(1, Ordering::SeqCst);
         }
-        Waiting(self, (comm_id, peer, at))
+        if self.waiting[peer].fetch_add(1, Ordering::SeqCst) == 0
+            && self.over[peer].load(Ordering::SeqCst)
+        {
+            self.resume_reading();
+        }
+        Waiting {
+            shared: self,
+            inbox,
+            peer,
+            at,
+        }
     }
 
     /// Wakes whatever reads links to re-check which are paused.
@@ -1538,18 +1609,20 @@ enum Await {
 }
 
 /// A thread waiting for a frame of a peer (see `Shared::waiting_on`).
-struct Waiting<'a>(&'a Shared, (u64, usize, Await));
+struct Waiting<'a> {
+    shared: &'a Shared,
+    inbox: &'a Inbox,
+    peer: usize,
+    at: Await,
+}
 
 impl Drop for Waiting<'_> {
     fn drop(&mut self) {
-        let Waiting(shared, what) = *self;
-        if let Some(w) = shared.waiting.get(what.1) {
-            w.fetch_sub(1, Ordering::SeqCst);
+        self.inbox.waiters.fetch_sub(1, Ordering::SeqCst);
+        if self.at == Await::Placement {
+            self.shared.placing[self.peer].fetch_sub(1, Ordering::SeqCst);
         }
-        let mut waiting_for = lock(&shared.waiting_for);
-        if let Some(i) = waiting_for.iter().position(|&w| w == what) {
-            waiting_for.swap_remove(i);
-        }
+        self.shared.waiting[self.peer].fetch_sub(1, Ordering::SeqCst);
     }
 }
 
@@ -1631,7 +1704,7 @@ fn read_loop(s: &Arc<Shared>, peer: usize, mut stream: LinkReader) {
                 if let Err(e) = read_payload(&mut stream, &header, payload) {
                     break describe_read_error(peer, &e);
                 }
-                s.file(peer, header, buf);
+                s.file(peer, header, buf, true);
             }
             FrameKind::Heartbeat | FrameKind::Abort => {
                 if header.payload_len > wire::MAX_CONTROL_PAYLOAD {
@@ -1690,7 +1763,7 @@ impl FrameSink for Shared {
             return;
         };
         match header.kind {
-            FrameKind::Data => self.file(peer, header, payload),
+            FrameKind::Data => self.file(peer, header, payload, false),
             FrameKind::Abort => {
                 match wire::Abort::decode(payload.bytes()) {
                     Ok(a) => self.on_abort(Some(peer), header.comm_id, a),
@@ -1788,7 +1861,7 @@ impl Shared {
                 .map(Received::Frame);
         }
         let key = frame_key(comm_id, seq, step, chunk);
-        let _waiting = self.waiting_on(comm_id, peer, Await::Placement);
+        let _waiting = self.waiting_on(inbox, peer, Await::Placement);
         let placement = engine.receive_in_place(peer, key, dest, deadline, self, &mut stop);
         self.placed(engine, inbox, comm_id, peer, deadline, placement)
     }
@@ -1850,7 +1923,7 @@ impl Shared {
         peer: usize,
         deadline: Instant,
     ) -> Result<Incoming, LinkError> {
-        let _waiting = self.waiting_on(comm_id, peer, Await::Inbox);
+        let _waiting = self.waiting_on(inbox, peer, Await::Inbox);
         loop {
             let seen = engine.generation();
             if let Some(e) = self.aborted_error(comm_id) {
@@ -1907,7 +1980,7 @@ impl PostedRecvs for PlacedAhead<'_, '_, '_> {
         let (comm_id, peer) = (self.comm_id, self.peer);
         let mut stop = || shared.stop_waiting(inbox, comm_id, peer, deadline);
         let key = frame_key(comm_id, seq, step, chunk);
-        let _waiting = shared.waiting_on(comm_id, peer, Await::Placement);
+        let _waiting = shared.waiting_on(inbox, peer, Await::Placement);
         let (placement, piece) = self.placements.take(key, offset, len, deadline, &mut stop);
         let received = shared.placed(engine, inbox, comm_id, peer, deadline, placement)?;
         Ok((received, piece))
@@ -1989,7 +2062,7 @@ impl Transport for TcpTransport {
                 .shared
                 .engine_recv(engine, &inbox, comm_id, peer, deadline);
         }
-        let _waiting = self.shared.waiting_on(comm_id, peer, Await::Inbox);
+        let _waiting = self.shared.waiting_on(&inbox, peer, Await::Inbox);
         // Poll briefly before sleeping: a frame the link's reader thread
         // files within the spin is taken without a second wake-up (the
         // reader's own is unavoidable on this plane). An abort still ends
@@ -2080,19 +2153,7 @@ impl Transport for TcpTransport {
     }
 
     fn begin(&self, comm_id: u64, seq: u64, from: Option<usize>) {
-        let mut any = false;
-        lock(&self.shared.run_ahead).begin(comm_id, seq, from, |peer| {
-            self.shared.over[peer].store(false, Ordering::SeqCst);
-            tracing::debug!(
-                rank = self.shared.me,
-                peer,
-                "caught up: reading its link again"
-            );
-            any = true;
-        });
-        if any {
-            self.shared.resume_reading();
-        }
+        self.shared.begin(comm_id, seq, from);
     }
 
     fn held_ahead_peak(&self) -> usize {
