@@ -205,10 +205,10 @@ struct Shared {
     held_frames: AtomicUsize,
     /// Each communicator's highest collective op begun (see `Inbox::begun`).
     comm_begun: Mutex<HashMap<u64, Arc<AtomicU64>>>,
-    /// Per peer: threads waiting for one of its frames (its link is read
-    /// whatever the run-ahead count until their frames are in: they may
-    /// sit behind held ones), and those of them waiting for a placement.
-    waiting: Vec<AtomicUsize>,
+    /// Per peer: threads waiting for a frame of it to be placed in their
+    /// memory (those waiting on an inbox are counted there). Either kind
+    /// keeps a paused link read until its frame is in: it may sit behind
+    /// held ones.
     placing: Vec<AtomicUsize>,
 }
 
@@ -338,7 +338,6 @@ impl TcpTransport {
             over: (0..world).map(|_| AtomicBool::new(false)).collect(),
             held_frames: AtomicUsize::new(0),
             comm_begun: Mutex::new(HashMap::new()),
-            waiting: (0..world).map(|_| AtomicUsize::new(0)).collect(),
             placing: (0..world).map(|_| AtomicUsize::new(0)).collect(),
         });
         let s = shared.clone();
@@ -699,9 +698,6 @@ impl Shared {
         {
             return false;
         }
-        if self.waiting[peer].load(Ordering::SeqCst) == 0 {
-            return true;
-        }
         if self.placing[peer].load(Ordering::SeqCst) > 0 {
             return false; // served when it returns
         }
@@ -721,9 +717,7 @@ impl Shared {
         if at == Await::Placement {
             self.placing[peer].fetch_add(1, Ordering::SeqCst);
         }
-        if self.waiting[peer].fetch_add(1, Ordering::SeqCst) == 0
-            && self.over[peer].load(Ordering::SeqCst)
-        {
+        if self.over[peer].load(Ordering::SeqCst) {
             self.resume_reading();
         }
         Waiting {
@@ -1622,7 +1616,6 @@ impl Drop for Waiting<'_> {
         if self.at == Await::Placement {
             self.shared.placing[self.peer].fetch_sub(1, Ordering::SeqCst);
         }
-        self.shared.waiting[self.peer].fetch_sub(1, Ordering::SeqCst);
     }
 }
 
