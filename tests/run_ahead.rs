@@ -112,7 +112,7 @@ fn every_op_completes_with_a_tiny_limit_and_skewed_ranks() {
         let (rank, size) = (c.rank(), c.world_size());
         let mut rng = Rng::new(seed ^ rank as u64);
         for round in 0..6 {
-            let skew = rng.below(20) as u64;
+            let skew = rng.below(20);
             std::thread::sleep(Duration::from_millis(skew));
             let block = 100_003 + round * 7; // not a multiple of anything
             let input: Vec<f32> = (0..block * size)
