@@ -236,7 +236,7 @@ impl Builder {
     /// yet before this rank stops reading its link, so a rank that falls
     /// behind (a slow root in a loop of `reduce`s, a slow pipeline stage)
     /// holds the senders back through TCP's window instead of buffering
-    /// without bound (64 MiB; 0 never stops reading; decision 0019). A
+    /// without bound (4 MiB; 0 never stops reading; decision 0019). A
     /// sender held back longer than its op timeout fails naming this rank.
     /// Env: RINGWIRE_RUN_AHEAD_BYTES.
     pub fn run_ahead_bytes(mut self, bytes: usize) -> Builder {
