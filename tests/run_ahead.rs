@@ -170,6 +170,36 @@ fn every_op_completes_with_a_tiny_limit_and_skewed_ranks() {
     });
 }
 
+/// Two ranks that each send far more than the limit to the other before
+/// receiving: on one communicator that waits for the timeout (ops run in
+/// order), so the README says to give each direction its own. That works.
+#[test]
+fn an_exchange_with_a_communicator_per_direction_completes() {
+    common::init_logging();
+    let (_store, comms) = local_group(2, limited(64 << 10));
+    on_all(&comms, |c| {
+        // Direction "to rank 1" and "to rank 0", each its own communicator.
+        let to_1 = c.split(Some(0), 0).unwrap().unwrap();
+        let to_0 = c.split(Some(0), 0).unwrap().unwrap();
+        let (mine, theirs) = match c.rank() {
+            0 => (&to_1, &to_0),
+            _ => (&to_0, &to_1),
+        };
+        let peer = 1 - c.rank();
+        for round in 0..3u8 {
+            let out = vec![c.rank() as u8 + round; 8 << 20];
+            let sent = mine.send(out, peer);
+            let got = theirs.recv(vec![0u8; 8 << 20], peer);
+            sent.wait().unwrap();
+            let got = got.wait().unwrap();
+            assert!(
+                got.iter().all(|&b| b == peer as u8 + round),
+                "round {round}"
+            );
+        }
+    });
+}
+
 /// A link this rank leaves unread longer than the heartbeat timeout is not
 /// declared dead: the silence is its own doing.
 #[test]
