@@ -135,6 +135,8 @@ struct OpPlan {
 struct Ctx<'a> {
     ex: &'a Executor,
     sig: OpSignature,
+    /// An exchange's send number (`sig.seq` is its receive's).
+    send_seq: Option<u64>,
     op: OpContext,
     started: Instant,
     timeout: Duration,
@@ -580,12 +582,12 @@ impl Communicator {
         lock(&self.inner.failed).clone()
     }
 
-    /// Queues `job`; `p2p` gives (peer, is_send) for point-to-point ops,
-    /// which count their sequence numbers per peer pair.
+    /// Queues `job`; `p2p` says which peers a point-to-point op sends to
+    /// and receives from (they count their sequence numbers per peer pair).
     fn submit<R: Send + 'static>(
         &self,
         plan: OpPlan,
-        p2p: Option<(usize, bool)>,
+        p2p: Option<P2p>,
         job: impl FnOnce(&mut Ctx<'_>) -> Result<R, Error> + Send + 'static,
     ) -> PendingCollective<R> {
         let helper: Arc<dyn Help> = self.inner.runner.clone();
@@ -612,7 +614,7 @@ impl Communicator {
     fn submit_checked<R: Send + 'static>(
         &self,
         plan: Result<OpPlan, Error>,
-        p2p: Option<(usize, bool)>,
+        p2p: Option<P2p>,
         job: impl FnOnce(&mut Ctx<'_>) -> Result<R, Error> + Send + 'static,
     ) -> PendingCollective<R> {
         match plan {
@@ -640,19 +642,26 @@ impl Communicator {
     }
 
     /// Numbers an op (under the queue lock) and records it as queued.
-    fn ticket(&self, queue: &mut Queue, plan: OpPlan, p2p: Option<(usize, bool)>) -> Ticket {
-        let seq = match p2p {
+    fn ticket(&self, queue: &mut Queue, plan: OpPlan, p2p: Option<P2p>) -> Ticket {
+        let mut count = |key: (usize, bool)| {
+            let s = queue.p2p_seq.entry(key).or_insert(0);
+            *s += 1;
+            *s
+        };
+        // A receive's frames carry the sender's count, matched here; an
+        // exchange is numbered as its receive, its send carries its own.
+        let (seq, send_seq, peer, from) = match p2p {
             None => {
                 queue.next_seq += 1;
-                queue.next_seq
+                (queue.next_seq, None, None, None)
             }
-            Some(key) => {
-                let s = queue.p2p_seq.entry(key).or_insert(0);
-                *s += 1;
-                *s
+            Some(P2p::Send(to)) => (count((to, true)), None, Some(to), None),
+            Some(P2p::Recv(from)) => (count((from, false)), None, Some(from), Some(from)),
+            Some(P2p::Exchange { to, from }) => {
+                let send_seq = count((to, true));
+                (count((from, false)), Some(send_seq), Some(from), Some(from))
             }
         };
-        let peer = p2p.map(|(p, _)| p);
         self.inner.recorder.queued(
             plan.kind,
             seq,
@@ -665,8 +674,8 @@ impl Communicator {
             plan,
             seq,
             peer,
-            // A receive's frames carry the sender's count, matched here.
-            receives_from: p2p.and_then(|(p, send)| (!send).then(|| self.inner.members[p])),
+            receives_from: from.map(|p| self.inner.members[p]),
+            send_seq,
             timeout: self.timeout,
         }
     }
@@ -962,7 +971,7 @@ impl Communicator {
         let n = buf.as_slice().len();
         self.submit(
             self.plan::<T>(OpKind::SendRecv, n),
-            Some((peer, true)),
+            Some(P2p::Send(peer)),
             move |cx| {
                 cx.run_schedule(buf.as_mut_slice(), |steps, chunk| {
                     algo::send(steps, peer, n, chunk)
@@ -986,12 +995,57 @@ impl Communicator {
         // matches this side's receive counter.
         self.submit(
             self.plan::<T>(OpKind::SendRecv, n),
-            Some((peer, false)),
+            Some(P2p::Recv(peer)),
             move |cx| {
                 cx.run_schedule(buf.as_mut_slice(), |steps, chunk| {
                     algo::recv(steps, peer, n, chunk)
                 })?;
                 Ok(buf)
+            },
+        )
+    }
+
+    /// Sends `send` to rank `to` and receives into `recv` what rank `from`
+    /// sends, as one op (MPI's `Sendrecv`): the pair a pipeline stage or a
+    /// halo exchange needs, safe however large when both sides call it at
+    /// once. (A `send` then `recv` on both sides waits until the timeout
+    /// once the messages pass the run-ahead limit, because a
+    /// communicator's ops run in order; decision 0019.) Its send matches
+    /// a [`Communicator::recv`] or `send_recv` on `to`, its receive a
+    /// [`Communicator::send`] or `send_recv` on `from`; `to` and `from`
+    /// may be the same rank, and the lengths may differ.
+    pub fn send_recv<T: Element, S: CollectiveBuffer<T>, R: CollectiveBuffer<T>>(
+        &self,
+        mut send: S,
+        to: usize,
+        mut recv: R,
+        from: usize,
+    ) -> PendingCollective<(S, R)> {
+        if let Some(e) = self
+            .check_peer(OpKind::SendRecv, to)
+            .or_else(|| self.check_peer(OpKind::SendRecv, from))
+        {
+            return PendingCollective::ready(Err(e));
+        }
+        let (n_send, n_recv) = (send.as_slice().len(), recv.as_slice().len());
+        self.submit(
+            self.plan::<T>(OpKind::SendRecv, n_send + n_recv),
+            Some(P2p::Exchange { to, from }),
+            move |cx| {
+                // Sent whole first: `from`'s frames are of an op begun here,
+                // so they are read meanwhile whatever the run-ahead limit.
+                let recv_seq = cx.sig.seq;
+                cx.sig.seq = cx.send_seq.unwrap_or(recv_seq);
+                cx.sig.count = Some(n_send as u64);
+                cx.run_schedule(send.as_mut_slice(), |steps, chunk| {
+                    algo::send(steps, to, n_send, chunk)
+                })?;
+                cx.sig.seq = recv_seq;
+                cx.sig.count = Some(n_recv as u64);
+                cx.run_schedule(recv.as_mut_slice(), |steps, chunk| {
+                    algo::recv(steps, from, n_recv, chunk)
+                })?;
+                Ok((send, recv))
             },
         )
     }
@@ -1152,7 +1206,18 @@ struct Ticket {
     peer: Option<usize>,
     /// A point-to-point receive's source (world rank).
     receives_from: Option<usize>,
+    /// An exchange's send number (its `seq` is its receive's).
+    send_seq: Option<u64>,
     timeout: Duration,
+}
+
+/// Whom a point-to-point op sends to and receives from (ranks of the
+/// communicator).
+#[derive(Clone, Copy, Debug)]
+enum P2p {
+    Send(usize),
+    Recv(usize),
+    Exchange { to: usize, from: usize },
 }
 
 /// Runs one op on the calling thread (the executor, or a caller running it
@@ -1189,6 +1254,7 @@ fn execute<R>(
         seq,
         peer,
         receives_from,
+        send_seq,
         timeout,
     } = ticket;
     if let Some(first) = lock(&ex.state).clone() {
@@ -1220,6 +1286,7 @@ fn execute<R>(
     let _entered = span.enter();
     let mut ctx = Ctx {
         ex,
+        send_seq,
         sig: OpSignature {
             comm_id: ex.comm_id,
             seq,

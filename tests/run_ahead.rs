@@ -200,6 +200,35 @@ fn an_exchange_with_a_communicator_per_direction_completes() {
     });
 }
 
+/// The same exchange on one communicator with `send_recv`, whose receive
+/// has begun while it sends, so the peer's frames are always read; and
+/// paired with a plain `send` then `recv` on the other side.
+#[test]
+fn send_recv_exchanges_more_than_the_limit_on_one_communicator() {
+    common::init_logging();
+    let (_store, comms) = local_group(2, limited(64 << 10));
+    on_all(&comms, |c| {
+        let peer = 1 - c.rank();
+        let len = 8 << 20;
+        for round in 0..3u8 {
+            let out = vec![c.rank() as u8 + round; len];
+            let got = if round == 2 && c.rank() == 1 {
+                c.send(out, peer).wait().unwrap();
+                c.recv(vec![0u8; len], peer).wait().unwrap()
+            } else {
+                c.send_recv(out, peer, vec![0u8; len], peer)
+                    .wait()
+                    .unwrap()
+                    .1
+            };
+            assert!(
+                got.iter().all(|&b| b == peer as u8 + round),
+                "round {round}"
+            );
+        }
+    });
+}
+
 /// A link this rank leaves unread longer than the heartbeat timeout is not
 /// declared dead: the silence is its own doing.
 #[test]

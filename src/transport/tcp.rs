@@ -1998,7 +1998,7 @@ fn stopped_reading(peer: usize) -> String {
         "rank {peer} stopped reading (a send blocked past the op timeout): it is stuck; or it \
          fell behind this rank by more than its run-ahead limit (RINGWIRE_RUN_AHEAD_BYTES) \
          and did not catch up in time; or it is sending to this rank too, before receiving \
-         (order such exchanges, or send each direction on its own communicator)"
+         (use send_recv for such exchanges, or order them)"
     )
 }
 

@@ -1,4 +1,5 @@
-//! The collective sweep every world size runs: every collective, every
+//! The collective sweep every world size runs: every collective (and the
+//! point-to-point exchange), every
 //! dtype and reduce op, lengths 0, 1, p-1, 2p+1 and 1000, against an f64
 //! reference on random data shared by seed.
 
@@ -103,6 +104,19 @@ fn moving_ops<T: Element>(comm: &Communicator, seed: u64, case: &mut u64) -> Res
                 "all_gather",
                 "not the concatenation in rank order".into(),
             ));
+        }
+
+        // A ring shift in one op per rank: send to the next, receive from
+        // the previous (with two ranks, both are the other rank).
+        if world > 1 {
+            let (next, prev) = ((rank + 1) % world, (rank + world - 1) % world);
+            let (sent, got) = comm
+                .send_recv(ins[rank].clone(), next, vec![T::default(); len], prev)
+                .wait()
+                .map_err(|e| ctx("send_recv", e.to_string()))?;
+            if got != ins[prev] || sent != ins[rank] {
+                return Err(ctx("send_recv", "not the previous rank's data".into()));
+            }
         }
 
         // Equal all-to-all: block j of rank i's input lands in block i of rank j's output.
