@@ -82,6 +82,9 @@ impl Drop for Inner {
         if let Some(handle) = lock(&self.executor).take() {
             let _ = handle.join();
         }
+        // Nothing runs on this communicator any more: what peers sent for
+        // it (a program whose ranks disagree) would otherwise stay.
+        self.world.transport.forget(self.comm_id);
     }
 }
 
@@ -542,8 +545,10 @@ impl Communicator {
 
     /// Op count, bytes moved and latency percentiles so far.
     pub fn stats(&self) -> Stats {
+        let (held, peak) = self.inner.world.transport.held_ahead();
         Stats {
-            held_ahead_peak_bytes: self.inner.world.transport.held_ahead_peak() as u64,
+            held_ahead_bytes: held as u64,
+            held_ahead_peak_bytes: peak as u64,
             ..self.inner.stats.snapshot()
         }
     }

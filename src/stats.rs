@@ -27,6 +27,9 @@ pub struct Stats {
     /// until this rank catches up, so this stays near that limit times the
     /// peers that run ahead (decision 0019).
     pub held_ahead_peak_bytes: u64,
+    /// Bytes peers have sent ahead of this rank now (as
+    /// `held_ahead_peak_bytes`).
+    pub held_ahead_bytes: u64,
 }
 
 pub(crate) struct StatsRecorder {

@@ -229,6 +229,48 @@ fn send_recv_exchanges_more_than_the_limit_on_one_communicator() {
     });
 }
 
+/// Rank 1 broadcasts on a communicator rank 0 never uses (ranks that
+/// disagree) and rank 0 drops it: what was held for it is released, rank 1
+/// is read again, and later frames for it are dropped, not kept.
+#[test]
+fn what_a_dropped_communicator_held_is_released() {
+    common::init_logging();
+    let (_store, comms) = local_group(2, limited(64 << 10));
+    on_all(&comms, |c| {
+        let sub = c.split(Some(0), 0).unwrap().expect("every rank is in");
+        if c.rank() == 1 {
+            let pending: Vec<_> = (0..6)
+                .map(|_| sub.broadcast(vec![7u8; 1 << 20], 1))
+                .collect();
+            for p in pending {
+                p.wait()
+                    .expect("rank 0 reads again once it dropped the communicator");
+            }
+        } else {
+            let start = std::time::Instant::now();
+            while c.stats().held_ahead_bytes < 64 << 10 {
+                assert!(
+                    start.elapsed() < Duration::from_secs(20),
+                    "rank 1 never ran ahead"
+                );
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            drop(sub);
+            assert_eq!(
+                c.stats().held_ahead_bytes,
+                0,
+                "released with the communicator"
+            );
+        }
+        c.barrier().wait().unwrap();
+        assert_eq!(
+            c.stats().held_ahead_bytes,
+            0,
+            "frames that came later were kept"
+        );
+    });
+}
+
 /// A link this rank leaves unread longer than the heartbeat timeout is not
 /// declared dead: the silence is its own doing.
 #[test]

@@ -199,10 +199,14 @@ pub(crate) trait Transport: Send + Sync {
     fn begin(&self, comm_id: u64, seq: u64, from: Option<usize>) {
         let _ = (comm_id, seq, from);
     }
-    /// Most bytes peers had delivered at once for ops this rank had not
-    /// started (decision 0019).
-    fn held_ahead_peak(&self) -> usize {
-        0
+    /// Bytes peers have delivered for ops this rank has not started, now
+    /// and at most so far (decision 0019).
+    fn held_ahead(&self) -> (usize, usize) {
+        (0, 0)
+    }
+    /// Communicator `comm_id` is gone on this rank: drop what it holds.
+    fn forget(&self, comm_id: u64) {
+        let _ = comm_id;
     }
     /// A short name for logs (`portable`, `uring`).
     fn name(&self) -> &'static str;

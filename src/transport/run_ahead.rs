@@ -16,7 +16,7 @@
 //! [`RunAhead::begin`] when an op starts, and pauses reading by what
 //! [`RunAhead::over`] says.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 /// A frame held for an op not started yet.
 #[derive(Clone, Copy, Debug)]
@@ -40,6 +40,8 @@ pub(crate) struct RunAhead {
     frames: usize,
     /// Most bytes held at once, over all peers.
     peak: usize,
+    /// Communicators gone here (their frames are dropped, not held).
+    forgotten: HashSet<u64>,
 }
 
 impl RunAhead {
@@ -50,6 +52,7 @@ impl RunAhead {
             bytes: vec![0; world],
             frames: 0,
             peak: 0,
+            forgotten: HashSet::new(),
         }
     }
 
@@ -117,6 +120,41 @@ impl RunAhead {
             }
         }
         released
+    }
+
+    /// Communicator `comm` is gone here: its held frames stop counting
+    /// (the caller drops them) and later ones are not to be kept
+    /// ([`RunAhead::is_forgotten`]). `resumed` is called as by `begin`.
+    /// Returns how many frames stopped counting.
+    pub(crate) fn forget(&mut self, comm: u64, mut resumed: impl FnMut(usize)) -> usize {
+        self.forgotten.insert(comm);
+        let limit = self.limit;
+        let over = |b: usize| limit > 0 && b > limit;
+        let mut released = 0;
+        let keys: Vec<(u64, usize)> = self.held.keys().filter(|k| k.0 == comm).copied().collect();
+        for key in keys {
+            let Some(frames) = self.held.remove(&key) else {
+                continue;
+            };
+            let peer = key.1;
+            let before = self.bytes[peer];
+            self.bytes[peer] -= frames.iter().map(|h| h.bytes).sum::<usize>();
+            self.frames -= frames.len();
+            released += frames.len();
+            if over(before) && !over(self.bytes[peer]) {
+                resumed(peer);
+            }
+        }
+        released
+    }
+
+    pub(crate) fn is_forgotten(&self, comm: u64) -> bool {
+        self.forgotten.contains(&comm)
+    }
+
+    /// Bytes held now, over all peers.
+    pub(crate) fn held(&self) -> usize {
+        self.bytes.iter().sum()
     }
 
     /// Whether `peer` has more bytes held for unstarted ops than the limit.
@@ -200,5 +238,20 @@ mod tests {
             "only the real frame counted"
         );
         assert_eq!(r.held_from(5), 0);
+    }
+
+    #[test]
+    fn a_forgotten_communicator_releases_what_it_held() {
+        let mut r = RunAhead::new(3, 100);
+        r.filed(1, 1, 2, false, 90);
+        r.filed(1, 2, 2, false, 30);
+        assert!(r.filed(4, 1, 1, true, 60), "150 bytes from rank 1");
+        let mut resumed = Vec::new();
+        assert_eq!(r.forget(4, |p| resumed.push(p)), 1);
+        assert_eq!(resumed, vec![1], "back at 90");
+        assert!(r.is_forgotten(4) && !r.is_forgotten(1));
+        assert_eq!(r.held(), 120);
+        assert_eq!(r.forget(1, |_| ()), 2);
+        assert_eq!(r.held(), 0);
     }
 }

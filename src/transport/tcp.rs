@@ -627,16 +627,19 @@ impl Shared {
         let (comm_id, seq, bytes) = (header.comm_id, header.seq, payload.len());
         let p2p = header.op == OpKind::SendRecv;
         let inbox = self.inbox(comm_id, peer);
-        lock(&inbox.queue).push_back(Incoming { header, payload });
-        if wake {
-            inbox.arrived.notify_one();
-        }
         let begun = || match p2p {
             true => inbox.begun_p2p.load(Ordering::SeqCst),
             false => inbox.begun.load(Ordering::SeqCst),
         };
+        let put = |incoming| {
+            lock(&inbox.queue).push_back(incoming);
+            if wake {
+                inbox.arrived.notify_one();
+            }
+        };
         if seq <= begun() {
-            return; // the op runs here: the usual case, and lock-free
+            // The op runs here: the usual case, and lock-free.
+            return put(Incoming { header, payload });
         }
         let mut ahead = lock(&self.run_ahead);
         // Counted before looking again, so a `begin` that raised `begun`
@@ -645,8 +648,15 @@ impl Shared {
         self.held_frames.fetch_add(1, Ordering::SeqCst);
         if seq <= begun() {
             self.held_frames.fetch_sub(1, Ordering::SeqCst);
-            return;
+            return put(Incoming { header, payload });
         }
+        if ahead.is_forgotten(comm_id) {
+            // Its communicator is gone here: nobody will take it.
+            self.held_frames.fetch_sub(1, Ordering::SeqCst);
+            drop(ahead);
+            return self.recycle_buf(payload);
+        }
+        put(Incoming { header, payload });
         let over = ahead.filed(comm_id, peer, seq, p2p, bytes);
         if over && !self.over[peer].swap(true, Ordering::SeqCst) {
             tracing::debug!(
@@ -656,6 +666,35 @@ impl Shared {
                 limit = ahead.limit(),
                 "rank {peer} ran ahead past the run-ahead limit: its link waits until this rank catches up"
             );
+        }
+    }
+
+    /// Communicator `comm_id` is gone here: its inboxes go, and frames
+    /// peers sent ahead for it stop counting (and later ones are dropped).
+    fn forget(&self, comm_id: u64) {
+        let mut any = false;
+        {
+            let mut ahead = lock(&self.run_ahead);
+            let released = ahead.forget(comm_id, |peer| {
+                self.over[peer].store(false, Ordering::SeqCst);
+                any = true;
+            });
+            self.held_frames.fetch_sub(released, Ordering::SeqCst);
+        }
+        let gone: Vec<Arc<Inbox>> = {
+            let mut inboxes = lock(&self.inboxes);
+            let keys: Vec<_> = inboxes.keys().filter(|k| k.0 == comm_id).copied().collect();
+            keys.iter().filter_map(|k| inboxes.remove(k)).collect()
+        };
+        lock(&self.comm_begun).remove(&comm_id);
+        for inbox in gone {
+            let frames: Vec<Incoming> = lock(&inbox.queue).drain(..).collect();
+            for frame in frames {
+                self.recycle_buf(frame.payload);
+            }
+        }
+        if any {
+            self.resume_reading();
         }
     }
 
@@ -2150,8 +2189,13 @@ impl Transport for TcpTransport {
         self.shared.begin(comm_id, seq, from);
     }
 
-    fn held_ahead_peak(&self) -> usize {
-        lock(&self.shared.run_ahead).peak()
+    fn held_ahead(&self) -> (usize, usize) {
+        let ahead = lock(&self.shared.run_ahead);
+        (ahead.held(), ahead.peak())
+    }
+
+    fn forget(&self, comm_id: u64) {
+        self.shared.forget(comm_id);
     }
 
     fn abort(&self, comm_id: u64, seq: u64, reason: &str) {
