@@ -263,6 +263,33 @@ fn child_rank() {
             println!("CHILD-OK rank {rank}");
             return;
         }
+        if mode == "slowroot" {
+            // A slow root in a loop of reduces, with a small run-ahead
+            // limit: the leaves are held back, finish, and exit at once,
+            // some of their last frames still unread in the root's socket.
+            let rank = comm.rank();
+            let world = comm.world_size();
+            for i in 0..30usize {
+                if rank == 0 {
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                let got = comm
+                    .reduce(vec![(rank + i) as f32; 1 << 18], 0, ringwire::ReduceOp::Sum)
+                    .wait()
+                    .unwrap_or_else(|e| panic!("reduce {i}: {e}"));
+                let want = (0..world).map(|r| (r + i) as f32).sum::<f32>();
+                assert!(rank != 0 || got.iter().all(|&v| v == want), "reduce {i}");
+            }
+            if rank == 0 {
+                let held = comm.stats().held_ahead_peak_bytes;
+                assert!(
+                    held > 0,
+                    "the leaves never ran ahead: the test proves nothing"
+                );
+            }
+            println!("CHILD-OK rank {rank}");
+            return;
+        }
         if mode == "mismatch" {
             // Ranks pass different lengths: every rank must fail naming both.
             let n = 1000 - comm.rank();
@@ -306,6 +333,26 @@ fn processes_world_3() {
 #[test]
 fn processes_world_4() {
     run_world(4);
+}
+
+/// Leaves held back by a slow root (decision 0019) finish and exit while
+/// their last frames may still sit unread in the root's socket: the root
+/// must still get every one.
+#[test]
+fn processes_a_slow_root_gets_everything_from_leaves_that_exit() {
+    let seed = common::seed();
+    let env = [
+        ("RINGWIRE_TEST_MODE", "slowroot".to_string()),
+        ("RINGWIRE_RUN_AHEAD_BYTES", "256K".to_string()),
+    ];
+    for (rank, out) in launch(3, seed, &env).iter().enumerate() {
+        assert!(
+            out.status.success() && String::from_utf8_lossy(&out.stdout).contains("CHILD-OK"),
+            "rank {rank} failed:\n{}\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
 }
 
 #[test]
