@@ -68,7 +68,9 @@ pub(crate) struct Args {
 pub(crate) const USAGE: &str = "\
 usage: ringwire-bench <op> [options]
 
-ops: all_reduce broadcast reduce all_gather reduce_scatter all_to_all barrier sendrecv;
+ops: all_reduce broadcast reduce all_gather reduce_scatter all_to_all barrier sendrecv pingpong;
+     (sendrecv as nccl-tests: every rank sends to the next and receives from the previous
+     at once; pingpong: ranks 0 and 1 bounce a buffer, timed one way);
      several separated by commas (all_reduce,all_gather), or `all` for every one, run
      in turn on the same ranks and links, a table each (--json/--csv/--plot files get
      the op's name before their extension: r.json -> r.all_gather.json)

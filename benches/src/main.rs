@@ -402,8 +402,10 @@ fn run_rank(a: &Args) -> Result<bool, String> {
     }
     let ctrl = comms[0].1.clone();
     let (rank, world) = (ctrl.rank(), ctrl.world_size());
-    if a.ops == [BenchOp::SendRecv] && world < 2 {
-        return Err("sendrecv needs at least 2 ranks".into());
+    if let [op] = a.ops[..] {
+        if op.point_to_point() && world < 2 {
+            return Err(format!("{} needs at least 2 ranks", op.name()));
+        }
     }
     if a.ops.iter().any(|op| op.rooted()) && a.root >= world {
         return Err(format!(
@@ -532,9 +534,9 @@ fn run_rank(a: &Args) -> Result<bool, String> {
     let mut all_wrong = 0u64;
     for &op in &a.ops {
         let a = &a.for_op(op);
-        if op == BenchOp::SendRecv && world < 2 {
+        if op.point_to_point() && world < 2 {
             if lead {
-                println!("# sendrecv: skipped (it needs at least 2 ranks)");
+                println!("# {}: skipped (it needs at least 2 ranks)", op.name());
             }
             continue;
         }
@@ -605,7 +607,7 @@ fn run_rank(a: &Args) -> Result<bool, String> {
                 }
                 // An iteration ends when its slowest rank does; ping-pong
                 // reports one-way latency (half the round trip).
-                let scale = if a.op == BenchOp::SendRecv { 0.5 } else { 1.0 };
+                let scale = if a.op == BenchOp::PingPong { 0.5 } else { 1.0 };
                 let per_iter: Vec<f64> = (0..iters)
                     .map(|i| (0..world).map(|r| all[r * iters + i]).fold(0.0, f64::max) * scale)
                     .collect();

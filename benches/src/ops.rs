@@ -17,7 +17,12 @@ pub(crate) enum BenchOp {
     ReduceScatter,
     AllToAll,
     Barrier,
+    /// nccl-tests' sendrecv: every rank sends to the next and receives
+    /// from the previous at once (`send_recv`).
     SendRecv,
+    /// Ranks 0 and 1 bounce one buffer (`send` then `recv`); reported one
+    /// way, as half the round trip.
+    PingPong,
 }
 
 /// Buffer lengths (elements) for one size, and the bytes the size row
@@ -30,7 +35,7 @@ pub(crate) struct Shape {
 }
 
 impl BenchOp {
-    pub(crate) const ALL: [BenchOp; 8] = [
+    pub(crate) const ALL: [BenchOp; 9] = [
         BenchOp::AllReduce,
         BenchOp::Broadcast,
         BenchOp::Reduce,
@@ -39,6 +44,7 @@ impl BenchOp {
         BenchOp::AllToAll,
         BenchOp::Barrier,
         BenchOp::SendRecv,
+        BenchOp::PingPong,
     ];
 
     pub(crate) fn name(self) -> &'static str {
@@ -51,6 +57,7 @@ impl BenchOp {
             BenchOp::AllToAll => "all_to_all",
             BenchOp::Barrier => "barrier",
             BenchOp::SendRecv => "sendrecv",
+            BenchOp::PingPong => "pingpong",
         }
     }
 
@@ -67,6 +74,11 @@ impl BenchOp {
         )
     }
 
+    /// Whether it needs another rank to talk to.
+    pub(crate) fn point_to_point(self) -> bool {
+        matches!(self, BenchOp::SendRecv | BenchOp::PingPong)
+    }
+
     pub(crate) fn rooted(self) -> bool {
         matches!(self, BenchOp::Broadcast | BenchOp::Reduce)
     }
@@ -78,7 +90,11 @@ impl BenchOp {
         match self {
             BenchOp::AllReduce => 2.0 * (n - 1.0) / n,
             BenchOp::AllGather | BenchOp::ReduceScatter | BenchOp::AllToAll => (n - 1.0) / n,
-            BenchOp::Broadcast | BenchOp::Reduce | BenchOp::SendRecv | BenchOp::Barrier => 1.0,
+            BenchOp::Broadcast
+            | BenchOp::Reduce
+            | BenchOp::SendRecv
+            | BenchOp::PingPong
+            | BenchOp::Barrier => 1.0,
         }
     }
 
@@ -87,13 +103,18 @@ impl BenchOp {
     pub(crate) fn shape(self, size: usize, elem: usize, ranks: usize) -> Shape {
         let count = size / elem;
         match self {
-            BenchOp::AllReduce | BenchOp::Broadcast | BenchOp::Reduce | BenchOp::SendRecv => {
+            BenchOp::AllReduce | BenchOp::Broadcast | BenchOp::Reduce | BenchOp::PingPong => {
                 Shape {
                     input: count,
                     output: 0,
                     bytes: count * elem,
                 }
             }
+            BenchOp::SendRecv => Shape {
+                input: count,
+                output: count,
+                bytes: count * elem,
+            },
             BenchOp::AllGather => {
                 let per = count / ranks;
                 Shape {
@@ -289,7 +310,12 @@ impl<T: Element> Runner<T> {
                 comm.barrier().wait()?;
                 (input, output)
             }
-            BenchOp::SendRecv => match rank {
+            BenchOp::SendRecv => {
+                let ranks = comm.world_size();
+                let (next, prev) = ((rank + 1) % ranks, (rank + ranks - 1) % ranks);
+                comm.send_recv(input, next, output, prev).wait()?
+            }
+            BenchOp::PingPong => match rank {
                 0 => {
                     let input = comm.send(input, 1).wait()?;
                     (comm.recv(input, 1).wait()?, output)
@@ -322,7 +348,9 @@ impl<T: Element> Runner<T> {
         fill(redop, rank, 0, &mut self.input);
         self.iterate(comm)?;
         let result: &mut [T] = match self.op {
-            BenchOp::AllGather | BenchOp::ReduceScatter | BenchOp::AllToAll => &mut self.output,
+            BenchOp::AllGather | BenchOp::ReduceScatter | BenchOp::AllToAll | BenchOp::SendRecv => {
+                &mut self.output
+            }
             _ => &mut self.input,
         };
         if corrupt {
@@ -343,7 +371,11 @@ impl<T: Element> Runner<T> {
             BenchOp::AllToAll => (0..ranks)
                 .map(|j| wrong_copied(&result[j * block..(j + 1) * block], j, rank * block, redop))
                 .sum(),
-            BenchOp::SendRecv => match rank {
+            BenchOp::SendRecv => {
+                let prev = (rank + ranks - 1) % ranks;
+                wrong_copied(result, prev, 0, redop)
+            }
+            BenchOp::PingPong => match rank {
                 // Rank 1 got rank 0's data and sent it back.
                 0 | 1 => wrong_copied(result, 0, 0, redop),
                 _ => 0,

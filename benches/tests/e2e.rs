@@ -122,6 +122,7 @@ fn every_op_runs_with_three_ranks() {
         "all_to_all",
         "barrier",
         "sendrecv",
+        "pingpong",
     ];
     // Each op's section: its name, then its table and summary.
     let sections: Vec<&str> = out.split("\n#\n# ").skip(1).collect();
