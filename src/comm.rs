@@ -1393,6 +1393,9 @@ fn check_signature(cx: &mut Ctx<'_>, plan: &OpPlan) -> Result<(), Error> {
         root: 0,
         count: Some(mine.len() as u64),
     };
+    // Its frames go on a communicator of their own: begun like any op's, or
+    // they would count as run ahead for ever (decision 0019).
+    ex.world.transport.begin(sig.comm_id, sig.seq, None);
     let steps = algo::schedule(|o| algo::all_gather_ring(o, rank, size, mine.len(), mine.len()));
     exec::run(
         &*ex.world.transport,

@@ -271,6 +271,22 @@ fn what_a_dropped_communicator_held_is_released() {
     });
 }
 
+/// Debug signature checks exchange their frames on a communicator of their
+/// own; they must not pile up as run ahead.
+#[test]
+fn debug_signature_checks_leave_nothing_held() {
+    common::init_logging();
+    let (_store, comms) = local_group(3, |b| b.debug_checks(true));
+    on_all(&comms, |c| {
+        for _ in 0..20 {
+            c.all_reduce_slice(&mut [1f32; 10], ReduceOp::Sum).unwrap();
+        }
+    });
+    for c in &comms {
+        assert_eq!(c.stats().held_ahead_bytes, 0, "rank {}", c.rank());
+    }
+}
+
 /// A link this rank leaves unread longer than the heartbeat timeout is not
 /// declared dead: the silence is its own doing.
 #[test]
