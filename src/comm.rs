@@ -1021,7 +1021,7 @@ impl Communicator {
     /// may be the same rank, and the lengths may differ.
     pub fn send_recv<T: Element, S: CollectiveBuffer<T>, R: CollectiveBuffer<T>>(
         &self,
-        mut send: S,
+        send: S,
         to: usize,
         mut recv: R,
         from: usize,
@@ -1037,18 +1037,13 @@ impl Communicator {
             self.plan::<T>(OpKind::SendRecv, n_send + n_recv),
             Some(P2p::Exchange { to, from }),
             move |cx| {
-                // Sent whole first: `from`'s frames are of an op begun here,
-                // so they are read meanwhile whatever the run-ahead limit.
-                let recv_seq = cx.sig.seq;
-                cx.sig.seq = cx.send_seq.unwrap_or(recv_seq);
-                cx.sig.count = Some(n_send as u64);
-                cx.run_schedule(send.as_mut_slice(), |steps, chunk| {
-                    algo::send(steps, to, n_send, chunk)
-                })?;
-                cx.sig.seq = recv_seq;
+                // Frames from `from` are of an op begun here, so they are
+                // read while this sends, whatever the run-ahead limit.
+                cx.sig.send_seq = cx.send_seq;
+                cx.sig.send_count = Some(n_send as u64);
                 cx.sig.count = Some(n_recv as u64);
-                cx.run_schedule(recv.as_mut_slice(), |steps, chunk| {
-                    algo::recv(steps, from, n_recv, chunk)
+                cx.run_schedule_from(send.as_slice(), recv.as_mut_slice(), |steps, chunk| {
+                    algo::exchange(steps, to, n_send, from, n_recv, chunk)
                 })?;
                 Ok((send, recv))
             },
@@ -1300,6 +1295,8 @@ fn execute<R>(
             reduce_op: plan.reduce_op,
             root: plan.root,
             count: plan.uniform_count.then_some(plan.count),
+            send_seq: None,
+            send_count: None,
         },
         op: OpContext {
             op: plan.kind,
@@ -1392,6 +1389,8 @@ fn check_signature(cx: &mut Ctx<'_>, plan: &OpPlan) -> Result<(), Error> {
         reduce_op: None,
         root: 0,
         count: Some(mine.len() as u64),
+        send_seq: None,
+        send_count: None,
     };
     // Its frames go on a communicator of their own: begun like any op's, or
     // they would count as run ahead for ever (decision 0019).

@@ -27,13 +27,23 @@ pub(crate) struct OpSignature {
     pub(crate) root: u32,
     /// Checked only when every rank passes the same count.
     pub(crate) count: Option<u64>,
+    /// What this op's sends carry instead of `seq` and `count`, when they
+    /// differ from what its receives expect (`send_recv`: a send number
+    /// and a receive number per peer pair).
+    pub(crate) send_seq: Option<u64>,
+    pub(crate) send_count: Option<u64>,
 }
 
 impl OpSignature {
     fn header(&self) -> Header {
-        let mut h = Header::data(self.comm_id, self.seq, self.op, self.dtype)
-            .with_root(self.root)
-            .with_count(self.count.unwrap_or(0));
+        let mut h = Header::data(
+            self.comm_id,
+            self.send_seq.unwrap_or(self.seq),
+            self.op,
+            self.dtype,
+        )
+        .with_root(self.root)
+        .with_count(self.send_count.or(self.count).unwrap_or(0));
         h.reduce_op = self.reduce_op;
         h
     }
@@ -649,6 +659,16 @@ mod tests {
         steps.clear();
         all_gather_ring(&mut steps, 0, 2, len, chunk);
         let point = posting_points(&steps, 1);
+        assert!(point.iter().flatten().all(|&p| p == 0), "{point:?}");
+    }
+
+    #[test]
+    fn an_exchange_posts_every_receive_before_its_first_send() {
+        let (len, chunk) = (3 << 18, 1 << 18); // f32: 3 MiB each way in 1 MiB chunks
+        let steps = crate::algo::schedule(|o| crate::algo::exchange(o, 1, len, 2, len + 5, chunk));
+        assert_eq!(PostAhead::peer(&steps, 4), Some(2));
+        let point = posting_points(&steps, 2);
+        assert_eq!(point.iter().flatten().count(), 4, "{point:?}");
         assert!(point.iter().flatten().all(|&p| p == 0), "{point:?}");
     }
 

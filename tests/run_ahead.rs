@@ -202,7 +202,8 @@ fn an_exchange_with_a_communicator_per_direction_completes() {
 
 /// The same exchange on one communicator with `send_recv`, whose receive
 /// has begun while it sends, so the peer's frames are always read; and
-/// paired with a plain `send` then `recv` on the other side.
+/// paired with a plain `send` then `recv`, or `recv` then `send`, on the
+/// other side.
 #[test]
 fn send_recv_exchanges_more_than_the_limit_on_one_communicator() {
     common::init_logging();
@@ -210,11 +211,15 @@ fn send_recv_exchanges_more_than_the_limit_on_one_communicator() {
     on_all(&comms, |c| {
         let peer = 1 - c.rank();
         let len = 8 << 20;
-        for round in 0..3u8 {
+        for round in 0..4u8 {
             let out = vec![c.rank() as u8 + round; len];
             let got = if round == 2 && c.rank() == 1 {
                 c.send(out, peer).wait().unwrap();
                 c.recv(vec![0u8; len], peer).wait().unwrap()
+            } else if round == 3 && c.rank() == 1 {
+                let got = c.recv(vec![0u8; len], peer).wait().unwrap();
+                c.send(out, peer).wait().unwrap();
+                got
             } else {
                 c.send_recv(out, peer, vec![0u8; len], peer)
                     .wait()

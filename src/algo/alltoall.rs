@@ -75,6 +75,33 @@ pub fn send(out: &mut Vec<Step>, peer: usize, len: usize, chunk: usize) {
     super::push_sends(out, peer, 0..len, chunk, 0);
 }
 
+/// Point-to-point exchange (`send_recv`): `send_len` elements, the
+/// schedule's read-only input, to `to`, then `recv_len` from `from` into
+/// the work buffer after it. Its frames are numbered as [`send`]'s and
+/// [`recv`]'s, so either side may be a plain send or receive. Sends come
+/// first, so the exchange never waits on `from` before `to` has its data
+/// (a peer that receives before it sends is served); the executor posts
+/// the receives ahead, so on the uring plane they land in place while the
+/// sends go.
+pub fn exchange(
+    out: &mut Vec<Step>,
+    to: usize,
+    send_len: usize,
+    from: usize,
+    recv_len: usize,
+    chunk: usize,
+) {
+    super::push_sends(out, to, 0..send_len, chunk, 0);
+    super::push_recvs(
+        out,
+        from,
+        send_len..send_len + recv_len,
+        chunk,
+        0,
+        Action::Copy,
+    );
+}
+
 /// Point-to-point receive of `len` elements from `peer`.
 pub fn recv(out: &mut Vec<Step>, peer: usize, len: usize, chunk: usize) {
     super::push_recvs(out, peer, 0..len, chunk, 0, Action::Copy);

@@ -26,7 +26,7 @@ mod reduce;
 mod ring;
 pub mod sim;
 
-pub use alltoall::{all_to_all, all_to_all_v, barrier, recv, send};
+pub use alltoall::{all_to_all, all_to_all_v, barrier, exchange, recv, send};
 pub use broadcast::{broadcast_chain, broadcast_tree};
 pub use doubling::all_reduce_doubling;
 pub use reduce::{all_reduce_tree, reduce_tree, reduce_tree_from};
