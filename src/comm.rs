@@ -138,8 +138,6 @@ struct OpPlan {
 struct Ctx<'a> {
     ex: &'a Executor,
     sig: OpSignature,
-    /// An exchange's send number (`sig.seq` is its receive's).
-    send_seq: Option<u64>,
     op: OpContext,
     started: Instant,
     timeout: Duration,
@@ -1039,7 +1037,6 @@ impl Communicator {
             move |cx| {
                 // Frames from `from` are of an op begun here, so they are
                 // read while this sends, whatever the run-ahead limit.
-                cx.sig.send_seq = cx.send_seq;
                 cx.sig.send_count = Some(n_send as u64);
                 cx.sig.count = Some(n_recv as u64);
                 cx.run_schedule_from(send.as_slice(), recv.as_mut_slice(), |steps, chunk| {
@@ -1286,7 +1283,6 @@ fn execute<R>(
     let _entered = span.enter();
     let mut ctx = Ctx {
         ex,
-        send_seq,
         sig: OpSignature {
             comm_id: ex.comm_id,
             seq,
@@ -1295,7 +1291,7 @@ fn execute<R>(
             reduce_op: plan.reduce_op,
             root: plan.root,
             count: plan.uniform_count.then_some(plan.count),
-            send_seq: None,
+            send_seq,
             send_count: None,
         },
         op: OpContext {

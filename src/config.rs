@@ -189,14 +189,14 @@ pub const DEFAULT_SPIN: Duration = Duration::from_millis(1);
 /// A link silent this long (no data, no heartbeat) is declared dead.
 pub const DEFAULT_HEARTBEAT_TIMEOUT: Duration = Duration::from_secs(10);
 /// Idle links send a heartbeat this often.
+pub(crate) const HEARTBEAT_INTERVAL: Duration = Duration::from_secs(1);
+
 /// How far one peer may run ahead of this rank, in bytes of ops not started
 /// here (decision 0019). Measured: 4 MiB ran rooted loops at 4 ranks
 /// 1.1-1.5x faster than 64 MiB or 16 MiB and lost nowhere (docs/perf.md,
 /// sixteenth session); frames of the op a rank is in never count, so large
 /// ops are not held back by it.
 pub(crate) const DEFAULT_RUN_AHEAD_BYTES: usize = 4 << 20;
-
-pub(crate) const HEARTBEAT_INTERVAL: Duration = Duration::from_secs(1);
 
 /// Optional overrides, as set on the builder.
 #[derive(Clone, Debug, Default)]

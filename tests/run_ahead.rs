@@ -185,19 +185,29 @@ fn an_exchange_with_a_communicator_per_direction_completes() {
             0 => (&to_1, &to_0),
             _ => (&to_0, &to_1),
         };
-        let peer = 1 - c.rank();
-        for round in 0..3u8 {
-            let out = vec![c.rank() as u8 + round; 8 << 20];
+        trade_rounds(c, 3, |_, out, peer| {
             let sent = mine.send(out, peer);
-            let got = theirs.recv(vec![0u8; 8 << 20], peer);
+            let got = theirs.recv(vec![0u8; EXCHANGED], peer);
             sent.wait().unwrap();
-            let got = got.wait().unwrap();
-            assert!(
-                got.iter().all(|&b| b == peer as u8 + round),
-                "round {round}"
-            );
-        }
+            got.wait().unwrap()
+        });
     });
+}
+
+/// Bytes each of two ranks sends the other per round in the exchange tests.
+const EXCHANGED: usize = 8 << 20;
+
+/// Two ranks trade `EXCHANGED` bytes each way for `rounds` rounds, each
+/// by `trade(round, what to send, peer)`, and check what arrived.
+fn trade_rounds(c: &Communicator, rounds: u8, trade: impl Fn(u8, Vec<u8>, usize) -> Vec<u8>) {
+    let peer = 1 - c.rank();
+    for round in 0..rounds {
+        let got = trade(round, vec![c.rank() as u8 + round; EXCHANGED], peer);
+        assert!(
+            got.iter().all(|&b| b == peer as u8 + round),
+            "round {round}"
+        );
+    }
 }
 
 /// The same exchange on one communicator with `send_recv`, whose receive
@@ -209,28 +219,24 @@ fn send_recv_exchanges_more_than_the_limit_on_one_communicator() {
     common::init_logging();
     let (_store, comms) = local_group(2, limited(64 << 10));
     on_all(&comms, |c| {
-        let peer = 1 - c.rank();
-        let len = 8 << 20;
-        for round in 0..4u8 {
-            let out = vec![c.rank() as u8 + round; len];
-            let got = if round == 2 && c.rank() == 1 {
-                c.send(out, peer).wait().unwrap();
-                c.recv(vec![0u8; len], peer).wait().unwrap()
-            } else if round == 3 && c.rank() == 1 {
-                let got = c.recv(vec![0u8; len], peer).wait().unwrap();
-                c.send(out, peer).wait().unwrap();
-                got
-            } else {
-                c.send_recv(out, peer, vec![0u8; len], peer)
-                    .wait()
-                    .unwrap()
-                    .1
-            };
-            assert!(
-                got.iter().all(|&b| b == peer as u8 + round),
-                "round {round}"
-            );
-        }
+        trade_rounds(c, 4, |round, out, peer| {
+            let recv = || c.recv(vec![0u8; EXCHANGED], peer).wait().unwrap();
+            match (round, c.rank()) {
+                (2, 1) => {
+                    c.send(out, peer).wait().unwrap();
+                    recv()
+                }
+                (3, 1) => {
+                    let got = recv();
+                    c.send(out, peer).wait().unwrap();
+                    got
+                }
+                _ => {
+                    let exchanged = c.send_recv(out, peer, vec![0u8; EXCHANGED], peer);
+                    exchanged.wait().unwrap().1
+                }
+            }
+        });
     });
 }
 

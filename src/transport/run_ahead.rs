@@ -13,8 +13,9 @@
 //! Sans-IO: the transport records each data frame of an op not begun here
 //! with [`RunAhead::filed`] (which ops have begun it keeps in atomics beside
 //! its inboxes, so a frame of a running op costs no lock), calls
-//! [`RunAhead::begin`] when an op starts, and pauses reading by what
-//! [`RunAhead::over`] says.
+//! [`RunAhead::begin`] when an op starts, and pauses a peer's link from
+//! when `filed` says it is over the limit until `begin` (or `forget`) says
+//! it is back under.
 
 use std::collections::{HashMap, HashSet};
 
@@ -29,28 +30,64 @@ struct Held {
 /// The run-ahead ledger of one process's transport.
 #[derive(Debug)]
 pub(crate) struct RunAhead {
-    /// Bytes per peer past which its link pauses; 0 never pauses.
-    limit: usize,
     /// Frames of unstarted ops per (communicator, peer), in arrival order
     /// (emptied lists stay, so steady state allocates nothing).
     held: HashMap<(u64, usize), Vec<Held>>,
-    /// Their bytes per peer.
-    bytes: Vec<usize>,
-    /// How many frames are held, over all peers.
-    frames: usize,
+    counts: Counts,
     /// Most bytes held at once, over all peers.
     peak: usize,
     /// Communicators gone here (their frames are dropped, not held).
     forgotten: HashSet<u64>,
 }
 
+/// What `held` adds up to, kept apart so it can change while `held` is
+/// walked.
+#[derive(Debug)]
+struct Counts {
+    /// Bytes per peer past which its link pauses; 0 never pauses.
+    limit: usize,
+    /// Bytes held per peer, and over all peers.
+    bytes: Vec<usize>,
+    total: usize,
+    /// Frames held, over all peers.
+    frames: usize,
+}
+
+impl Counts {
+    /// Whether `peer` has more bytes held for unstarted ops than the limit.
+    fn over(&self, peer: usize) -> bool {
+        self.limit > 0 && self.bytes.get(peer).is_some_and(|&b| b > self.limit)
+    }
+
+    /// `frames` frames of `bytes` bytes from `peer` stop counting; calls
+    /// `resumed` if that brings the peer back under the limit.
+    fn release(
+        &mut self,
+        peer: usize,
+        bytes: usize,
+        frames: usize,
+        resumed: &mut impl FnMut(usize),
+    ) {
+        let was_over = self.over(peer);
+        self.bytes[peer] -= bytes;
+        self.total -= bytes;
+        self.frames -= frames;
+        if was_over && !self.over(peer) {
+            resumed(peer);
+        }
+    }
+}
+
 impl RunAhead {
     pub(crate) fn new(world: usize, limit: usize) -> RunAhead {
         RunAhead {
-            limit,
             held: HashMap::new(),
-            bytes: vec![0; world],
-            frames: 0,
+            counts: Counts {
+                limit,
+                bytes: vec![0; world],
+                total: 0,
+                frames: 0,
+            },
             peak: 0,
             forgotten: HashSet::new(),
         }
@@ -67,18 +104,19 @@ impl RunAhead {
         p2p: bool,
         bytes: usize,
     ) -> bool {
-        if peer >= self.bytes.len() {
+        let counts = &mut self.counts;
+        if peer >= counts.bytes.len() {
             return false;
         }
         self.held
             .entry((comm, peer))
             .or_default()
             .push(Held { seq, p2p, bytes });
-        self.bytes[peer] += bytes;
-        self.frames += 1;
-        let total: usize = self.bytes.iter().sum();
-        self.peak = self.peak.max(total);
-        self.over(peer)
+        counts.bytes[peer] += bytes;
+        counts.total += bytes;
+        counts.frames += 1;
+        self.peak = self.peak.max(counts.total);
+        counts.over(peer)
     }
 
     /// This rank starts op `seq` of communicator `comm`: a collective, or
@@ -93,33 +131,26 @@ impl RunAhead {
         from: Option<usize>,
         mut resumed: impl FnMut(usize),
     ) -> usize {
-        if self.frames == 0 {
+        let before = self.counts.frames;
+        if before == 0 {
             return 0;
         }
-        let (limit, mut released) = (self.limit, 0);
         for (&(c, peer), frames) in self.held.iter_mut() {
             if c != comm || from.is_some_and(|f| f != peer) || frames.is_empty() {
                 continue;
             }
-            let before = self.bytes[peer];
-            let (mut freed, mut count) = (0, 0);
+            let (mut bytes, mut count) = (0, 0);
             frames.retain(|h| {
                 let starts = h.p2p == from.is_some() && h.seq <= seq;
                 if starts {
-                    freed += h.bytes;
+                    bytes += h.bytes;
                     count += 1;
                 }
                 !starts
             });
-            self.frames -= count;
-            released += count;
-            self.bytes[peer] -= freed;
-            let over = |b: usize| limit > 0 && b > limit;
-            if over(before) && !over(self.bytes[peer]) {
-                resumed(peer);
-            }
+            self.counts.release(peer, bytes, count, &mut resumed);
         }
-        released
+        before - self.counts.frames
     }
 
     /// Communicator `comm` is gone here: its held frames stop counting
@@ -128,24 +159,16 @@ impl RunAhead {
     /// Returns how many frames stopped counting.
     pub(crate) fn forget(&mut self, comm: u64, mut resumed: impl FnMut(usize)) -> usize {
         self.forgotten.insert(comm);
-        let limit = self.limit;
-        let over = |b: usize| limit > 0 && b > limit;
-        let mut released = 0;
-        let keys: Vec<(u64, usize)> = self.held.keys().filter(|k| k.0 == comm).copied().collect();
-        for key in keys {
-            let Some(frames) = self.held.remove(&key) else {
-                continue;
-            };
-            let peer = key.1;
-            let before = self.bytes[peer];
-            self.bytes[peer] -= frames.iter().map(|h| h.bytes).sum::<usize>();
-            self.frames -= frames.len();
-            released += frames.len();
-            if over(before) && !over(self.bytes[peer]) {
-                resumed(peer);
+        let before = self.counts.frames;
+        let counts = &mut self.counts;
+        self.held.retain(|&(c, peer), frames| {
+            if c == comm {
+                let bytes = frames.iter().map(|h| h.bytes).sum();
+                counts.release(peer, bytes, frames.len(), &mut resumed);
             }
-        }
-        released
+            c != comm
+        });
+        before - self.counts.frames
     }
 
     pub(crate) fn is_forgotten(&self, comm: u64) -> bool {
@@ -154,17 +177,12 @@ impl RunAhead {
 
     /// Bytes held now, over all peers.
     pub(crate) fn held(&self) -> usize {
-        self.bytes.iter().sum()
-    }
-
-    /// Whether `peer` has more bytes held for unstarted ops than the limit.
-    pub(crate) fn over(&self, peer: usize) -> bool {
-        self.limit > 0 && self.bytes.get(peer).is_some_and(|&b| b > self.limit)
+        self.counts.total
     }
 
     /// Bytes `peer` has delivered for ops this rank has not started.
     pub(crate) fn held_from(&self, peer: usize) -> usize {
-        self.bytes.get(peer).copied().unwrap_or(0)
+        self.counts.bytes.get(peer).copied().unwrap_or(0)
     }
 
     /// Most bytes held at once, over all peers.
@@ -173,7 +191,7 @@ impl RunAhead {
     }
 
     pub(crate) fn limit(&self) -> usize {
-        self.limit
+        self.counts.limit
     }
 }
 
@@ -193,7 +211,7 @@ mod tests {
         assert!(!r.filed(7, 1, 2, false, 80));
         assert!(r.filed(7, 1, 3, false, 80), "160 bytes ahead passes 100");
         assert_eq!(r.held_from(1), 160);
-        assert!(!r.over(2), "only the peer that ran ahead is over");
+        assert!(!r.counts.over(2), "only the peer that ran ahead is over");
         assert_eq!(begin(&mut r, 7, 2, None), vec![1], "back at 80: resumed");
         assert_eq!(r.held_from(1), 80);
         assert!(begin(&mut r, 7, 3, None).is_empty(), "was not over");
@@ -230,7 +248,7 @@ mod tests {
     fn a_zero_limit_never_pauses_and_strangers_are_ignored() {
         let mut r = RunAhead::new(2, 0);
         assert!(!r.filed(1, 1, 9, false, 1 << 40));
-        assert!(!r.over(1));
+        assert!(!r.counts.over(1));
         assert!(!r.filed(1, 5, 9, false, 10), "no such peer");
         assert_eq!(
             r.begin(1, 9, None, |_| ()),

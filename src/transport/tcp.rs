@@ -672,29 +672,20 @@ impl Shared {
     /// Communicator `comm_id` is gone here: its inboxes go, and frames
     /// peers sent ahead for it stop counting (and later ones are dropped).
     fn forget(&self, comm_id: u64) {
-        let mut any = false;
-        {
-            let mut ahead = lock(&self.run_ahead);
-            let released = ahead.forget(comm_id, |peer| {
-                self.over[peer].store(false, Ordering::SeqCst);
-                any = true;
-            });
-            self.held_frames.fetch_sub(released, Ordering::SeqCst);
-        }
-        let gone: Vec<Arc<Inbox>> = {
-            let mut inboxes = lock(&self.inboxes);
-            let keys: Vec<_> = inboxes.keys().filter(|k| k.0 == comm_id).copied().collect();
-            keys.iter().filter_map(|k| inboxes.remove(k)).collect()
-        };
+        self.release_held(|ahead, resumed| ahead.forget(comm_id, resumed));
+        let mut gone = Vec::new();
+        lock(&self.inboxes).retain(|&(c, _), inbox| {
+            if c == comm_id {
+                gone.push(inbox.clone());
+            }
+            c != comm_id
+        });
         lock(&self.comm_begun).remove(&comm_id);
         for inbox in gone {
-            let frames: Vec<Incoming> = lock(&inbox.queue).drain(..).collect();
+            let frames = std::mem::take(&mut *lock(&inbox.queue));
             for frame in frames {
                 self.recycle_buf(frame.payload);
             }
-        }
-        if any {
-            self.resume_reading();
         }
     }
 
@@ -710,10 +701,17 @@ impl Shared {
         if self.held_frames.load(Ordering::SeqCst) == 0 {
             return;
         }
+        self.release_held(|ahead, resumed| ahead.begin(comm_id, seq, from, resumed));
+    }
+
+    /// Runs `release` on the ledger (a `begin` or `forget`, which return
+    /// how many frames stopped counting and call back each peer back under
+    /// the limit), and reads those peers' links again.
+    fn release_held(&self, release: impl FnOnce(&mut RunAhead, &mut dyn FnMut(usize)) -> usize) {
         let mut any = false;
         {
             let mut ahead = lock(&self.run_ahead);
-            let released = ahead.begin(comm_id, seq, from, |peer| {
+            let released = release(&mut ahead, &mut |peer| {
                 self.over[peer].store(false, Ordering::SeqCst);
                 tracing::debug!(rank = self.me, peer, "caught up: reading its link again");
                 any = true;
