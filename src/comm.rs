@@ -285,9 +285,13 @@ fn reduce_body<T: Element>(
 ) -> Result<(), Error> {
     let (rank, size) = cx.rank_and_size();
     let n = data.len();
+    // Large messages take the chain where it pays: its root receives and
+    // reduces the buffer once, a tree's ceil(log2 p) times.
+    let chain = !cx.small(data) && algo::reduce_chain_pays(size, n, cx.chunk::<T>());
     if rank == root {
-        cx.run_schedule(data, |steps, chunk| {
-            algo::reduce_tree(steps, rank, size, root, n, chunk)
+        cx.run_schedule(data, |steps, chunk| match chain {
+            true => algo::reduce_chain(steps, rank, size, root, n, chunk),
+            false => algo::reduce_tree(steps, rank, size, root, n, chunk),
         })?;
         if op == ReduceOp::Avg {
             T::finish_avg(data, size);
@@ -295,10 +299,11 @@ fn reduce_body<T: Element>(
     } else {
         // The caller's buffer is read in place and comes back as it was:
         // partial results pass through one chunk's slot (a leaf never
-        // touches it; see `algo::reduce_tree_from`).
+        // touches it; see `algo::reduce_tree_from` and `reduce_chain_from`).
         cx.with_scratch(cx.chunk::<T>().min(n), |cx, work: &mut [T]| {
-            cx.run_schedule_from(data, work, |steps, chunk| {
-                algo::reduce_tree_from(steps, rank, size, root, n, chunk)
+            cx.run_schedule_from(data, work, |steps, chunk| match chain {
+                true => algo::reduce_chain_from(steps, rank, size, root, n, chunk),
+                false => algo::reduce_tree_from(steps, rank, size, root, n, chunk),
             })
         })?;
     }

@@ -87,6 +87,47 @@ fn a_crowded_host_switches_every_rank_to_the_tree() {
     }
 }
 
+/// A reduce of several chunks takes the chain: its root receives the
+/// buffer once (a binomial tree's root, from ceil(log2 p) children), and
+/// the result is right for every root. A one-chunk reduce stays on the
+/// tree. Ranks as threads, so one small chunk keeps the buffers small.
+#[test]
+fn a_reduce_of_many_chunks_reaches_its_root_once() {
+    let seed = seed();
+    let chunk = 4096;
+    for world in [3usize, 4, 5] {
+        let depth = world.next_power_of_two().trailing_zeros() as u64;
+        let (_store, comms) =
+            local_group(world, |b| b.chunk_bytes(chunk).small_message_bytes(chunk));
+        for (len, root_gets) in [(8 * chunk / 4 + 3, 1), (chunk / 4, depth)] {
+            for root in 0..world {
+                let results = on_all(&comms, |c| {
+                    let ins = inputs::<f32>(seed, root as u64, world, len, ReduceOp::Sum);
+                    let before = c.stats().bytes_received;
+                    let got = c
+                        .reduce(ins[c.rank()].clone(), root, ReduceOp::Sum)
+                        .wait()
+                        .map_err(|e| e.to_string())?;
+                    let received = c.stats().bytes_received - before;
+                    if c.rank() == root {
+                        check_close(&got, &reference_reduce(&ins, ReduceOp::Sum), world)?;
+                        let want = root_gets * (len * 4) as u64;
+                        if received != want {
+                            return Err(format!("root received {received} bytes, not {want}"));
+                        }
+                    }
+                    Ok(())
+                });
+                for r in results {
+                    r.unwrap_or_else(|e| {
+                        panic!("seed {seed} p={world} len={len} root={root}: {e}")
+                    });
+                }
+            }
+        }
+    }
+}
+
 #[test]
 fn large_buffers_across_chunks() {
     let seed = seed();

@@ -29,7 +29,10 @@ pub mod sim;
 pub use alltoall::{all_to_all, all_to_all_v, barrier, exchange, recv, send};
 pub use broadcast::{broadcast_chain, broadcast_tree};
 pub use doubling::all_reduce_doubling;
-pub use reduce::{all_reduce_tree, reduce_tree, reduce_tree_from};
+pub use reduce::{
+    all_reduce_tree, reduce_chain, reduce_chain_from, reduce_chain_pays, reduce_tree,
+    reduce_tree_from,
+};
 pub use ring::{
     all_gather_ring, all_reduce_ring, reduce_scatter_ring, reduce_scatter_ring_from,
     reduce_scatter_ring_into, reduce_scatter_slot,

@@ -407,43 +407,51 @@ mod tests {
                             );
                         }
                         let reference = reference_reduce(&inputs, ReduceOp::Max);
-                        let scheds: Vec<_> = (0..world)
-                            .map(|r| schedule(|o| reduce_tree(o, r, world, root, len, chunk)))
-                            .collect();
-                        let mut works = inputs.clone();
-                        run(&scheds, &mut works, ReduceOp::Max).unwrap();
-                        check_close(&works[root], &reference, world).unwrap_or_else(|e| {
-                            panic!("seed {seed} reduce p={world} root={root}: {e}")
-                        });
-                        // Again with the other ranks reading their input in
-                        // place, through one chunk's slot of garbage after it.
-                        let scheds: Vec<_> = (0..world)
-                            .map(|r| match r == root {
-                                true => schedule(|o| reduce_tree(o, r, world, root, len, chunk)),
-                                false => {
-                                    schedule(|o| reduce_tree_from(o, r, world, root, len, chunk))
-                                }
-                            })
-                            .collect();
-                        let mut works: Vec<Vec<i32>> = (0..world)
-                            .map(|r| {
-                                let mut w = inputs[r].clone();
-                                if r != root {
-                                    // Garbage that would win a max.
-                                    w.resize(len + chunk.min(len), i32::MAX);
-                                }
-                                w
-                            })
-                            .collect();
-                        run(&scheds, &mut works, ReduceOp::Max).unwrap();
-                        check_close(&works[root], &reference, world).unwrap_or_else(|e| {
-                            panic!("seed {seed} reduce_from p={world} root={root}: {e}")
-                        });
-                        for r in (0..world).filter(|&r| r != root) {
-                            assert!(
-                                works[r][..len] == inputs[r][..],
-                                "seed {seed} reduce_from p={world} root={root}: rank {r}'s input changed"
-                            );
+                        type Build = fn(&mut Vec<Step>, usize, usize, usize, usize, usize);
+                        let reduces: [(&str, Build, Build); 2] = [
+                            ("tree", reduce_tree, reduce_tree_from),
+                            ("chain", reduce_chain, reduce_chain_from),
+                        ];
+                        for (name, reduce, reduce_from) in reduces {
+                            let scheds: Vec<_> = (0..world)
+                                .map(|r| schedule(|o| reduce(o, r, world, root, len, chunk)))
+                                .collect();
+                            let mut works = inputs.clone();
+                            run(&scheds, &mut works, ReduceOp::Max).unwrap();
+                            check_close(&works[root], &reference, world).unwrap_or_else(|e| {
+                                panic!("seed {seed} {name} reduce p={world} root={root}: {e}")
+                            });
+                            // Again with the other ranks reading their input
+                            // in place, through one chunk's slot of garbage
+                            // after it.
+                            let scheds: Vec<_> = (0..world)
+                                .map(|r| match r == root {
+                                    true => schedule(|o| reduce(o, r, world, root, len, chunk)),
+                                    false => {
+                                        schedule(|o| reduce_from(o, r, world, root, len, chunk))
+                                    }
+                                })
+                                .collect();
+                            let mut works: Vec<Vec<i32>> = (0..world)
+                                .map(|r| {
+                                    let mut w = inputs[r].clone();
+                                    if r != root {
+                                        // Garbage that would win a max.
+                                        w.resize(len + chunk.min(len), i32::MAX);
+                                    }
+                                    w
+                                })
+                                .collect();
+                            run(&scheds, &mut works, ReduceOp::Max).unwrap();
+                            check_close(&works[root], &reference, world).unwrap_or_else(|e| {
+                                panic!("seed {seed} {name} reduce_from p={world} root={root}: {e}")
+                            });
+                            for r in (0..world).filter(|&r| r != root) {
+                                assert!(
+                                    works[r][..len] == inputs[r][..],
+                                    "seed {seed} {name} reduce_from p={world} root={root}: rank {r}'s input changed"
+                                );
+                            }
                         }
                     }
                 }
