@@ -6,29 +6,49 @@
 #
 #   bash benches/rotate.sh ROUNDS LABEL=VAR=VALUE[,VAR=VALUE]... -- BENCH-ARGS...
 #
-# LABEL=- runs with no extra variables. Example (decision 0015):
+# LABEL=- runs with no extra variables. LABEL=@REV runs the bench built
+# from git revision REV (in a worktree, its own target directory under
+# target/), so two builds alternate on the same drifting host:
+#   bash benches/rotate.sh 4 old=@HEAD~1 new=- -- reduce --ranks 4 -b 1M -e 64M -f 4
+# Example (decision 0015):
 #   bash benches/rotate.sh 6 old=RINGWIRE_SOCKET_BUFFER_BYTES=106496 new=- -- \
 #     all_reduce --ranks 4 -b 1M -e 64M -f 4 -n 30 -w 3 -c 0 --max-seconds 0 --transport uring
 # (106496 doubles to 208 KiB, the kernel's default before 0015.)
 set -euo pipefail
-[ $# -ge 3 ] || { sed -n 2,12p "$0"; exit 2; }
+[ $# -ge 3 ] || { sed -n 2,15p "$0"; exit 2; }
 rounds=$1; shift
 settings=()
 while [ $# -gt 0 ] && [ "$1" != "--" ]; do settings+=("$1"); shift; done
 [ "${1:-}" = "--" ] || { echo "rotate.sh: missing -- before the bench arguments" >&2; exit 2; }
 shift
 root=$(cd "$(dirname "$0")/.." && pwd)
-bench=$root/target/release/ringwire-bench
 (cd "$root" && cargo build --release -q -p ringwire-bench)
-rows=$(mktemp); trap 'rm -f "$rows"' EXIT
+rows=$(mktemp)
+worktrees=()
+cleanup() {
+    rm -f "$rows"
+    for w in "${worktrees[@]}"; do git -C "$root" worktree remove --force "$w"; done
+}
+trap cleanup EXIT
 n=${#settings[@]}
+declare -A bench
+for s in "${settings[@]}"; do
+    label=${s%%=*}; vars=${s#*=}
+    bench[$label]=$root/target/release/ringwire-bench
+    if [ "${vars:0:1}" = "@" ]; then
+        wt=$(mktemp -d); worktrees+=("$wt")
+        git -C "$root" worktree add -q --detach "$wt" "${vars:1}"
+        (cd "$wt" && CARGO_TARGET_DIR=$root/target/rotate-$label cargo build --release -q -p ringwire-bench)
+        bench[$label]=$root/target/rotate-$label/release/ringwire-bench
+    fi
+done
 for ((r = 0; r < rounds; r++)); do
     for ((i = 0; i < n; i++)); do
         s=${settings[$(((i + r) % n))]}
         label=${s%%=*}; vars=${s#*=}
         env_args=()
-        [ "$vars" = "-" ] || IFS=, read -ra env_args <<< "$vars"
-        out=$(env "${env_args[@]}" "$bench" "$@" 2>/dev/null)
+        [ "$vars" = "-" ] || [ "${vars:0:1}" = "@" ] || IFS=, read -ra env_args <<< "$vars"
+        out=$(env "${env_args[@]}" "${bench[$label]}" "$@" 2>/dev/null)
         awk -v l="$label" '$1 ~ /^(uring|portable)/ {print l, $1, $2, $7, $14}' <<< "$out" >> "$rows"
         # The VM's core-to-core round trip before and after (about 55 ns near,
         # 300+ far: a far phase slows every run, so rounds may be judged by it).
