@@ -176,6 +176,10 @@ struct Shared {
     closing: AtomicBool,
     /// Communicators some rank aborted: comm id -> what it said.
     aborted: Mutex<HashMap<u64, AbortNote>>,
+    /// Set once `aborted` has an entry: every op checks for an abort
+    /// several times, and while none happened (nearly always) that costs
+    /// one load instead of a lock.
+    any_aborted: AtomicBool,
     /// Milliseconds since `epoch` of the last frame sent to / read from each peer.
     last_send: Vec<AtomicU64>,
     last_recv: Vec<AtomicU64>,
@@ -324,6 +328,7 @@ impl TcpTransport {
             pool: Mutex::new(Pool::default()),
             closing: AtomicBool::new(false),
             aborted: Mutex::new(HashMap::new()),
+            any_aborted: AtomicBool::new(false),
             last_send: (0..world).map(|_| AtomicU64::new(0)).collect(),
             last_recv: (0..world).map(|_| AtomicU64::new(0)).collect(),
             epoch: Instant::now(),
@@ -431,6 +436,9 @@ impl Shared {
 
     /// The error for ops of an aborted communicator.
     fn aborted_error(&self, comm_id: u64) -> Option<LinkError> {
+        if !self.any_aborted.load(Ordering::Acquire) {
+            return None;
+        }
         lock(&self.aborted)
             .get(&comm_id)
             .map(|a| LinkError::Aborted {
@@ -510,6 +518,7 @@ impl Shared {
             if aborted.contains_key(&comm_id) {
                 return;
             }
+            self.any_aborted.store(true, Ordering::Release);
             aborted.insert(
                 comm_id,
                 AbortNote {

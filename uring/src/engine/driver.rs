@@ -527,6 +527,11 @@ impl Driver {
     /// (EINTR) or, while it runs user code, leaving the completion until its
     /// next kernel entry. A thread that stops waiting on the engine (a
     /// caller whose op is done, an idle executor) must leave nothing behind.
+    /// Whether no entry is in the ring (its last completion taken).
+    pub(crate) fn nothing_in_flight(&self) -> bool {
+        self.in_flight == 0
+    }
+
     pub(crate) fn release(&mut self, sink: &dyn FrameSink) {
         let me = Some(std::thread::current().id());
         self.me = me;

@@ -257,6 +257,10 @@ pub struct FrameEngine {
     wake: nix::sys::eventfd::EventFd,
     /// Shared with the driver: see `Driver::poked`.
     poked: Arc<AtomicBool>,
+    /// Whether the ring had nothing in flight when the last turn ended:
+    /// then `release` has nothing to withdraw, and a small op's end skips
+    /// its locks and turn.
+    quiet: AtomicBool,
     fixed_files: bool,
     /// Storage of [`FrameEngine::with_placements`], kept for reuse.
     spare_placements: Mutex<Vec<placements::Posted>>,
@@ -307,6 +311,7 @@ impl FrameEngine {
             driver: Mutex::new(driver),
             wake,
             poked,
+            quiet: AtomicBool::new(false),
             fixed_files,
             spare_placements: Mutex::default(),
             frame_align: config.frame_align,
@@ -432,6 +437,13 @@ impl FrameEngine {
     /// is not ringwire's (see `Driver::release`). Call it when a thread
     /// stops waiting on the engine. Waits for another driver's turn to end.
     pub fn release(&self, sink: &dyn FrameSink) {
+        // Entries are made only in turns, and every turn updates `quiet`
+        // before it ends: if it is set, no turn left anything in flight
+        // (another thread's turn in progress clears it only for entries of
+        // its own, which are not the caller's to withdraw).
+        if self.quiet.load(Ordering::Acquire) {
+            return;
+        }
         loop {
             let st = lock(&self.state);
             if !st.driving {
@@ -481,6 +493,8 @@ impl FrameEngine {
         let _unwinding = Unwinding(self);
         let mut driver = lock(&self.driver);
         f(&mut driver);
+        self.quiet
+            .store(driver.nothing_in_flight(), Ordering::Release);
         let mut st = lock(&self.state);
         for (id, outcome) in driver.finished.drain(..) {
             match id {

@@ -556,6 +556,29 @@ fn a_released_thread_is_not_interrupted_by_later_completions() {
 }
 
 #[test]
+fn release_takes_no_turn_when_nothing_is_in_flight() {
+    let (a, _b) = UnixStream::pair().unwrap();
+    let e = engine(1);
+    let sink = Sink::default();
+    // No link yet: a turn leaves nothing in the ring, and the release that
+    // ends every small op is then a load, not a turn.
+    e.tick(&sink);
+    let quiet = e.generation();
+    e.release(&sink);
+    assert_eq!(e.generation(), quiet, "a quiet release took a turn");
+    // A tick posts the link's receive: release must withdraw it.
+    e.add_link(0, shared(a));
+    e.tick(&sink);
+    let busy = e.generation();
+    e.release(&sink);
+    assert!(e.generation() > busy, "release left a receive in flight");
+    // Withdrawn, the ring is quiet again.
+    let after = e.generation();
+    e.release(&sink);
+    assert_eq!(e.generation(), after);
+}
+
+#[test]
 fn release_keeps_a_partly_received_payload_whole() {
     // A large payload arrives in pieces; the receiving thread releases
     // after every short turn, so its receive, mid-payload, is cancelled
