@@ -11,7 +11,7 @@
 # Options (or the environment variable in brackets):
 #   --ranks "2 4"   world sizes [RANKS]          -b 8      smallest size [MINB]
 #   -e 256M         largest size [MAXB]          -f 4      size factor [FACTOR]
-#   -w 3            warm-up ops per size [WARMUP] -n 20    timed ops per size, at most [ITERS]
+#   -w 3            warm-up ops per size [WARMUP] -n 200   timed ops per size, at most [ITERS]
 #   -m 1            cap timed ops near this many seconds per size [MAX_SECONDS]
 #   --out DIR       where logs and JSON go [OUT] (default target/compare/run-DATE)
 #   --peers "ringwire mpi gloo"  [PEERS]
@@ -44,7 +44,7 @@ MINB=${MINB:-8}
 MAXB=${MAXB:-256M}
 FACTOR=${FACTOR:-4}
 WARMUP=${WARMUP:-3}
-ITERS=${ITERS:-20}
+ITERS=${ITERS:-200}
 MAX_SECONDS=${MAX_SECONDS:-1}
 PEERS=${PEERS:-"ringwire mpi gloo"}
 NO_INSTALL=${NO_INSTALL:-0}
