@@ -253,6 +253,70 @@ fn large_all_to_all(c: &ringwire::Communicator, seed: u64) -> Result<(), String>
     Ok(())
 }
 
+/// Voluntary context switches so far of this process's threads whose name
+/// starts with `prefix` (Linux: /proc/self/task).
+fn voluntary_switches(prefix: &str) -> u64 {
+    let mut total = 0;
+    for task in std::fs::read_dir("/proc/self/task").unwrap().flatten() {
+        let path = task.path();
+        let name = std::fs::read_to_string(path.join("comm")).unwrap_or_default();
+        if !name.starts_with(prefix) {
+            continue;
+        }
+        let status = std::fs::read_to_string(path.join("status")).unwrap_or_default();
+        total += status
+            .lines()
+            .find_map(|l| l.strip_prefix("voluntary_ctxt_switches:"))
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .unwrap_or(0);
+    }
+    total
+}
+
+/// On the portable transport a link's reader thread polls its socket after
+/// a small frame instead of sleeping in `read` for the next, which cost a
+/// wake-up per frame (decision 0021). So a stream of small ops leaves the
+/// readers nearly without sleeps (a few in 4000 frames here); without the
+/// polling nearly every frame was one (3896 in 4000).
+#[test]
+fn portable_readers_poll_while_an_op_waits_for_a_small_frame() {
+    // Reader threads of other tests' communicators (same names) would
+    // count too: measure in a process of its own.
+    const ALONE: &str = "RINGWIRE_TEST_ALONE";
+    let name = "portable_readers_poll_while_an_op_waits_for_a_small_frame";
+    if std::env::var_os(ALONE).is_none() {
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .env(ALONE, "1")
+            .args(["--exact", name, "--test-threads", "1"])
+            .output()
+            .expect("run the test binary again");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success() && stdout.contains("1 passed"),
+            "{stdout}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        return;
+    }
+    let (_store, comms) = local_group(2, |b| b.transport(ringwire::TransportKind::Portable));
+    let ops = 2000;
+    on_all(&comms, |c| c.barrier().wait().unwrap()); // links up, readers running
+    let before = voluntary_switches("ringwire-rx-");
+    on_all(&comms, |c| {
+        for _ in 0..ops {
+            c.all_reduce(vec![1f32; 2], ReduceOp::Sum).wait().unwrap();
+        }
+    });
+    let slept = voluntary_switches("ringwire-rx-") - before;
+    // Each of the two readers took `ops` frames; a busy machine may make
+    // some waits outlast the spin, but nowhere near half.
+    assert!(
+        slept < ops as u64,
+        "the readers slept {slept} times for {} frames",
+        2 * ops
+    );
+}
+
 /// Every other test of this file, again on the portable transport (the
 /// default run uses the io_uring engine where it works).
 #[test]

@@ -31,7 +31,7 @@ use ringwire_uring::{
 use std::collections::{HashMap, VecDeque};
 use std::io::{self, IoSlice, IoSliceMut, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsFd, AsRawFd};
 use std::os::unix::net::{SocketAddr as UnixAddr, UnixListener, UnixStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -214,6 +214,9 @@ struct Shared {
     /// keeps a paused link read until its frame is in: it may sit behind
     /// held ones.
     placing: Vec<AtomicUsize>,
+    /// Per peer: threads waiting for a frame of it (inbox or placement).
+    /// The portable plane's reader polls its socket while any does.
+    awaited: Vec<AtomicUsize>,
 }
 
 /// An abort as first heard of by this rank.
@@ -344,6 +347,7 @@ impl TcpTransport {
             held_frames: AtomicUsize::new(0),
             comm_begun: Mutex::new(HashMap::new()),
             placing: (0..world).map(|_| AtomicUsize::new(0)).collect(),
+            awaited: (0..world).map(|_| AtomicUsize::new(0)).collect(),
         });
         let s = shared.clone();
         std::thread::Builder::new()
@@ -760,6 +764,7 @@ impl Shared {
     /// guard drops; a paused link is read again until that frame is in.
     fn waiting_on<'a>(&'a self, inbox: &'a Inbox, peer: usize, at: Await) -> Waiting<'a> {
         inbox.waiters.fetch_add(1, Ordering::SeqCst);
+        self.awaited[peer].fetch_add(1, Ordering::SeqCst);
         if at == Await::Placement {
             self.placing[peer].fetch_add(1, Ordering::SeqCst);
         }
@@ -783,6 +788,30 @@ impl Shared {
         if let Some(engine) = &self.engine {
             engine.notify();
         }
+    }
+
+    /// Portable plane, after a small frame of `peer`: polls the link's
+    /// socket (yielding between polls) instead of sleeping in `read`, for
+    /// [`READER_GRACE`] and, while a thread here waits for a frame of
+    /// `peer`, up to the spin budget, so the next frame of a latency-bound
+    /// exchange is read without waking this reader thread. (The grace
+    /// covers the time its op thread takes to finish the op and wait for
+    /// the next frame.)
+    fn poll_for_next_frame(&self, peer: usize, socket: &Conn) {
+        use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+        let start = Instant::now();
+        let awaited = || self.awaited[peer].load(Ordering::SeqCst) > 0;
+        // Bytes, end of stream or an error: the read will not block. (A
+        // poll, not a peek: it takes no socket lock that arriving segments
+        // would wait for.)
+        let readable = || {
+            let mut fds = [PollFd::new(socket.as_fd(), PollFlags::POLLIN)];
+            !matches!(poll(&mut fds, PollTimeout::ZERO), Ok(0))
+        };
+        crate::spin::poll_for(self.config.spin, || {
+            let give_up = !awaited() && start.elapsed() >= READER_GRACE;
+            (readable() || give_up).then_some(())
+        });
     }
 
     /// Portable plane: holds `peer`'s reader thread while its link is paused.
@@ -932,9 +961,12 @@ impl Shared {
             },
         });
         let s = self.clone();
+        // Plaintext reads come straight from the socket, so its readiness
+        // says whether a read would block (TLS may hold decrypted bytes).
+        let polled = self.config.security.tls.is_none().then(|| link.clone());
         std::thread::Builder::new()
             .name(format!("ringwire-rx-{}-{peer}", self.me))
-            .spawn(move || read_loop(&s, peer, reader))?;
+            .spawn(move || read_loop(&s, peer, reader, polled))?;
         Ok(link)
     }
 
@@ -1659,6 +1691,7 @@ struct Waiting<'a> {
 impl Drop for Waiting<'_> {
     fn drop(&mut self) {
         self.inbox.waiters.fetch_sub(1, Ordering::SeqCst);
+        self.shared.awaited[self.peer].fetch_sub(1, Ordering::SeqCst);
         if self.at == Await::Placement {
             self.shared.placing[self.peer].fetch_sub(1, Ordering::SeqCst);
         }
@@ -1723,10 +1756,27 @@ fn heartbeat_loop(s: &Arc<Shared>) {
     }
 }
 
-fn read_loop(s: &Arc<Shared>, peer: usize, mut stream: LinkReader) {
+/// The portable reader polls for the next frame only after one of at most
+/// this many payload bytes (see `read_loop`).
+const POLLED_FRAME_BYTES: usize = 64 << 10;
+
+/// How long the portable reader polls after a small frame even while no
+/// thread waits for the next one (see `Shared::poll_for_next_frame`).
+const READER_GRACE: Duration = Duration::from_micros(50);
+
+fn read_loop(s: &Arc<Shared>, peer: usize, mut stream: LinkReader, polled: Option<Arc<Link>>) {
     s.last_recv[peer].store(s.now_ms(), Ordering::Relaxed);
+    // Polling pays where frames are small (latency-bound exchanges); with
+    // large ones the peer is busy writing a payload, and a polling reader
+    // would only take turns on the core with it.
+    let mut last_small = true;
     let reason = loop {
         s.wait_while_paused(peer);
+        if let (true, Some(LinkPlane::Portable { control, .. })) =
+            (last_small, polled.as_ref().map(|l| &l.plane))
+        {
+            s.poll_for_next_frame(peer, control);
+        }
         let mut head = [0u8; HEADER_LEN];
         if let Err(e) = stream.read_exact(&mut head) {
             break describe_read_error(peer, &e);
@@ -1736,6 +1786,7 @@ fn read_loop(s: &Arc<Shared>, peer: usize, mut stream: LinkReader) {
             Ok(h) => h,
             Err(e) => break format!("rank {peer} sent a bad frame header: {e}"),
         };
+        last_small = header.payload_len_usize() <= POLLED_FRAME_BYTES;
         match header.kind {
             FrameKind::Data => {
                 let mut buf = s.take_buf();
