@@ -109,6 +109,9 @@ pub(crate) struct Tunables {
     /// Bytes a peer may deliver ahead of this rank (0: unbounded;
     /// RINGWIRE_RUN_AHEAD_BYTES; decision 0019).
     pub(crate) run_ahead_bytes: usize,
+    /// Bytes all peers together may deliver ahead of this rank
+    /// (RINGWIRE_RUN_AHEAD_TOTAL_BYTES; 0: no total limit).
+    pub(crate) run_ahead_total_bytes: usize,
     pub(crate) debug_checks: bool,
     pub(crate) flight_recorder_ops: usize,
 }
@@ -198,6 +201,13 @@ pub(crate) const HEARTBEAT_INTERVAL: Duration = Duration::from_secs(1);
 /// ops are not held back by it.
 pub(crate) const DEFAULT_RUN_AHEAD_BYTES: usize = 4 << 20;
 
+/// Default limit on what all peers together may deliver for ops not
+/// started here: past it, every peer holding any is paused (decision 0019,
+/// seventeenth session). Without it a rank that many peers run ahead of
+/// (the slow root of a wide communicator) could hold the per-peer limit
+/// times the peers; this bounds it at 16 peers' worth.
+pub(crate) const DEFAULT_RUN_AHEAD_TOTAL_BYTES: usize = 64 << 20;
+
 /// Optional overrides, as set on the builder.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct Overrides {
@@ -211,6 +221,7 @@ pub(crate) struct Overrides {
     pub(crate) tcp_lanes: Option<bool>,
     pub(crate) heartbeat_timeout: Option<Duration>,
     pub(crate) run_ahead_bytes: Option<usize>,
+    pub(crate) run_ahead_total_bytes: Option<usize>,
     pub(crate) debug_checks: Option<bool>,
 }
 
@@ -338,6 +349,11 @@ impl Overrides {
             None => env_bytes(lookup, "RINGWIRE_RUN_AHEAD_BYTES")?
                 .map_or(DEFAULT_RUN_AHEAD_BYTES, |b| b as usize),
         };
+        let run_ahead_total_bytes = match self.run_ahead_total_bytes {
+            Some(b) => b,
+            None => env_bytes(lookup, "RINGWIRE_RUN_AHEAD_TOTAL_BYTES")?
+                .map_or(DEFAULT_RUN_AHEAD_TOTAL_BYTES, |b| b as usize),
+        };
         let debug_checks = match self.debug_checks {
             Some(d) => d,
             // `detail` as torch's TORCH_DISTRIBUTED_DEBUG says it, or a switch.
@@ -368,6 +384,7 @@ impl Overrides {
             spin,
             heartbeat_timeout,
             run_ahead_bytes,
+            run_ahead_total_bytes,
             debug_checks,
             flight_recorder_ops,
         })
@@ -420,11 +437,22 @@ mod tests {
         assert_eq!(t.small_message_bytes, 4096);
         assert_eq!(t.chunk_bytes, DEFAULT_CHUNK_BYTES);
         assert_eq!(t.spin, DEFAULT_SPIN);
+        assert_eq!(t.run_ahead_bytes, DEFAULT_RUN_AHEAD_BYTES);
+        assert_eq!(t.run_ahead_total_bytes, DEFAULT_RUN_AHEAD_TOTAL_BYTES);
         let o = Overrides {
             small_message_bytes: Some(10),
             ..Overrides::default()
         };
         assert_eq!(o.resolve(&env).unwrap().small_message_bytes, 10);
+        let t = Overrides::default()
+            .resolve(&vars(&[("RINGWIRE_RUN_AHEAD_TOTAL_BYTES", "8M")]))
+            .unwrap();
+        assert_eq!(t.run_ahead_total_bytes, 8 << 20);
+        let o = Overrides {
+            run_ahead_total_bytes: Some(0),
+            ..Overrides::default()
+        };
+        assert_eq!(o.resolve(&env).unwrap().run_ahead_total_bytes, 0);
     }
 
     #[test]

@@ -244,6 +244,18 @@ impl Builder {
         self
     }
 
+    /// Bytes all peers together may send for ops this rank has not started
+    /// yet: past it, every peer that has sent any such bytes is not read
+    /// until this rank catches up, so a rank that many peers run ahead of
+    /// (the slow root of a wide communicator) holds at most this much
+    /// rather than [`Builder::run_ahead_bytes`] times the peers (64 MiB; 0
+    /// for no total limit; no limit at all while `run_ahead_bytes` is 0).
+    /// Env: RINGWIRE_RUN_AHEAD_TOTAL_BYTES.
+    pub fn run_ahead_total_bytes(mut self, bytes: usize) -> Builder {
+        self.overrides.run_ahead_total_bytes = Some(bytes);
+        self
+    }
+
     /// Before each collective, check across ranks that every rank called the
     /// same op with the same type, count, reduce op and root (one small
     /// all-gather per op; like TORCH_DISTRIBUTED_DEBUG=DETAIL). Env:
@@ -648,6 +660,7 @@ fn start_transport(
         heartbeat_interval: crate::config::HEARTBEAT_INTERVAL.min(t.heartbeat_timeout / 4),
         heartbeat_timeout: t.heartbeat_timeout,
         run_ahead_limit: t.run_ahead_bytes,
+        run_ahead_total_limit: t.run_ahead_total_bytes,
     };
     let peers = if peers.is_empty() {
         vec![

@@ -71,6 +71,71 @@ fn a_slow_root_holds_the_leaves_back_near_the_limit() {
     );
 }
 
+/// Four ranks each send rank 0 2 MiB of messages it is slow to receive.
+/// The per-peer limit alone lets each hold its 1 MiB there, 4 MiB in all;
+/// the total limit (1 MiB) pauses every sender once they hold that much
+/// together. Rank 5 keeps rank 0's transport reading meanwhile, as in the
+/// slow-root test above.
+#[test]
+fn the_total_limit_bounds_what_many_peers_hold_together() {
+    common::init_logging();
+    let (_store, comms) = local_group(6, |b| {
+        b.run_ahead_bytes(LIMIT)
+            .run_ahead_total_bytes(LIMIT)
+            .chunk_bytes(64 << 10)
+    });
+    let (messages, len) = (32usize, 64usize << 10);
+    let results = on_all(&comms, |c| match c.rank() {
+        0 => {
+            let keep_reading = c.recv(vec![0u8], 5);
+            for leaf in 1..5 {
+                // Links are made on first use, by the lower rank.
+                c.recv(vec![0u8], leaf).wait().unwrap();
+            }
+            std::thread::sleep(Duration::from_millis(1500));
+            for leaf in 1..5 {
+                for m in 0..messages {
+                    let got = c.recv(vec![0u8; len], leaf).wait().unwrap();
+                    let want = (leaf * messages + m) as u8;
+                    if got.iter().any(|&b| b != want) {
+                        return Err(format!("message {m} of rank {leaf} arrived wrong"));
+                    }
+                }
+            }
+            keep_reading.wait().unwrap();
+            Ok(())
+        }
+        5 => {
+            std::thread::sleep(Duration::from_millis(3000));
+            c.send(vec![1u8], 0).wait().unwrap();
+            Ok(())
+        }
+        leaf => {
+            c.send(vec![0u8], 0).wait().unwrap();
+            for m in 0..messages {
+                let data = vec![(leaf * messages + m) as u8; len];
+                c.send(data, 0).wait().unwrap();
+            }
+            Ok(())
+        }
+    });
+    for r in results {
+        r.unwrap();
+    }
+    let held = comms[0].stats().held_ahead_peak_bytes as usize;
+    // The total plus what each sender had in flight when it was paused (a
+    // frame, and what a posted receive had taken in).
+    let bound = LIMIT + 4 * (3 * len);
+    assert!(
+        held <= bound,
+        "rank 0 held {held} bytes ahead (bound {bound}; per-peer limits alone allow 4 MiB)"
+    );
+    assert!(
+        held >= LIMIT,
+        "the senders never ran ahead ({held} bytes): the test proves nothing"
+    );
+}
+
 /// Rank 1 runs far ahead on the world communicator, then joins a small
 /// all-reduce on a second one, which rank 0 joined first. Rank 1's part of
 /// it sits on the shared link behind more held frames than the limit, so

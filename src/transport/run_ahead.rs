@@ -10,11 +10,17 @@
 //! sender's count of sends to this rank and start with this rank's receive
 //! of the same number from that peer.
 //!
+//! Two limits: one per peer, and one over all peers (so a rank that many
+//! peers run ahead of, a slow root of a wide communicator, holds at most
+//! that much, not the per-peer limit times the peers). While the total is
+//! over its limit, every peer that has anything held is paused; peers with
+//! nothing held (not ahead) are read as ever.
+//!
 //! Sans-IO: the transport records each data frame of an op not begun here
 //! with [`RunAhead::filed`] (which ops have begun it keeps in atomics beside
 //! its inboxes, so a frame of a running op costs no lock), calls
 //! [`RunAhead::begin`] when an op starts, and pauses a peer's link from
-//! when `filed` says it is over the limit until `begin` (or `forget`) says
+//! when `filed` says it is over a limit until `begin` (or `forget`) says
 //! it is back under.
 
 use std::collections::{HashMap, HashSet};
@@ -46,6 +52,9 @@ pub(crate) struct RunAhead {
 struct Counts {
     /// Bytes per peer past which its link pauses; 0 never pauses.
     limit: usize,
+    /// Bytes over all peers past which every peer holding any pauses; 0
+    /// for no such limit (nor is there one when `limit` is 0).
+    total_limit: usize,
     /// Bytes held per peer, and over all peers.
     bytes: Vec<usize>,
     total: usize,
@@ -54,13 +63,39 @@ struct Counts {
 }
 
 impl Counts {
-    /// Whether `peer` has more bytes held for unstarted ops than the limit.
+    /// Whether the bytes held over all peers pass the total limit.
+    fn total_over(&self) -> bool {
+        self.limit > 0 && self.total_limit > 0 && self.total > self.total_limit
+    }
+
+    /// Whether `peer`'s link pauses: it has more bytes held for unstarted
+    /// ops than the per-peer limit, or some while the total is over.
     fn over(&self, peer: usize) -> bool {
-        self.limit > 0 && self.bytes.get(peer).is_some_and(|&b| b > self.limit)
+        self.over_given(peer, self.total_over())
+    }
+
+    fn over_given(&self, peer: usize, total_over: bool) -> bool {
+        let held = self.bytes.get(peer).copied().unwrap_or(0);
+        self.limit > 0 && held > 0 && (held > self.limit || total_over)
+    }
+
+    /// Calls `changed` with every peer other than `peer` whose pause the
+    /// total limit changed (the total crossed it, from `was_total_over`):
+    /// their own bytes did not move.
+    fn others_crossed(&self, peer: usize, was_total_over: bool, changed: &mut impl FnMut(usize)) {
+        let now = self.total_over();
+        if now == was_total_over {
+            return;
+        }
+        for p in (0..self.bytes.len()).filter(|&p| p != peer) {
+            if self.over_given(p, was_total_over) != self.over_given(p, now) {
+                changed(p);
+            }
+        }
     }
 
     /// `frames` frames of `bytes` bytes from `peer` stop counting; calls
-    /// `resumed` if that brings the peer back under the limit.
+    /// `resumed` with each peer that brings back under the limits.
     fn release(
         &mut self,
         peer: usize,
@@ -68,22 +103,24 @@ impl Counts {
         frames: usize,
         resumed: &mut impl FnMut(usize),
     ) {
-        let was_over = self.over(peer);
+        let (was_over, was_total_over) = (self.over(peer), self.total_over());
         self.bytes[peer] -= bytes;
         self.total -= bytes;
         self.frames -= frames;
         if was_over && !self.over(peer) {
             resumed(peer);
         }
+        self.others_crossed(peer, was_total_over, resumed);
     }
 }
 
 impl RunAhead {
-    pub(crate) fn new(world: usize, limit: usize) -> RunAhead {
+    pub(crate) fn new(world: usize, limit: usize, total_limit: usize) -> RunAhead {
         RunAhead {
             held: HashMap::new(),
             counts: Counts {
                 limit,
+                total_limit,
                 bytes: vec![0; world],
                 total: 0,
                 frames: 0,
@@ -94,8 +131,10 @@ impl RunAhead {
     }
 
     /// A data frame of op `seq` (`p2p`: a point-to-point send) from `peer`,
-    /// whose op has not begun here, went into an inbox. Returns whether
-    /// `peer`'s link is now over the limit.
+    /// whose op has not begun here, went into an inbox. Calls `paused` with
+    /// each peer that is now over a limit and was not before (`peer`, or,
+    /// when this frame takes the total over its limit, every peer holding
+    /// any).
     pub(crate) fn filed(
         &mut self,
         comm: u64,
@@ -103,20 +142,25 @@ impl RunAhead {
         seq: u64,
         p2p: bool,
         bytes: usize,
-    ) -> bool {
+        mut paused: impl FnMut(usize),
+    ) {
         let counts = &mut self.counts;
         if peer >= counts.bytes.len() {
-            return false;
+            return;
         }
         self.held
             .entry((comm, peer))
             .or_default()
             .push(Held { seq, p2p, bytes });
+        let (was_over, was_total_over) = (counts.over(peer), counts.total_over());
         counts.bytes[peer] += bytes;
         counts.total += bytes;
         counts.frames += 1;
         self.peak = self.peak.max(counts.total);
-        counts.over(peer)
+        if !was_over && counts.over(peer) {
+            paused(peer);
+        }
+        counts.others_crossed(peer, was_total_over, &mut paused);
     }
 
     /// This rank starts op `seq` of communicator `comm`: a collective, or
@@ -181,6 +225,7 @@ impl RunAhead {
     }
 
     /// Bytes `peer` has delivered for ops this rank has not started.
+    #[cfg(test)]
     pub(crate) fn held_from(&self, peer: usize) -> usize {
         self.counts.bytes.get(peer).copied().unwrap_or(0)
     }
@@ -193,11 +238,29 @@ impl RunAhead {
     pub(crate) fn limit(&self) -> usize {
         self.counts.limit
     }
+
+    pub(crate) fn total_limit(&self) -> usize {
+        self.counts.total_limit
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Files a frame; the peers it paused.
+    fn file(
+        r: &mut RunAhead,
+        comm: u64,
+        peer: usize,
+        seq: u64,
+        p2p: bool,
+        bytes: usize,
+    ) -> Vec<usize> {
+        let mut paused = Vec::new();
+        r.filed(comm, peer, seq, p2p, bytes, |p| paused.push(p));
+        paused
+    }
 
     fn begin(r: &mut RunAhead, comm: u64, seq: u64, from: Option<usize>) -> Vec<usize> {
         let mut resumed = Vec::new();
@@ -207,9 +270,13 @@ mod tests {
 
     #[test]
     fn frames_count_until_their_op_begins() {
-        let mut r = RunAhead::new(3, 100);
-        assert!(!r.filed(7, 1, 2, false, 80));
-        assert!(r.filed(7, 1, 3, false, 80), "160 bytes ahead passes 100");
+        let mut r = RunAhead::new(3, 100, 0);
+        assert!(file(&mut r, 7, 1, 2, false, 80).is_empty());
+        assert_eq!(
+            file(&mut r, 7, 1, 3, false, 80),
+            vec![1],
+            "160 bytes ahead passes 100"
+        );
         assert_eq!(r.held_from(1), 160);
         assert!(!r.counts.over(2), "only the peer that ran ahead is over");
         assert_eq!(begin(&mut r, 7, 2, None), vec![1], "back at 80: resumed");
@@ -221,10 +288,10 @@ mod tests {
 
     #[test]
     fn communicators_and_point_to_point_are_counted_apart() {
-        let mut r = RunAhead::new(2, 10);
-        r.filed(1, 1, 5, false, 8);
-        r.filed(2, 1, 1, false, 8);
-        r.filed(1, 1, 1, true, 8);
+        let mut r = RunAhead::new(2, 10, 0);
+        file(&mut r, 1, 1, 5, false, 8);
+        file(&mut r, 2, 1, 1, false, 8);
+        file(&mut r, 1, 1, 1, true, 8);
         assert_eq!(r.held_from(1), 24);
         begin(&mut r, 1, 5, None);
         assert_eq!(
@@ -246,10 +313,10 @@ mod tests {
 
     #[test]
     fn a_zero_limit_never_pauses_and_strangers_are_ignored() {
-        let mut r = RunAhead::new(2, 0);
-        assert!(!r.filed(1, 1, 9, false, 1 << 40));
+        let mut r = RunAhead::new(2, 0, 0);
+        assert!(file(&mut r, 1, 1, 9, false, 1 << 40).is_empty());
         assert!(!r.counts.over(1));
-        assert!(!r.filed(1, 5, 9, false, 10), "no such peer");
+        assert!(file(&mut r, 1, 5, 9, false, 10).is_empty(), "no such peer");
         assert_eq!(
             r.begin(1, 9, None, |_| ()),
             1,
@@ -260,10 +327,14 @@ mod tests {
 
     #[test]
     fn a_forgotten_communicator_releases_what_it_held() {
-        let mut r = RunAhead::new(3, 100);
-        r.filed(1, 1, 2, false, 90);
-        r.filed(1, 2, 2, false, 30);
-        assert!(r.filed(4, 1, 1, true, 60), "150 bytes from rank 1");
+        let mut r = RunAhead::new(3, 100, 0);
+        file(&mut r, 1, 1, 2, false, 90);
+        file(&mut r, 1, 2, 2, false, 30);
+        assert_eq!(
+            file(&mut r, 4, 1, 1, true, 60),
+            vec![1],
+            "150 bytes from rank 1"
+        );
         let mut resumed = Vec::new();
         assert_eq!(r.forget(4, |p| resumed.push(p)), 1);
         assert_eq!(resumed, vec![1], "back at 90");
@@ -271,5 +342,63 @@ mod tests {
         assert_eq!(r.held(), 120);
         assert_eq!(r.forget(1, |_| ()), 2);
         assert_eq!(r.held(), 0);
+    }
+
+    #[test]
+    fn the_total_limit_pauses_every_peer_holding_any_until_back_under() {
+        // 100 per peer, 150 in all, 5 peers.
+        let mut r = RunAhead::new(5, 100, 150);
+        assert!(file(&mut r, 1, 1, 2, false, 60).is_empty());
+        assert!(file(&mut r, 1, 2, 2, false, 60).is_empty(), "120 in all");
+        let mut paused = file(&mut r, 1, 3, 2, false, 60);
+        paused.sort();
+        assert_eq!(paused, vec![1, 2, 3], "180 in all: every holder pauses");
+        assert!(!r.counts.over(4), "a peer holding nothing is read");
+        assert_eq!(
+            file(&mut r, 1, 4, 2, false, 10),
+            vec![4],
+            "one that starts holding while the total is over pauses at once"
+        );
+        // A holder that empties resumes even while the total is over...
+        file(&mut r, 2, 1, 1, false, 50);
+        assert_eq!(
+            begin(&mut r, 2, 1, None),
+            Vec::<usize>::new(),
+            "still 240 > 150"
+        );
+        // ...and the total coming back under resumes the rest.
+        let mut resumed = begin(&mut r, 1, 2, None);
+        resumed.sort();
+        assert_eq!(resumed, vec![1, 2, 3, 4]);
+        assert_eq!(r.held(), 0);
+        assert!((0..5).all(|p| !r.counts.over(p)));
+    }
+
+    #[test]
+    fn the_per_peer_limit_still_pauses_under_the_total() {
+        let mut r = RunAhead::new(3, 100, 1000);
+        assert_eq!(file(&mut r, 1, 1, 2, false, 150), vec![1]);
+        assert!(!r.counts.total_over());
+        assert!(file(&mut r, 1, 2, 2, false, 50).is_empty());
+        // The total passing its limit adds the other holder only.
+        assert_eq!(file(&mut r, 1, 1, 3, false, 900), vec![2]);
+        // Back under the total: rank 2 resumes, rank 1 (over its own) not.
+        assert_eq!(begin(&mut r, 1, 2, None), vec![2]);
+        assert!(r.counts.over(1));
+    }
+
+    #[test]
+    fn no_total_limit_and_no_limit_at_all() {
+        let mut r = RunAhead::new(3, 100, 0);
+        file(&mut r, 1, 1, 2, false, 90);
+        assert!(
+            file(&mut r, 1, 2, 2, false, 90).is_empty(),
+            "no total limit"
+        );
+        let mut r = RunAhead::new(3, 0, 10);
+        assert!(
+            file(&mut r, 1, 1, 2, false, 1 << 30).is_empty(),
+            "0 turns both off"
+        );
     }
 }

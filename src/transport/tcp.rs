@@ -75,6 +75,8 @@ pub(crate) struct TcpConfig {
     /// Bytes a peer may deliver for ops this rank has not started before
     /// its link stops being read (0: never stop; decision 0019).
     pub(crate) run_ahead_limit: usize,
+    /// The same over all peers together (0: no total limit).
+    pub(crate) run_ahead_total_limit: usize,
 }
 
 enum PeerState {
@@ -318,7 +320,8 @@ impl TcpTransport {
                 }
             },
         };
-        let run_ahead_limit = config.run_ahead_limit;
+        let (run_ahead_limit, run_ahead_total) =
+            (config.run_ahead_limit, config.run_ahead_total_limit);
         let shared = Arc::new(Shared {
             me,
             world,
@@ -341,7 +344,7 @@ impl TcpTransport {
             engine,
             pending_lanes: Mutex::new(HashMap::new()),
             lanes_arrived: Condvar::new(),
-            run_ahead: Mutex::new(RunAhead::new(world, run_ahead_limit)),
+            run_ahead: Mutex::new(RunAhead::new(world, run_ahead_limit, run_ahead_total)),
             run_ahead_changed: Condvar::new(),
             over: (0..world).map(|_| AtomicBool::new(false)).collect(),
             held_frames: AtomicUsize::new(0),
@@ -670,16 +673,18 @@ impl Shared {
             return self.recycle_buf(payload);
         }
         put(Incoming { header, payload });
-        let over = ahead.filed(comm_id, peer, seq, p2p, bytes);
-        if over && !self.over[peer].swap(true, Ordering::SeqCst) {
-            tracing::debug!(
-                rank = self.me,
-                peer,
-                held = ahead.held_from(peer),
-                limit = ahead.limit(),
-                "rank {peer} ran ahead past the run-ahead limit: its link waits until this rank catches up"
-            );
-        }
+        let (limit, total_limit) = (ahead.limit(), ahead.total_limit());
+        ahead.filed(comm_id, peer, seq, p2p, bytes, |p| {
+            if !self.over[p].swap(true, Ordering::SeqCst) {
+                tracing::debug!(
+                    rank = self.me,
+                    peer = p,
+                    limit,
+                    total_limit,
+                    "rank {p} ran ahead past a run-ahead limit (its own, or all peers' together): its link waits until this rank catches up"
+                );
+            }
+        });
     }
 
     /// Communicator `comm_id` is gone here: its inboxes go, and frames
@@ -2093,8 +2098,8 @@ enum StopWaiting {
 fn stopped_reading(peer: usize) -> String {
     format!(
         "rank {peer} stopped reading (a send blocked past the op timeout): it is stuck; or it \
-         fell behind this rank by more than its run-ahead limit (RINGWIRE_RUN_AHEAD_BYTES) \
-         and did not catch up in time; or it is sending to this rank too, before receiving \
+         fell behind this rank by more than its run-ahead limits (RINGWIRE_RUN_AHEAD_BYTES \
+         per peer, RINGWIRE_RUN_AHEAD_TOTAL_BYTES in all) and did not catch up in time; or it is sending to this rank too, before receiving \
          (use send_recv for such exchanges, or order them)"
     )
 }
