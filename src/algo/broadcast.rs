@@ -66,29 +66,5 @@ pub fn broadcast_chain(
     len: usize,
     chunk: usize,
 ) {
-    if world <= 1 {
-        return;
-    }
-    let vr = (rank + world - root) % world;
-    let prev = (rank + world - 1) % world;
-    let next = (rank + 1) % world;
-    for (c, r) in chunks(0..len, chunk).enumerate() {
-        if vr > 0 {
-            out.push(Step::Recv {
-                peer: prev,
-                range: r.clone(),
-                step: 0,
-                chunk: c as u32,
-                action: Action::Copy,
-            });
-        }
-        if vr + 1 < world {
-            out.push(Step::Send {
-                peer: next,
-                range: r,
-                step: 0,
-                chunk: c as u32,
-            });
-        }
-    }
+    super::push_chain(out, rank, world, root, len, chunk, 0, Action::Copy);
 }

@@ -175,6 +175,49 @@ fn push_recvs(
     }
 }
 
+/// Pushes `rank`'s steps of a pipelined chain over every rank in ring
+/// order from `first`: each chunk of `0..len` goes `first` -> `first + 1`
+/// -> ... -> `first - 1`; every rank but `first` receives it from its
+/// predecessor (applying `action`), every rank but the last sends it on.
+/// A broadcast chain starts at its root, a reduce chain right after it.
+#[allow(clippy::too_many_arguments)]
+fn push_chain(
+    out: &mut Vec<Step>,
+    rank: usize,
+    world: usize,
+    first: usize,
+    len: usize,
+    chunk: usize,
+    step: u32,
+    action: Action,
+) {
+    if world <= 1 {
+        return;
+    }
+    let place = (rank + world - first) % world;
+    let prev = (rank + world - 1) % world;
+    let next = (rank + 1) % world;
+    for (c, r) in chunks(0..len, chunk).enumerate() {
+        if place > 0 {
+            out.push(Step::Recv {
+                peer: prev,
+                range: r.clone(),
+                step,
+                chunk: c as u32,
+                action,
+            });
+        }
+        if place + 1 < world {
+            out.push(Step::Send {
+                peer: next,
+                range: r,
+                step,
+                chunk: c as u32,
+            });
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

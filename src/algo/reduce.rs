@@ -93,31 +93,17 @@ pub fn reduce_chain(
     len: usize,
     chunk: usize,
 ) {
-    if world <= 1 {
-        return;
-    }
-    let vr = (rank + world - root) % world;
-    let prev = (rank + world - 1) % world;
-    let next = (rank + 1) % world;
-    for (c, r) in chunks(0..len, chunk).enumerate() {
-        if vr != 1 {
-            out.push(Step::Recv {
-                peer: prev,
-                range: r.clone(),
-                step: CHAIN_REDUCE_STEP,
-                chunk: c as u32,
-                action: Action::Reduce,
-            });
-        }
-        if vr != 0 {
-            out.push(Step::Send {
-                peer: next,
-                range: r,
-                step: CHAIN_REDUCE_STEP,
-                chunk: c as u32,
-            });
-        }
-    }
+    let first = (root + 1) % world.max(1);
+    super::push_chain(
+        out,
+        rank,
+        world,
+        first,
+        len,
+        chunk,
+        CHAIN_REDUCE_STEP,
+        Action::Reduce,
+    );
 }
 
 /// Whether [`reduce_chain`] should beat [`reduce_tree`] on `len` elements
@@ -220,8 +206,8 @@ mod tests {
     use super::*;
     use crate::algo::schedule;
 
-    /// Elements the root receives in a schedule.
-    fn root_receives(steps: &[Step]) -> usize {
+    /// Elements a rank receives in its schedule.
+    fn received(steps: &[Step]) -> usize {
         steps
             .iter()
             .map(|s| match s {
@@ -238,13 +224,12 @@ mod tests {
             for root in 0..world {
                 let chain = schedule(|o| reduce_chain(o, root, world, root, 100, 7));
                 let tree = schedule(|o| reduce_tree(o, root, world, root, 100, 7));
-                assert_eq!(root_receives(&chain), 100, "p={world} root={root}");
-                assert_eq!(root_receives(&tree), 100 * depth, "p={world} root={root}");
-                // No rank sends or receives more than the buffer once each
-                // way on the chain.
+                assert_eq!(received(&chain), 100, "p={world} root={root}");
+                assert_eq!(received(&tree), 100 * depth, "p={world} root={root}");
+                // No rank of the chain receives more than the buffer once.
                 for rank in 0..world {
                     let s = schedule(|o| reduce_chain(o, rank, world, root, 100, 7));
-                    assert!(root_receives(&s) <= 100);
+                    assert!(received(&s) <= 100);
                 }
             }
         }

@@ -516,6 +516,11 @@ impl Driver {
         self.fail_dead_work(finished);
     }
 
+    /// Whether no entry is in the ring (its last completion taken).
+    pub(crate) fn nothing_in_flight(&self) -> bool {
+        self.in_flight == 0
+    }
+
     /// Withdraws every entry this thread's turns put in flight (receives,
     /// plain sends, the eventfd read) and waits, at most a second, until the
     /// kernel has finished them. Nothing is posted again: the next turn of
@@ -527,11 +532,6 @@ impl Driver {
     /// (EINTR) or, while it runs user code, leaving the completion until its
     /// next kernel entry. A thread that stops waiting on the engine (a
     /// caller whose op is done, an idle executor) must leave nothing behind.
-    /// Whether no entry is in the ring (its last completion taken).
-    pub(crate) fn nothing_in_flight(&self) -> bool {
-        self.in_flight == 0
-    }
-
     pub(crate) fn release(&mut self, sink: &dyn FrameSink) {
         let me = Some(std::thread::current().id());
         self.me = me;

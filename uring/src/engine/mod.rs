@@ -437,10 +437,10 @@ impl FrameEngine {
     /// is not ringwire's (see `Driver::release`). Call it when a thread
     /// stops waiting on the engine. Waits for another driver's turn to end.
     pub fn release(&self, sink: &dyn FrameSink) {
-        // Entries are made only in turns, and every turn updates `quiet`
-        // before it ends: if it is set, no turn left anything in flight
-        // (another thread's turn in progress clears it only for entries of
-        // its own, which are not the caller's to withdraw).
+        // Entries are made only in turns, and every turn sets `quiet` as it
+        // ends: if it is set, the caller's last turn left nothing in flight.
+        // (A turn another thread is driving now may have made entries it
+        // has not reported yet; they are that thread's to withdraw.)
         if self.quiet.load(Ordering::Acquire) {
             return;
         }
