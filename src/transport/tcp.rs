@@ -1775,12 +1775,14 @@ fn read_loop(s: &Arc<Shared>, peer: usize, mut stream: LinkReader, polled: Optio
     // large ones the peer is busy writing a payload, and a polling reader
     // would only take turns on the core with it.
     let mut last_small = true;
+    let socket = polled.as_ref().and_then(|l| match &l.plane {
+        LinkPlane::Portable { control, .. } => Some(control),
+        LinkPlane::Engine { .. } => None,
+    });
     let reason = loop {
         s.wait_while_paused(peer);
-        if let (true, Some(LinkPlane::Portable { control, .. })) =
-            (last_small, polled.as_ref().map(|l| &l.plane))
-        {
-            s.poll_for_next_frame(peer, control);
+        if let Some(socket) = socket.filter(|_| last_small) {
+            s.poll_for_next_frame(peer, socket);
         }
         let mut head = [0u8; HEADER_LEN];
         if let Err(e) = stream.read_exact(&mut head) {
@@ -2099,8 +2101,9 @@ fn stopped_reading(peer: usize) -> String {
     format!(
         "rank {peer} stopped reading (a send blocked past the op timeout): it is stuck; or it \
          fell behind this rank by more than its run-ahead limits (RINGWIRE_RUN_AHEAD_BYTES \
-         per peer, RINGWIRE_RUN_AHEAD_TOTAL_BYTES in all) and did not catch up in time; or it is sending to this rank too, before receiving \
-         (use send_recv for such exchanges, or order them)"
+         per peer, RINGWIRE_RUN_AHEAD_TOTAL_BYTES in all) and did not catch up in time; or \
+         it is sending to this rank too, before receiving (use send_recv for such \
+         exchanges, or order them)"
     )
 }
 
