@@ -552,6 +552,7 @@ impl Communicator {
         Stats {
             held_ahead_bytes: held as u64,
             held_ahead_peak_bytes: peak as u64,
+            inboxes: self.inner.world.transport.inboxes() as u64,
             ..self.inner.stats.snapshot()
         }
     }

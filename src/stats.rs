@@ -30,6 +30,11 @@ pub struct Stats {
     /// Bytes peers have sent ahead of this rank now (as
     /// `held_ahead_peak_bytes`).
     pub held_ahead_bytes: u64,
+    /// Queues this process keeps for frames, one per (communicator, peer)
+    /// pair that has received any: over every communicator of the process.
+    /// A dropped communicator's go with it, and frames that come for it
+    /// later are discarded without making new ones.
+    pub inboxes: u64,
 }
 
 pub(crate) struct StatsRecorder {

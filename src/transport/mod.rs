@@ -204,6 +204,10 @@ pub(crate) trait Transport: Send + Sync {
     fn held_ahead(&self) -> (usize, usize) {
         (0, 0)
     }
+    /// How many (communicator, peer) inboxes the transport keeps.
+    fn inboxes(&self) -> usize {
+        0
+    }
     /// Communicator `comm_id` is gone on this rank: drop what it holds.
     fn forget(&self, comm_id: u64) {
         let _ = comm_id;

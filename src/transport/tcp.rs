@@ -632,6 +632,19 @@ impl Shared {
             .clone()
     }
 
+    /// The inbox a frame for `comm_id` from `peer` goes to, made if needed,
+    /// unless that communicator was dropped here: a late frame for it must
+    /// not make its inbox (and count) again, to be kept for nobody. Checked
+    /// under the ledger's lock, which `forget` marks the communicator under
+    /// before it removes the inboxes.
+    fn inbox_for_frame(&self, comm_id: u64, peer: usize) -> Option<Arc<Inbox>> {
+        if let Some(inbox) = lock(&self.inboxes).get(&(comm_id, peer)) {
+            return Some(inbox.clone());
+        }
+        let ahead = lock(&self.run_ahead);
+        (!ahead.is_forgotten(comm_id)).then(|| self.inbox(comm_id, peer))
+    }
+
     fn comm_begun(&self, comm_id: u64) -> Arc<AtomicU64> {
         lock(&self.comm_begun).entry(comm_id).or_default().clone()
     }
@@ -642,7 +655,10 @@ impl Shared {
     fn file(&self, peer: usize, header: Header, payload: AlignedBuf, wake: bool) {
         let (comm_id, seq, bytes) = (header.comm_id, header.seq, payload.len());
         let p2p = header.op == OpKind::SendRecv;
-        let inbox = self.inbox(comm_id, peer);
+        let Some(inbox) = self.inbox_for_frame(comm_id, peer) else {
+            // Its communicator is gone here: nobody will take it.
+            return self.recycle_buf(payload);
+        };
         let begun = || match p2p {
             true => inbox.begun_p2p.load(Ordering::SeqCst),
             false => inbox.begun.load(Ordering::SeqCst),
@@ -2258,6 +2274,10 @@ impl Transport for TcpTransport {
     fn held_ahead(&self) -> (usize, usize) {
         let ahead = lock(&self.shared.run_ahead);
         (ahead.held(), ahead.peak())
+    }
+
+    fn inboxes(&self) -> usize {
+        lock(&self.shared.inboxes).len()
     }
 
     fn forget(&self, comm_id: u64) {
