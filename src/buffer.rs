@@ -44,9 +44,9 @@ impl CollectiveBuffer<u8> for bytes::BytesMut {
 
 /// Memory allocated by a communicator for collectives ([`crate::Communicator::alloc`]).
 ///
-/// With the portable transport this is ordinary heap memory; transports that
-/// register memory with the kernel hand out registered memory here, which is
-/// why allocating through the communicator is the fast path.
+/// Ordinary heap memory, zeroed: an owned buffer like `Vec<T>`, which works
+/// as well. (The engine's registered memory is its own staging buffers; the
+/// caller's memory is not registered.)
 #[derive(Clone, Debug, PartialEq)]
 pub struct Buffer<T: Element> {
     data: Vec<T>,

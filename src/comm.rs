@@ -19,6 +19,7 @@ use crate::stats::{Stats, StatsRecorder};
 use crate::wire::OpKind;
 use crate::{Element, ReduceOp};
 use std::collections::HashMap;
+use std::panic::{self, AssertUnwindSafe};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -500,6 +501,23 @@ impl Communicator {
         self.inner.size
     }
 
+    /// This process's rank among the job's processes on its host, for
+    /// picking a device or a core: from the launcher when it gives both
+    /// the local rank and the local world size (torchrun's `LOCAL_RANK`
+    /// and `LOCAL_WORLD_SIZE`, Open MPI's, PMI's `MPI_LOCALRANKID` and
+    /// `MPI_LOCALNRANKS`; not Slurm, which gives no local size), or from
+    /// [`Builder::local_ranks`](crate::Builder::local_ranks); else `None`.
+    /// A property of the process: the same in every communicator it is in.
+    pub fn local_rank(&self) -> Option<usize> {
+        self.inner.world.local.map(|(rank, _)| rank)
+    }
+
+    /// How many of the job's processes run on this host, known when
+    /// [`Communicator::local_rank`] is; else `None`.
+    pub fn local_world_size(&self) -> Option<usize> {
+        self.inner.world.local.map(|(_, size)| size)
+    }
+
     /// The name of the transport carrying this communicator's data.
     pub fn transport_name(&self) -> &'static str {
         self.inner.world.transport.name()
@@ -540,8 +558,9 @@ impl Communicator {
         self.timeout
     }
 
-    /// A zeroed buffer for collectives. With transports that register memory
-    /// with the kernel, this is registered memory.
+    /// A zeroed buffer for collectives: ordinary heap memory today, as fast
+    /// as a `Vec<T>` of the same length (the engine registers its own
+    /// staging buffers, not the caller's).
     pub fn alloc<T: Element>(&self, len: usize) -> Buffer<T> {
         Buffer::zeroed(len)
     }
@@ -567,7 +586,7 @@ impl Communicator {
         self.inner
             .world
             .transport
-            .abort(self.inner.comm_id, seq, &why);
+            .abort(self.inner.comm_id, seq, &why, &self.inner.members);
     }
 
     /// The address this rank accepts links on (the port it published).
@@ -864,9 +883,13 @@ impl Communicator {
     }
 
     /// The length of rank `rank`'s block when `len` elements are
-    /// reduce-scattered over this communicator.
+    /// reduce-scattered over this communicator; 0 for a rank not in it
+    /// (`rank >= world_size()`).
     pub fn block_len(&self, len: usize, rank: usize) -> usize {
-        algo::block(len, self.inner.size, rank.min(self.inner.size - 1)).len()
+        if rank >= self.inner.size {
+            return 0;
+        }
+        algo::block(len, self.inner.size, rank).len()
     }
 
     /// Sends block j of `input` to rank j and receives rank j's block for
@@ -1199,9 +1222,6 @@ impl Communicator {
     }
 }
 
-/// RINGWIRE_DEBUG=detail: before each collective, the ranks all-gather the
-/// op's signature and compare, so a mismatch is named precisely (kind, type,
-/// count, reduce op, root) before any data moves.
 /// A numbered op, ready to run.
 struct Ticket {
     plan: OpPlan,
@@ -1223,10 +1243,6 @@ enum P2p {
     Exchange { to: usize, from: usize },
 }
 
-/// Runs one op on the calling thread (the executor, or a caller running it
-/// itself) with everything around it: the failed-communicator check, the
-/// flight record, the span, debug signature checks, stats, and on failure
-/// who is missing, the abort flood and the flight-record dump.
 /// Ops below this many bytes are latency-bound: queued, they do not wake
 /// the executor (their waiter usually runs them, decision 0008), and on a
 /// crowded host they run from a home core. Larger ones wake the executor at
@@ -1247,6 +1263,10 @@ impl Drop for HomeCleared {
     }
 }
 
+/// Runs one op on the calling thread (the executor, or a caller running it
+/// itself) with everything around it: the failed-communicator check, the
+/// flight record, the span, debug signature checks, stats, and on failure
+/// who is missing, the abort flood and the flight-record dump.
 fn execute<R>(
     ex: &Executor,
     ticket: Ticket,
@@ -1315,7 +1335,22 @@ fn execute<R>(
         .then(|| check_signature(&mut ctx, &plan))
     {
         Some(Err(e)) => Err(e),
-        _ => job(&mut ctx),
+        // A panic (a bug of ringwire's, or of a caller's buffer type) must
+        // not leave the peers waiting in step with an op this rank dropped:
+        // it fails the communicator as an internal error would.
+        _ => panic::catch_unwind(AssertUnwindSafe(|| job(&mut ctx))).unwrap_or_else(|panic| {
+            let what = panic
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "a panic without a message".into());
+            Err(Error::Internal {
+                ctx: ctx.op.clone(),
+                detail: format!(
+                    "the op panicked (in ringwire or in the caller's buffer type): {what}"
+                ),
+            })
+        }),
     };
     if let Err(Error::Timeout {
         ctx: op_ctx,
@@ -1356,7 +1391,9 @@ fn execute<R>(
                 lock(&ex.state).get_or_insert_with(|| e.to_string());
                 // Tell every rank, not only the neighbours of the failure,
                 // so none waits for its timeout.
-                ex.world.transport.abort(ex.comm_id, seq, &e.to_string());
+                ex.world
+                    .transport
+                    .abort(ex.comm_id, seq, &e.to_string(), &ex.members);
                 dump_flight_record(ex);
             }
         }
@@ -1364,6 +1401,9 @@ fn execute<R>(
     result
 }
 
+/// RINGWIRE_DEBUG=detail: before each collective, the ranks all-gather the
+/// op's signature and compare, so a mismatch is named precisely (kind, type,
+/// count, reduce op, root) before any data moves.
 fn check_signature(cx: &mut Ctx<'_>, plan: &OpPlan) -> Result<(), Error> {
     let ex = cx.ex;
     let (rank, size) = (ex.rank, ex.size);

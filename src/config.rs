@@ -22,9 +22,13 @@ impl TransportKind {
     fn parse(var: &'static str, value: &str) -> Result<TransportKind, Error> {
         match value.trim().to_ascii_lowercase().as_str() {
             "auto" | "" => Ok(TransportKind::Auto),
-            "portable" | "tcp" => Ok(TransportKind::Portable),
+            "portable" => Ok(TransportKind::Portable),
             "uring" | "io_uring" => Ok(TransportKind::Uring),
-            _ => Err(invalid(var, value, "a transport: auto, uring or portable")),
+            _ => Err(invalid(
+                var,
+                value,
+                "a transport: auto, uring or portable (what links local ranks, Unix sockets or TCP, is RINGWIRE_LOCAL_LINKS)",
+            )),
         }
     }
 }
@@ -221,6 +225,8 @@ pub(crate) struct Overrides {
     pub(crate) tcp_lanes: Option<bool>,
     pub(crate) heartbeat_timeout: Option<Duration>,
     pub(crate) run_ahead_bytes: Option<usize>,
+    pub(crate) spin: Option<Duration>,
+    pub(crate) flight_recorder_ops: Option<usize>,
     pub(crate) run_ahead_total_bytes: Option<usize>,
     pub(crate) debug_checks: Option<bool>,
 }
@@ -306,9 +312,15 @@ impl Overrides {
                 .map_or(DEFAULT_CHUNK_BYTES, |c| c as usize),
         };
         if !(8..=(64 << 20)).contains(&chunk_bytes) {
-            return Err(Error::Rendezvous(format!(
-                "chunk size {chunk_bytes} bytes (RINGWIRE_CHUNK_BYTES or Builder::chunk_bytes) must be between 8 B and 64 MiB"
-            )));
+            let var = match self.chunk_bytes {
+                Some(_) => "Builder::chunk_bytes",
+                None => "RINGWIRE_CHUNK_BYTES",
+            };
+            return Err(invalid(
+                var,
+                &chunk_bytes.to_string(),
+                "a chunk size between 8 B and 64 MiB",
+            ));
         }
         let small_message_bytes = match self.small_message_bytes {
             Some(c) => c,
@@ -337,8 +349,12 @@ impl Overrides {
             Some(l) => l,
             None => env_switch(lookup, "RINGWIRE_TCP_LANES")?.unwrap_or(true),
         };
-        let spin =
-            env_number(lookup, "RINGWIRE_SPIN_US")?.map_or(DEFAULT_SPIN, Duration::from_micros);
+        let spin = match self.spin {
+            Some(s) => s,
+            None => {
+                env_number(lookup, "RINGWIRE_SPIN_US")?.map_or(DEFAULT_SPIN, Duration::from_micros)
+            }
+        };
         let heartbeat_timeout = match self.heartbeat_timeout {
             Some(t) => t,
             None => env_seconds(lookup, "RINGWIRE_HEARTBEAT_TIMEOUT")?
@@ -368,8 +384,11 @@ impl Overrides {
             )?
             .unwrap_or(false),
         };
-        let flight_recorder_ops = env_number(lookup, "RINGWIRE_FLIGHT_RECORDER_OPS")?
-            .map_or(crate::recorder::DEFAULT_FLIGHT_RECORDER_OPS, |n| n as usize);
+        let flight_recorder_ops = match self.flight_recorder_ops {
+            Some(n) => n,
+            None => env_number(lookup, "RINGWIRE_FLIGHT_RECORDER_OPS")?
+                .map_or(crate::recorder::DEFAULT_FLIGHT_RECORDER_OPS, |n| n as usize),
+        };
         Ok(Tunables {
             timeout,
             connect_timeout,
@@ -444,6 +463,22 @@ mod tests {
             ..Overrides::default()
         };
         assert_eq!(o.resolve(&env).unwrap().small_message_bytes, 10);
+        let env = vars(&[
+            ("RINGWIRE_SPIN_US", "40"),
+            ("RINGWIRE_FLIGHT_RECORDER_OPS", "8"),
+        ]);
+        let o = Overrides {
+            spin: Some(Duration::ZERO),
+            flight_recorder_ops: Some(0),
+            ..Overrides::default()
+        };
+        let t = o.resolve(&env).unwrap();
+        assert_eq!((t.spin, t.flight_recorder_ops), (Duration::ZERO, 0));
+        let t = Overrides::default().resolve(&env).unwrap();
+        assert_eq!(
+            (t.spin, t.flight_recorder_ops),
+            (Duration::from_micros(40), 8)
+        );
         let t = Overrides::default()
             .resolve(&vars(&[("RINGWIRE_RUN_AHEAD_TOTAL_BYTES", "8M")]))
             .unwrap();
@@ -493,7 +528,31 @@ mod tests {
         let err = Overrides::default()
             .resolve(&vars(&[("RINGWIRE_CHUNK_BYTES", "1")]))
             .unwrap_err();
-        assert!(err.to_string().contains("RINGWIRE_CHUNK_BYTES"), "{err}");
+        assert!(
+            matches!(
+                err,
+                Error::Env(EnvError::Invalid {
+                    var: "RINGWIRE_CHUNK_BYTES",
+                    ..
+                })
+            ),
+            "{err:?}"
+        );
+        assert!(err.to_string().contains("RINGWIRE_CHUNK_BYTES=1"), "{err}");
+        let builder = Overrides {
+            chunk_bytes: Some(1 << 30),
+            ..Overrides::default()
+        };
+        let err = builder.resolve(&vars(&[])).unwrap_err();
+        assert!(
+            err.to_string().contains("Builder::chunk_bytes=1073741824"),
+            "{err}"
+        );
+        // "tcp" names a kind of link, not a transport: the error says where it goes.
+        let err = Overrides::default()
+            .resolve(&vars(&[("RINGWIRE_TRANSPORT", "tcp")]))
+            .unwrap_err();
+        assert!(err.to_string().contains("RINGWIRE_LOCAL_LINKS"), "{err}");
         let err = Overrides::default()
             .resolve(&vars(&[("RINGWIRE_SOCKET_BUFFER_BYTES", "4MB")]))
             .unwrap_err();

@@ -42,8 +42,11 @@ pub enum Error {
     #[error("{ctx} timed out after {waited:?} waiting for rank {peer}{detail}")]
     Timeout {
         ctx: OpContext,
+        /// The rank (of this communicator) the op was waiting on.
         peer: usize,
+        /// How long the op had run.
         waited: Duration,
+        /// Which ranks had not reached the op, when the store could say.
         detail: String,
     },
 
@@ -51,7 +54,10 @@ pub enum Error {
     #[error("{ctx}: lost rank {peer}: {reason}")]
     PeerLost {
         ctx: OpContext,
+        /// The rank (of this communicator) whose link broke.
         peer: usize,
+        /// What happened to the link (closed, reset, silent past the
+        /// heartbeat timeout, a bad frame).
         reason: String,
     },
 
@@ -60,8 +66,13 @@ pub enum Error {
     #[error("{ctx}: aborted by rank {origin} (at its op #{origin_seq}): {reason}")]
     Aborted {
         ctx: OpContext,
+        /// The rank that aborted: its rank in this communicator when it is
+        /// a member, else (an abort from a rank of another communicator,
+        /// which reaches every linked rank) its rank in the world.
         origin: usize,
+        /// The op number it was at, on the communicator it failed on.
         origin_seq: u64,
+        /// Its own error, or the reason given to `Communicator::abort`.
         reason: String,
     },
 
@@ -69,7 +80,9 @@ pub enum Error {
     #[error("{ctx}: ranks disagree about the collective: {detail}")]
     Mismatch {
         ctx: OpContext,
+        /// The rank (of this communicator) that called something else.
         peer: usize,
+        /// Both sides' op, type, count, reduce op or root, whichever differ.
         detail: String,
     },
 
@@ -82,7 +95,11 @@ pub enum Error {
     #[error("{op}: invalid argument: {detail}")]
     InvalidArgument { op: OpKind, detail: String },
 
-    /// An earlier op failed; the communicator refuses new ops until rebuilt.
+    /// An earlier op failed; the communicator refuses new ops. Ranks cannot
+    /// tell how far their
+    /// peers got, so there is no resuming: restart the job's processes, as
+    /// torch.distributed needs after a NCCL error. `first` is the first
+    /// failure, as that op reported it.
     #[error("communicator failed earlier and must be rebuilt: {first}")]
     Failed { first: String },
 

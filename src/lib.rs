@@ -32,6 +32,9 @@ pub use config::{
 };
 pub use dtype::{DType, Element, ReduceOp};
 pub use error::{Error, OpContext, Result};
+/// The `half` crate whose `f16` and `bf16` are ringwire's half-precision
+/// element types, so a caller needs no matching dependency of its own.
+pub use half;
 pub use pending::PendingCollective;
 pub use recorder::{DEFAULT_FLIGHT_RECORDER_OPS, OpRecord, OpState};
 pub use rendezvous::Builder;

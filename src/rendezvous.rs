@@ -39,6 +39,9 @@ pub(crate) struct World {
     /// (modulo the usable cores), when the launcher says how many ranks
     /// share this host.
     pub(crate) home_core: Option<usize>,
+    /// This process's local rank and local world size, as the launcher or
+    /// `Builder::local_ranks` gave them.
+    pub(crate) local: Option<(usize, usize)>,
     /// This host's ranks outnumber its usable cores: homes then hold for
     /// small ops only (see `comm::execute`).
     pub(crate) crowded: bool,
@@ -256,6 +259,24 @@ impl Builder {
         self
     }
 
+    /// How long a waiting thread polls (yielding its core between polls)
+    /// before it sleeps: the caller in `wait()`, the executor between ops,
+    /// the engine for a frame, the portable transport's readers (1 ms;
+    /// zero sleeps at once: least CPU, highest small-op latency).
+    /// Env: RINGWIRE_SPIN_US (microseconds).
+    pub fn spin(mut self, spin: Duration) -> Builder {
+        self.overrides.spin = Some(spin);
+        self
+    }
+
+    /// How many recent ops each communicator remembers for
+    /// [`crate::Communicator::flight_record`] and the dump logged on
+    /// failure (64; 0 keeps none). Env: RINGWIRE_FLIGHT_RECORDER_OPS.
+    pub fn flight_recorder_ops(mut self, ops: usize) -> Builder {
+        self.overrides.flight_recorder_ops = Some(ops);
+        self
+    }
+
     /// Before each collective, check across ranks that every rank called the
     /// same op with the same type, count, reduce op and root (one small
     /// all-gather per op; like TORCH_DISTRIBUTED_DEBUG=DETAIL). Env:
@@ -375,6 +396,7 @@ impl Builder {
         if let Some((local_rank, _)) = self.local {
             world.home_core = Some(local_rank);
         }
+        world.local = self.local;
         tracing::info!(
             rank,
             world_size = size,
@@ -416,6 +438,7 @@ fn rendezvous(
                 store: None,
                 _store: None,
                 home_core: None,
+                local: None,
                 crowded: false,
                 crowded_anywhere: false,
             });
@@ -585,6 +608,7 @@ fn rendezvous(
         store: Some((client.with_reply_timeout(Duration::from_secs(2)), prefix)),
         _store: store,
         home_core: None,
+        local: None,
         crowded,
         crowded_anywhere,
     })

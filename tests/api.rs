@@ -162,6 +162,57 @@ fn dropped_pending_neither_leaks_nor_desyncs() {
     assert_eq!(comms[0].stats().ops, 11);
 }
 
+/// A caller's buffer type whose `as_mut_slice` panics.
+struct Exploding(Vec<f32>);
+
+impl ringwire::CollectiveBuffer<f32> for Exploding {
+    fn as_slice(&self) -> &[f32] {
+        &self.0
+    }
+    fn as_mut_slice(&mut self) -> &mut [f32] {
+        panic!("this buffer explodes")
+    }
+}
+
+#[test]
+fn an_op_that_panics_fails_the_communicator_on_every_rank() {
+    // One rank's op panics inside the op, at the communicator's first op
+    // (no link made yet). It must come back as an error (not a panic in
+    // `wait`, nor "shut down"), fail that rank's communicator, and abort
+    // the others' op at once rather than leave them to their timeout: the
+    // rank dials those above it to tell them, those below dial it.
+    for bad in 0..3 {
+        let (_store, comms) = local_group(3, |b| b.timeout(Duration::from_secs(20)));
+        let errors = on_all(&comms, |c| {
+            let started = Instant::now();
+            let err = if c.rank() == bad {
+                let op = c.all_reduce(Exploding(vec![1.0; 1000]), ReduceOp::Sum);
+                op.wait().map(|_| ()).unwrap_err()
+            } else {
+                let op = c.all_reduce(vec![1.0f32; 1000], ReduceOp::Sum);
+                op.wait().map(|_| ()).unwrap_err()
+            };
+            let waited = started.elapsed();
+            assert!(
+                waited < Duration::from_secs(10),
+                "rank {}: waited for the timeout",
+                c.rank()
+            );
+            (err, c.barrier().wait().unwrap_err())
+        });
+        for (rank, (err, later)) in errors.iter().enumerate() {
+            assert!(
+                err.to_string().contains("this buffer explodes"),
+                "bad {bad}, rank {rank}: {err}"
+            );
+            if rank == bad {
+                assert!(matches!(err, Error::Internal { .. }), "{err}");
+                assert!(matches!(later, Error::Failed { .. }), "{later}");
+            }
+        }
+    }
+}
+
 #[test]
 fn small_ops_nobody_blocks_on_still_run() {
     // A blocked waiter runs small ops itself; these never block: rank 0
@@ -290,6 +341,23 @@ fn world_of_one_needs_no_store() {
     c.barrier().wait().unwrap();
     let s = c.stats();
     assert_eq!(s.ops, 2);
+    // A rank outside the communicator has no block.
+    assert_eq!((c.block_len(5, 0), c.block_len(5, 1)), (5, 0));
+    // Nobody said where the process sits on its host...
+    assert_eq!((c.local_rank(), c.local_world_size()), (None, None));
+    // ...until the builder (or a launcher) does; split communicators share it.
+    let c = Communicator::builder()
+        .rank(0)
+        .world_size(1)
+        .local_ranks(0, 1)
+        .build()
+        .wait()
+        .unwrap();
+    let sub = c.split(Some(0), 0).unwrap().expect("in");
+    assert_eq!(
+        (sub.local_rank(), sub.local_world_size()),
+        (Some(0), Some(1))
+    );
 }
 
 /// Every other test of this file, again on the portable transport (the

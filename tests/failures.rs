@@ -11,6 +11,37 @@ use std::io::Write;
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
+/// `abort` before any op, so no link exists yet: the ranks above the
+/// aborting one are dialed to be told, the ones below hear it when they
+/// dial it for their op.
+#[test]
+fn abort_before_the_first_op_reaches_ranks_never_linked() {
+    for aborting in 0..3 {
+        let (_store, comms) = local_group(3, |b| b.timeout(Duration::from_secs(20)));
+        on_all(&comms, |c| {
+            let start = Instant::now();
+            if c.rank() == aborting {
+                c.abort("stopping early");
+                return;
+            }
+            let e = c
+                .all_reduce(vec![1f32; 8], ReduceOp::Sum)
+                .wait()
+                .unwrap_err();
+            assert!(
+                e.to_string().contains("stopping early"),
+                "rank {}: {e}",
+                c.rank()
+            );
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "rank {} waited for its timeout",
+                c.rank()
+            );
+        });
+    }
+}
+
 #[test]
 fn abort_reaches_every_rank_and_fails_the_communicator() {
     let (_store, comms) = local_group(4, |b| b.timeout(Duration::from_secs(30)));

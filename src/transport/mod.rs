@@ -177,8 +177,9 @@ pub(crate) trait Transport: Send + Sync {
     /// Returns a payload buffer for reuse.
     fn recycle(&self, buf: AlignedBuf);
     /// Fails every op of communicator `comm_id` on every reachable rank:
-    /// marks it here and floods an abort to the peers.
-    fn abort(&self, comm_id: u64, seq: u64, reason: &str);
+    /// marks it here and floods an abort to the peers, making links to
+    /// those of its `members` (world ranks) it may dial and has none with.
+    fn abort(&self, comm_id: u64, seq: u64, reason: &str, members: &[usize]);
     /// Where this rank accepts links.
     fn listen_addr(&self) -> std::net::SocketAddr;
     /// What carries the link to `peer` (`tcp`, `unix`), once it is up.

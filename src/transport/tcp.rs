@@ -1011,28 +1011,7 @@ impl Shared {
                 Some(PeerState::Absent) if self.me < peer => {
                     peers[peer] = PeerState::Dialing;
                     drop(peers);
-                    let result = self.dial(peer, deadline);
-                    let mut peers = lock(&self.peers);
-                    let out = match result {
-                        Ok(link) => {
-                            if let Some(slot) = peers.get_mut(peer) {
-                                *slot = PeerState::Ready(link.clone());
-                            }
-                            Ok(link)
-                        }
-                        Err(e) => {
-                            if let Some(slot) = peers.get_mut(peer) {
-                                *slot = PeerState::Absent;
-                            }
-                            Err(e)
-                        }
-                    };
-                    drop(peers);
-                    if let Ok(link) = &out {
-                        self.replay_aborts(peer, link);
-                    }
-                    self.peers_changed.notify_all();
-                    return out;
+                    return self.dial_claimed(peer, deadline);
                 }
                 Some(_) => {
                     let now = Instant::now();
@@ -1053,6 +1032,63 @@ impl Shared {
                         .unwrap_or_else(|e| e.into_inner())
                         .0;
                 }
+            }
+        }
+    }
+
+    /// Dials `peer`, whose state this thread has set to `Dialing`, and
+    /// records the outcome: the link (which then hears every abort this
+    /// rank knows of), or `Absent` again.
+    fn dial_claimed(
+        self: &Arc<Self>,
+        peer: usize,
+        deadline: Instant,
+    ) -> Result<Arc<Link>, LinkError> {
+        let result = self.dial(peer, deadline);
+        let mut peers = lock(&self.peers);
+        let out = match result {
+            Ok(link) => {
+                if let Some(slot) = peers.get_mut(peer) {
+                    *slot = PeerState::Ready(link.clone());
+                }
+                Ok(link)
+            }
+            Err(e) => {
+                if let Some(slot) = peers.get_mut(peer) {
+                    *slot = PeerState::Absent;
+                }
+                Err(e)
+            }
+        };
+        drop(peers);
+        if let Ok(link) = &out {
+            self.replay_aborts(peer, link);
+        }
+        self.peers_changed.notify_all();
+        out
+    }
+
+    /// After this rank aborted a communicator: dials each of its `members`
+    /// above this rank that has no link yet, so that the link's first frame
+    /// tells it (`dial_claimed` replays aborts). Without this a member this
+    /// rank never exchanged a frame with (its first op failed here, or
+    /// `abort` came first) would wait for its own timeout. Members below
+    /// dial this rank when they next need it and hear the abort then. Best
+    /// effort, until `deadline`.
+    fn tell_unlinked(self: &Arc<Self>, members: &[usize], deadline: Instant) {
+        for &peer in members.iter().filter(|&&p| p > self.me) {
+            if Instant::now() >= deadline {
+                return;
+            }
+            {
+                let mut peers = lock(&self.peers);
+                match peers.get(peer) {
+                    Some(PeerState::Absent) => peers[peer] = PeerState::Dialing,
+                    _ => continue,
+                }
+            }
+            if let Err(e) = self.dial_claimed(peer, deadline) {
+                tracing::debug!(rank = self.me, peer, error = ?e, "could not reach a rank to tell it of an abort");
             }
         }
     }
@@ -2284,10 +2320,12 @@ impl Transport for TcpTransport {
         self.shared.forget(comm_id);
     }
 
-    fn abort(&self, comm_id: u64, seq: u64, reason: &str) {
+    fn abort(&self, comm_id: u64, seq: u64, reason: &str, members: &[usize]) {
         let abort = wire::Abort::new(self.shared.me as u32, seq, reason);
         self.shared.on_abort(None, comm_id, abort);
-        self.shared.wait_forwarded(comm_id, Duration::from_secs(1));
+        let limit = Duration::from_secs(1);
+        self.shared.tell_unlinked(members, Instant::now() + limit);
+        self.shared.wait_forwarded(comm_id, limit);
     }
 
     fn listen_addr(&self) -> SocketAddr {
