@@ -610,6 +610,34 @@ impl Communicator {
         lock(&self.inner.failed).clone()
     }
 
+    /// Stops taking ops and lets the queued ones finish, like torch's
+    /// `destroy_process_group` (call it on every rank): ops submitted
+    /// before it still run, so every rank's op order stays whole, and the
+    /// returned handle completes once the last of them has ended. Ops
+    /// submitted afterwards, on this handle or any clone, fail with
+    /// [`Error::ShutDown`]. Dropping the communicator then returns at once;
+    /// dropping the last clone with ops still queued instead blocks the
+    /// dropping thread until they end (each bounded by its timeout), which
+    /// async code should not do: `comm.shutdown().await` first. A second
+    /// call's handle is complete at once.
+    pub fn shutdown(&self) -> PendingCollective<()> {
+        let helper: Arc<dyn Help> = self.inner.runner.clone();
+        let (handle, last) = queued(
+            OpKind::None,
+            self.inner.tunables.spin,
+            helper,
+            &self.inner.cells,
+            |_: &Executor| Ok(()),
+        );
+        // Under the queue lock, so no op is numbered and queued after it.
+        let _queue = lock(&self.inner.queue);
+        if self.inner.runner.push_last(last) {
+            handle
+        } else {
+            PendingCollective::ready(Ok(()))
+        }
+    }
+
     /// Queues `job`; `p2p` says which peers a point-to-point op sends to
     /// and receives from (they count their sequence numbers per peer pair).
     fn submit<R: Send + 'static>(
@@ -625,6 +653,7 @@ impl Communicator {
         let mut queue = lock(&self.inner.queue);
         let kind = plan.kind;
         let ticket = self.ticket(&mut queue, plan, p2p);
+        let (seq, peer) = (ticket.seq, ticket.peer);
         let (handle, queued_job) = queued(
             kind,
             self.inner.tunables.spin,
@@ -632,8 +661,12 @@ impl Communicator {
             &self.inner.cells,
             move |ex: &Executor| execute(ex, ticket, job),
         );
-        // Under the queue lock, so jobs queue in sequence order.
-        self.inner.runner.push(queued_job, urgent);
+        // Under the queue lock, so jobs queue in sequence order. Refused
+        // after `shutdown`: the dropped job fails the handle.
+        if !self.inner.runner.push(queued_job, urgent) {
+            let why = "not run: communicator shut down".to_string();
+            self.inner.recorder.ended(kind, seq, peer, Some(why));
+        }
         handle
     }
 

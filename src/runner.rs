@@ -149,6 +149,20 @@ impl<C: Context> Runner<C> {
         self.jobs.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// Queues `job` as the last (nothing is queued after it), unless the
+    /// runner is closed already; false then.
+    pub(crate) fn push_last(&self, job: Job<C>) -> bool {
+        let mut jobs = self.lock();
+        if jobs.closed {
+            return false;
+        }
+        jobs.queue.push_back(job);
+        jobs.closed = true;
+        drop(jobs);
+        self.wake_executor.notify_one();
+        true
+    }
+
     /// Queues `job`. `urgent` jobs wake the executor; others only if it
     /// is not polling. False (and the job is dropped, which fails its
     /// handle) once the runner is closed.
@@ -222,7 +236,7 @@ impl<C: Context> Runner<C> {
     /// it holds) when the returned guard drops.
     pub(crate) fn claim(&self) -> Option<Claim<'_, C>> {
         let mut jobs = self.lock();
-        if jobs.running || !jobs.queue.is_empty() {
+        if jobs.running || !jobs.queue.is_empty() || jobs.closed {
             return None;
         }
         jobs.running = true;

@@ -148,6 +148,47 @@ fn split_makes_independent_groups_that_run_concurrently() {
 }
 
 #[test]
+fn shutdown_finishes_what_was_queued_and_refuses_the_rest() {
+    let (_store, comms) = local_group(2, |b| b);
+    on_all(&comms, |c| {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let queued: Vec<_> = (0..4)
+            .map(|i| c.all_reduce(vec![i as f32; 100_000], ReduceOp::Sum))
+            .collect();
+        let clone = c.clone();
+        rt.block_on(async { c.shutdown().await }).unwrap();
+        // Everything submitted before it ran to the end on both ranks.
+        for (i, op) in queued.into_iter().enumerate() {
+            assert!(op.is_completed(), "op {i} was still running");
+            assert_eq!(op.wait().unwrap()[99_999], 2.0 * i as f32);
+        }
+        // Later ops fail at once, queued or blocking, on every clone.
+        for later in [
+            clone
+                .all_reduce(vec![1f32; 8], ReduceOp::Sum)
+                .wait()
+                .map(|_| ()),
+            clone.all_reduce_slice(&mut [1f32; 8], ReduceOp::Sum),
+            c.barrier().wait(),
+        ] {
+            assert!(matches!(later, Err(Error::ShutDown(_))), "{later:?}");
+        }
+        assert!(
+            c.shutdown().is_completed(),
+            "a second shutdown waits for nothing"
+        );
+        let record = c.flight_record();
+        assert_eq!(
+            record.last().unwrap().state,
+            ringwire::OpState::Failed("not run: communicator shut down".into())
+        );
+    });
+}
+
+#[test]
 fn dropped_pending_neither_leaks_nor_desyncs() {
     let (_store, comms) = local_group(2, |b| b);
     let results = on_all(&comms, |c| {
