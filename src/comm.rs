@@ -86,6 +86,7 @@ impl Drop for Inner {
         // Nothing runs on this communicator any more: what peers sent for
         // it (a program whose ranks disagree) would otherwise stay.
         self.world.transport.forget(self.comm_id);
+        self.world.transport.forget(debug_comm_id(self.comm_id));
     }
 }
 
@@ -1324,7 +1325,12 @@ fn execute<R>(
     }
     ex.recorder.started(plan.kind, seq, peer);
     // Peers' frames for this op stop counting as run ahead (decision 0019).
-    ex.world.transport.begin(ex.comm_id, seq, receives_from);
+    // A send receives nothing, and its number counts sends to one peer, not
+    // collectives: it begins nothing.
+    let sends_only = peer.is_some() && receives_from.is_none();
+    if !sends_only {
+        ex.world.transport.begin(ex.comm_id, seq, receives_from);
+    }
     // On a crowded host (more local ranks than cores) a home core steadies
     // latency-bound ops (no two ranks of a recursive-doubling round stacked
     // on one core), but large ones ran faster where the scheduler put them
@@ -1434,6 +1440,11 @@ fn execute<R>(
     result
 }
 
+/// The communicator id debug signature checks exchange their frames on.
+fn debug_comm_id(comm_id: u64) -> u64 {
+    mix(comm_id, 0xDEB6)
+}
+
 /// RINGWIRE_DEBUG=detail: before each collective, the ranks all-gather the
 /// op's signature and compare, so a mismatch is named precisely (kind, type,
 /// count, reduce op, root) before any data moves.
@@ -1457,7 +1468,7 @@ fn check_signature(cx: &mut Ctx<'_>, plan: &OpPlan) -> Result<(), Error> {
     let mut all = vec![0i64; mine.len() * size];
     all[rank * mine.len()..(rank + 1) * mine.len()].copy_from_slice(&mine);
     let sig = OpSignature {
-        comm_id: mix(ex.comm_id, 0xDEB6),
+        comm_id: debug_comm_id(ex.comm_id),
         seq: cx.sig.seq,
         op: plan.kind,
         dtype: crate::DType::I64,

@@ -215,6 +215,44 @@ impl ringwire::CollectiveBuffer<f32> for Exploding {
     }
 }
 
+/// A caller's buffer type whose `Drop` panics.
+struct PanicsOnDrop(Vec<f32>);
+
+impl ringwire::CollectiveBuffer<f32> for PanicsOnDrop {
+    fn as_slice(&self) -> &[f32] {
+        &self.0
+    }
+    fn as_mut_slice(&mut self) -> &mut [f32] {
+        &mut self.0
+    }
+}
+
+impl Drop for PanicsOnDrop {
+    fn drop(&mut self) {
+        panic!("this buffer panics when dropped")
+    }
+}
+
+#[test]
+fn a_detached_buffer_that_panics_when_dropped_leaves_the_executor_running() {
+    let c = Communicator::builder()
+        .rank(0)
+        .world_size(1)
+        .build()
+        .wait()
+        .unwrap();
+    // Detached: the executor runs it and then drops the buffer.
+    drop(c.all_reduce(PanicsOnDrop(vec![1.0; 1 << 16]), ReduceOp::Sum));
+    // An op nobody blocks on still runs: the executor is alive.
+    let until = Instant::now() + Duration::from_secs(20);
+    let op = c.all_reduce(vec![2.0f32; 1 << 16], ReduceOp::Sum);
+    while !op.is_completed() {
+        assert!(Instant::now() < until, "the executor died");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert_eq!(op.wait().unwrap()[0], 2.0);
+}
+
 #[test]
 fn an_op_that_panics_fails_the_communicator_on_every_rank() {
     // One rank's op panics inside the op, at the communicator's first op

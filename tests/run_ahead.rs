@@ -352,6 +352,42 @@ fn what_a_dropped_communicator_held_is_released() {
     });
 }
 
+/// A rank's own sends begin nothing it receives: after rank 0 sent 8
+/// messages, the broadcasts rank 1 runs ahead with (ops 1-8 of the
+/// communicator, not started on rank 0) still count against its limit.
+#[test]
+fn sends_do_not_count_as_begun_collectives() {
+    common::init_logging();
+    let (_store, comms) = local_group(2, limited(64 << 10));
+    on_all(&comms, |c| {
+        const N: usize = 8;
+        if c.rank() == 0 {
+            for _ in 0..N {
+                c.send(vec![1u8; 16], 1).wait().unwrap();
+            }
+            let start = std::time::Instant::now();
+            while c.stats().held_ahead_bytes < 64 << 10 {
+                assert!(
+                    start.elapsed() < Duration::from_secs(20),
+                    "rank 1's broadcasts were taken as begun"
+                );
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            for _ in 0..N {
+                c.broadcast(vec![0u8; 1 << 20], 1).wait().unwrap();
+            }
+        } else {
+            for _ in 0..N {
+                c.recv(vec![0u8; 16], 0).wait().unwrap();
+            }
+            let pending: Vec<_> = (0..N).map(|_| c.broadcast(vec![7u8; 1 << 20], 1)).collect();
+            for p in pending {
+                p.wait().unwrap();
+            }
+        }
+    });
+}
+
 /// Debug signature checks exchange their frames on a communicator of their
 /// own; they must not pile up as run ahead.
 #[test]
@@ -366,6 +402,18 @@ fn debug_signature_checks_leave_nothing_held() {
     for c in &comms {
         assert_eq!(c.stats().held_ahead_bytes, 0, "rank {}", c.rank());
     }
+    // A dropped communicator's side communicator goes with it.
+    on_all(&comms, |c| c.barrier().wait().unwrap());
+    let before: Vec<u64> = comms.iter().map(|c| c.stats().inboxes).collect();
+    on_all(&comms, |c| {
+        let sub = c.split(Some(0), 0).unwrap().expect("every rank is in");
+        sub.all_reduce_slice(&mut [1f32; 10], ReduceOp::Sum)
+            .unwrap();
+        drop(sub);
+        c.barrier().wait().unwrap();
+    });
+    let after: Vec<u64> = comms.iter().map(|c| c.stats().inboxes).collect();
+    assert_eq!(after, before, "inboxes of a dropped communicator stayed");
 }
 
 /// A link this rank leaves unread longer than the heartbeat timeout is not

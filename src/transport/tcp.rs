@@ -2324,7 +2324,29 @@ impl Transport for TcpTransport {
         let abort = wire::Abort::new(self.shared.me as u32, seq, reason);
         self.shared.on_abort(None, comm_id, abort);
         let limit = Duration::from_secs(1);
-        self.shared.tell_unlinked(members, Instant::now() + limit);
+        let deadline = Instant::now() + limit;
+        // Dials run on a thread of their own, waited for at most `limit`: a
+        // stopped member's handshake would hold this one far longer.
+        let me = self.shared.me;
+        let unlinked = {
+            let peers = lock(&self.shared.peers);
+            members
+                .iter()
+                .any(|&p| p > me && matches!(peers.get(p), Some(PeerState::Absent)))
+        };
+        if unlinked {
+            let (shared, members) = (self.shared.clone(), members.to_vec());
+            let (told, done) = std::sync::mpsc::channel();
+            let spawned = std::thread::Builder::new()
+                .name(format!("ringwire-tell-{me}"))
+                .spawn(move || {
+                    shared.tell_unlinked(&members, deadline);
+                    let _ = told.send(());
+                });
+            if spawned.is_ok() {
+                let _ = done.recv_timeout(limit);
+            }
+        }
         self.shared.wait_forwarded(comm_id, limit);
     }
 
