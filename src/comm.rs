@@ -252,8 +252,13 @@ fn all_reduce_body<T: Element>(
     // broadcast moves 2(p-1) frames against doubling's p*log2(p) (decision
     // 0013). Every rank agreed on `crowded_anywhere` at rendezvous.
     let tree = small && cx.ex.world.crowded_anywhere;
+    // Mid sizes where some link is TCP: halving-doubling (decision 0022).
+    // Every rank agreed on `tcp_anywhere` at rendezvous.
+    let halving = algo::all_reduce_halving_pays(size, size_of_val(data), cx.ex.world.tcp_anywhere);
     cx.run_schedule(data, |steps, chunk| {
-        if tree {
+        if halving {
+            algo::all_reduce_halving(steps, rank, size, n, chunk)
+        } else if tree {
             algo::all_reduce_tree(steps, rank, size, n, chunk)
         } else if small {
             algo::all_reduce_doubling(steps, rank, size, n, chunk)

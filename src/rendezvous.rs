@@ -49,6 +49,10 @@ pub(crate) struct World {
     /// rendezvous): small all-reduces then run as a tree reduce and
     /// broadcast, not recursive doubling (decision 0013).
     pub(crate) crowded_anywhere: bool,
+    /// Some rank of the job links some peer over TCP (another host, local
+    /// links set to TCP, or TLS; agreed by every rank at rendezvous):
+    /// mid-size all-reduces then run halving-doubling (decision 0022).
+    pub(crate) tcp_anywhere: bool,
 }
 
 /// Where the store is.
@@ -403,6 +407,7 @@ impl Builder {
             transport = world.transport.name(),
             crowded_host = world.crowded,
             crowded_job = world.crowded_anywhere,
+            tcp_links_in_job = world.tcp_anywhere,
             "ringwire communicator ready"
         );
         Communicator::start(Arc::new(world), tunables)
@@ -441,6 +446,7 @@ fn rendezvous(
                 local: None,
                 crowded: false,
                 crowded_anywhere: false,
+                tcp_anywhere: false,
             });
         }
         None => {
@@ -564,6 +570,7 @@ fn rendezvous(
         job.try_into()
             .map_err(|_| Error::Rendezvous("bad job id in the store".into()))?,
     );
+    let tcp_links = (0..size).any(|q| q != rank && local_peers[q].is_none());
     let local = local.map(|(listener, _)| LocalPeers {
         listener,
         peers: local_peers,
@@ -578,6 +585,11 @@ fn rendezvous(
         .is_some_and(|(_, on_host)| on_host > ringwire_uring::usable_cores());
     if crowded {
         client.add(&key("crowded_ranks"), 1)?;
+    }
+    // Likewise whether any link of the job is TCP: this rank's are where it
+    // has no Unix address for the peer (both ends see a link alike).
+    if tcp_links {
+        client.add(&key("tcp_ranks"), 1)?;
     }
 
     // Store barrier: nobody leaves setup until everyone has every address.
@@ -597,6 +609,7 @@ fn rendezvous(
         });
     }
     let crowded_anywhere = client.add(&key("crowded_ranks"), 0)? > 0;
+    let tcp_anywhere = client.add(&key("tcp_ranks"), 0)? > 0;
     tracing::debug!(rank, %listen, "rendezvous complete");
     Ok(World {
         rank,
@@ -611,6 +624,7 @@ fn rendezvous(
         local: None,
         crowded,
         crowded_anywhere,
+        tcp_anywhere,
     })
 }
 

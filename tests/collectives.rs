@@ -128,6 +128,41 @@ fn a_reduce_of_many_chunks_reaches_its_root_once() {
     }
 }
 
+/// Where some link of the job is TCP, a mid-size all-reduce runs
+/// halving-doubling (decision 0022): right at every world size here, an
+/// uneven length, and at 4 ranks rank 1 exchanges with rank 3, its
+/// second-round partner, which the ring never links it with. With Unix
+/// links only, the ring runs.
+#[test]
+fn mid_size_all_reduces_run_halving_doubling_where_links_are_tcp() {
+    use ringwire::LocalLinks::{Tcp, Unix};
+    let seed = seed();
+    for (links, world) in [(Tcp, 3), (Tcp, 4), (Tcp, 5), (Unix, 4)] {
+        let (_store, comms) = local_group(world, |b| b.local_links(links));
+        let len = (1 << 20) / 4 + 3;
+        let results = on_all(&comms, |c| {
+            let ins = inputs::<f32>(seed, world as u64, world, len, ReduceOp::Sum);
+            let got = c
+                .all_reduce(ins[c.rank()].clone(), ReduceOp::Sum)
+                .wait()
+                .map_err(|e| e.to_string())?;
+            check_close(&got, &reference_reduce(&ins, ReduceOp::Sum), world)?;
+            Ok::<_, String>(c.link_kind(3).is_some())
+        });
+        let linked: Vec<bool> = results
+            .into_iter()
+            .map(|r| r.unwrap_or_else(|e| panic!("seed {seed} {links:?} p={world}: {e}")))
+            .collect();
+        if world == 4 {
+            assert_eq!(
+                linked[1],
+                links == Tcp,
+                "{links:?}: rank 1 linked with rank 3"
+            );
+        }
+    }
+}
+
 #[test]
 fn large_buffers_across_chunks() {
     let seed = seed();

@@ -160,6 +160,7 @@ mod tests {
                             ),
                             ("doubling", all_reduce_doubling),
                             ("tree", all_reduce_tree),
+                            ("halving", all_reduce_halving),
                         ] {
                             let scheds: Vec<_> = (0..world)
                                 .map(|r| schedule(|o| algo(o, r, world, len, chunk)))
