@@ -221,6 +221,43 @@ fn garbage(i: usize) -> Vec<u8> {
     }
 }
 
+/// A stranger that sends a byte now and then, each within the socket's
+/// read timeout, is cut off once the whole handshake has taken longer than
+/// the handshake timeout (here 2 s, from the connect timeout).
+#[test]
+fn a_stranger_that_drips_bytes_is_cut_off_at_the_handshake_timeout() {
+    let (_store, comms) = local_group(2, |b| b.connect_timeout(Duration::from_secs(2)));
+    let mut stranger = TcpStream::connect(comms[1].listen_addr()).unwrap();
+    let start = Instant::now();
+    let closed = loop {
+        // Plausible frame bytes (the magic's first), one every 500 ms.
+        if stranger.write_all(b"R").is_err() {
+            break start.elapsed();
+        }
+        stranger
+            .set_read_timeout(Some(Duration::from_millis(500)))
+            .unwrap();
+        let mut byte = [0u8; 1];
+        match std::io::Read::read(&mut stranger, &mut byte) {
+            Ok(0) => break start.elapsed(),
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(e) if e.kind() == std::io::ErrorKind::TimedOut => {}
+            Err(_) => break start.elapsed(),
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "the stranger was kept for 20 s"
+        );
+    };
+    assert!(
+        closed >= Duration::from_millis(1500),
+        "cut off early: {closed:?}"
+    );
+    // The job is unharmed.
+    on_all(&comms, |c| c.barrier().wait().unwrap());
+}
+
 #[test]
 fn strangers_on_a_rank_port_do_not_disturb_the_job() {
     let (_store, comms) = local_group(3, |b| b.timeout(Duration::from_secs(30)));

@@ -1678,7 +1678,19 @@ fn accept_loop(s: &Arc<Shared>, accept: impl Fn() -> io::Result<Conn>) {
             .spawn(move || {
                 let _pending = PendingHandshake(&s2.handshakes);
                 let from = stream.describe_peer();
-                match s2.accept_hello(&mut stream) {
+                let deadline = HandshakeDeadline::arm(&stream, s2.config.handshake_timeout);
+                let hello = s2.accept_hello(&mut stream);
+                let hello = match deadline.map(HandshakeDeadline::disarm) {
+                    Some(true) => Err(io::Error::new(
+                        io::ErrorKind::TimedOut,
+                        format!(
+                            "the handshake took longer than {:?}; the connection was closed",
+                            s2.config.handshake_timeout
+                        ),
+                    )),
+                    _ => hello,
+                };
+                match hello {
                     Ok(Ok((peer, channel, _))) if channel.is_lane() => {
                         s2.file_lane(peer, channel, stream);
                     }
@@ -1716,6 +1728,57 @@ fn accept_loop(s: &Arc<Shared>, accept: impl Fn() -> io::Result<Conn>) {
             s.handshakes.fetch_sub(1, Ordering::SeqCst);
             tracing::warn!(rank = s.me, error = %e, "could not spawn handshake thread");
         }
+    }
+}
+
+/// Closes a newcomer's connection if its handshake is still running when
+/// the handshake timeout has passed. The socket's read timeout bounds each
+/// read, not the handshake, so without this a stranger sending a byte now
+/// and then could hold a handshake slot (of `MAX_PENDING_HANDSHAKES`) for
+/// hours.
+struct HandshakeDeadline {
+    /// Set when the handshake ended; then whether the deadline struck.
+    state: Arc<(Mutex<(bool, bool)>, Condvar)>,
+}
+
+impl HandshakeDeadline {
+    /// Starts the clock on `stream` (a watchdog thread with a clone of the
+    /// socket); `None` if neither could be made (the read timeouts still
+    /// bound each read).
+    fn arm(stream: &Conn, limit: Duration) -> Option<HandshakeDeadline> {
+        let socket = stream.try_clone().ok()?;
+        let state = Arc::new((Mutex::new((false, false)), Condvar::new()));
+        let watched = state.clone();
+        let deadline = Instant::now() + limit;
+        std::thread::Builder::new()
+            .name("ringwire-hello-deadline".into())
+            .spawn(move || {
+                let mut st = lock(&watched.0);
+                while !st.0 {
+                    let now = Instant::now();
+                    if now >= deadline {
+                        st.1 = true;
+                        let _ = socket.shutdown(Shutdown::Both);
+                        return;
+                    }
+                    st = watched
+                        .1
+                        .wait_timeout(st, deadline - now)
+                        .unwrap_or_else(|e| e.into_inner())
+                        .0;
+                }
+            })
+            .ok()?;
+        Some(HandshakeDeadline { state })
+    }
+
+    /// Stops the clock; true if the deadline had struck (the connection is
+    /// shut down, whatever the handshake returned).
+    fn disarm(self) -> bool {
+        let mut st = lock(&self.state.0);
+        st.0 = true;
+        self.state.1.notify_all();
+        st.1
     }
 }
 
