@@ -215,6 +215,23 @@ impl RunAhead {
         before - self.counts.frames
     }
 
+    /// `peer`'s link failed: what it delivered stops counting (its ops
+    /// fail here; held, it would keep the total over its limit and pause
+    /// the other peers). `resumed` is called as by `begin`. Returns how
+    /// many frames stopped counting.
+    pub(crate) fn drop_peer(&mut self, peer: usize, mut resumed: impl FnMut(usize)) -> usize {
+        let before = self.counts.frames;
+        let counts = &mut self.counts;
+        self.held.retain(|&(_, p), frames| {
+            if p == peer {
+                let bytes = frames.iter().map(|h| h.bytes).sum();
+                counts.release(p, bytes, frames.len(), &mut resumed);
+            }
+            p != peer
+        });
+        before - self.counts.frames
+    }
+
     pub(crate) fn is_forgotten(&self, comm: u64) -> bool {
         self.forgotten.contains(&comm)
     }
@@ -323,6 +340,21 @@ mod tests {
             "only the real frame counted"
         );
         assert_eq!(r.held_from(5), 0);
+    }
+
+    #[test]
+    fn a_failed_peer_stops_counting_and_resumes_the_others() {
+        // Total limit 100: peers 1 and 2 together pass it and both pause.
+        let mut r = RunAhead::new(3, 1000, 100);
+        file(&mut r, 1, 1, 1, false, 60);
+        let mut paused = file(&mut r, 1, 2, 1, false, 60);
+        paused.sort();
+        assert_eq!(paused, vec![1, 2]);
+        let mut resumed = Vec::new();
+        assert_eq!(r.drop_peer(1, |p| resumed.push(p)), 1);
+        resumed.sort();
+        assert_eq!(resumed, vec![1, 2], "both are under the total again");
+        assert_eq!((r.held(), r.held_from(1), r.held_from(2)), (60, 0, 60));
     }
 
     #[test]

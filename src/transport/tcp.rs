@@ -879,6 +879,15 @@ impl Shared {
         }
         self.peers_changed.notify_all();
         self.wake_inboxes(|_, p| p == peer);
+        // What it sent ahead no longer holds anyone back, and a paused
+        // reader of its link must wake to see the link gone.
+        if self.held_frames.load(Ordering::SeqCst) > 0 {
+            self.release_held(|ahead, resumed| ahead.drop_peer(peer, resumed));
+        }
+        if let Some(over) = self.over.get(peer) {
+            over.store(false, Ordering::SeqCst);
+        }
+        self.resume_reading();
     }
 
     /// Files a lane the dialer opened for a link accepted with lanes.
