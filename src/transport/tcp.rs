@@ -132,6 +132,19 @@ impl Link {
         }
     }
 
+    /// Whether a portable-plane link's socket takes a few bytes now
+    /// without blocking (engine links: always; the engine never blocks).
+    fn writable_now(&self) -> bool {
+        use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+        match &self.plane {
+            LinkPlane::Portable { control, .. } => {
+                let mut fds = [PollFd::new(control.as_fd(), PollFlags::POLLOUT)];
+                matches!(poll(&mut fds, PollTimeout::ZERO), Ok(n) if n > 0)
+            }
+            LinkPlane::Engine { .. } => true,
+        }
+    }
+
     /// The shared writer of a portable-plane link; engine links send
     /// through the engine.
     fn writer(&self) -> Option<&Mutex<LinkWriter>> {
@@ -1865,10 +1878,15 @@ fn heartbeat_loop(s: &Arc<Shared>) {
                     s.last_send[peer].store(now, Ordering::Relaxed);
                     continue;
                 }
-                // A busy writer is traffic enough; never wait for it here.
+                // A busy writer is traffic enough; never wait for it here,
+                // nor for a full socket (a peer that stopped reading this
+                // link): blocked, this thread would beat for no other link.
                 let Some(writer) = link.writer() else {
                     continue;
                 };
+                if !link.writable_now() {
+                    continue;
+                }
                 if let Ok(mut w) = writer.try_lock() {
                     if w.write_all(&beat).and_then(|()| w.flush()).is_ok() {
                         s.last_send[peer].store(now, Ordering::Relaxed);
