@@ -585,16 +585,36 @@ impl Shared {
         let spawned = std::thread::Builder::new()
             .name(format!("ringwire-abort-{me}"))
             .spawn(move || {
+                let write = |peer: usize, w: &mut LinkWriter| {
+                    if let Err(e) = w.write_all(&frame).and_then(|()| w.flush()) {
+                        tracing::debug!(rank = me, peer, error = %e, "could not forward abort");
+                    }
+                };
+                // Links whose writer is free and whose socket takes the
+                // frame at once first: one blocked behind a peer that
+                // stopped reading must not keep the rest from hearing.
+                let mut busy = Vec::new();
                 for (peer, link) in links {
                     let Some(writer) = link.writer() else {
                         continue;
                     };
-                    let mut w = lock(writer);
-                    if let Err(e) = w.write_all(&frame).and_then(|()| w.flush()) {
-                        tracing::debug!(rank = me, peer, error = %e, "could not forward abort");
+                    let written = match writer.try_lock() {
+                        Ok(mut w) if link.writable_now() => {
+                            write(peer, &mut w);
+                            true
+                        }
+                        _ => false,
+                    };
+                    if !written {
+                        busy.push((peer, link));
                     }
                 }
                 mark_forwarded();
+                for (peer, link) in busy {
+                    if let Some(writer) = link.writer() {
+                        write(peer, &mut lock(writer));
+                    }
+                }
             });
         if spawned.is_err() {
             tracing::warn!(rank = me, "could not start a thread to forward an abort");
