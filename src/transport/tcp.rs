@@ -2306,7 +2306,10 @@ impl Transport for TcpTransport {
                 _ => format!("send to rank {peer} failed: {e}"),
             };
             self.shared.fail(peer, reason.clone());
-            LinkError::Lost(reason)
+            // An abort that came while the write was blocked explains it.
+            self.shared
+                .aborted_error(header.comm_id)
+                .unwrap_or(LinkError::Lost(reason))
         })
     }
 
