@@ -756,6 +756,8 @@ impl Shared {
             c != comm_id
         });
         lock(&self.comm_begun).remove(&comm_id);
+        // Its abort, if any, need not be replayed to links made later.
+        lock(&self.aborted).remove(&comm_id);
         for inbox in gone {
             let frames = std::mem::take(&mut *lock(&inbox.queue));
             for frame in frames {
@@ -1752,8 +1754,13 @@ fn accept_loop(s: &Arc<Shared>, accept: impl Fn() -> io::Result<Conn>) {
                         }) {
                         Ok(link) => {
                             let mut peers = lock(&s2.peers);
-                            if let Some(slot) = peers.get_mut(peer) {
-                                *slot = PeerState::Ready(link.clone());
+                            match peers.get_mut(peer) {
+                                Some(slot) if !s2.closing.load(Ordering::SeqCst) => {
+                                    *slot = PeerState::Ready(link.clone())
+                                }
+                                // The transport closed meanwhile: nobody
+                                // would shut this link (and its reader) down.
+                                _ => link.shut_down(),
                             }
                             drop(peers);
                             s2.replay_aborts(peer, &link);
@@ -2347,6 +2354,9 @@ impl Transport for TcpTransport {
         // peer that sent its last frame and exited has a closed link but
         // still a frame for us: deliver queued frames before reporting.
         if let Err(e) = self.shared.link(peer, deadline, comm_id) {
+            if matches!(e, LinkError::Aborted { .. }) {
+                return Err(e); // the op is over, whatever came before
+            }
             return lock(&inbox.queue).pop_front().ok_or(e);
         }
         if let Some(engine) = &self.shared.engine {
