@@ -228,6 +228,9 @@ struct Shared {
     run_ahead_changed: Condvar,
     /// Per peer: over the run-ahead limit (kept with `run_ahead`).
     over: Vec<AtomicBool>,
+    /// Per peer: its link failed. Frames its reader still files then do
+    /// not count as run ahead (`fail` released what it held).
+    dead: Vec<AtomicBool>,
     /// Frames `run_ahead` holds, readable without its lock.
     held_frames: AtomicUsize,
     /// Each communicator's highest collective op begun (see `Inbox::begun`).
@@ -368,6 +371,7 @@ impl TcpTransport {
             run_ahead: Mutex::new(RunAhead::new(world, run_ahead_limit, run_ahead_total)),
             run_ahead_changed: Condvar::new(),
             over: (0..world).map(|_| AtomicBool::new(false)).collect(),
+            dead: (0..world).map(|_| AtomicBool::new(false)).collect(),
             held_frames: AtomicUsize::new(0),
             comm_begun: Mutex::new(HashMap::new()),
             placing: (0..world).map(|_| AtomicUsize::new(0)).collect(),
@@ -729,6 +733,13 @@ impl Shared {
             drop(ahead);
             return self.recycle_buf(payload);
         }
+        if self.dead[peer].load(Ordering::SeqCst) {
+            // Drained from a failed link: kept for whoever reads it, but
+            // it holds nobody back.
+            self.held_frames.fetch_sub(1, Ordering::SeqCst);
+            drop(ahead);
+            return put(Incoming { header, payload });
+        }
         put(Incoming { header, payload });
         let (limit, total_limit) = (ahead.limit(), ahead.total_limit());
         ahead.filed(comm_id, peer, seq, p2p, bytes, |p| {
@@ -756,8 +767,6 @@ impl Shared {
             c != comm_id
         });
         lock(&self.comm_begun).remove(&comm_id);
-        // Its abort, if any, need not be replayed to links made later.
-        lock(&self.aborted).remove(&comm_id);
         for inbox in gone {
             let frames = std::mem::take(&mut *lock(&inbox.queue));
             for frame in frames {
@@ -923,7 +932,13 @@ impl Shared {
         self.peers_changed.notify_all();
         self.wake_inboxes(|_, p| p == peer);
         // What it sent ahead no longer holds anyone back, and a paused
-        // reader of its link must wake to see the link gone.
+        // reader of its link must wake to see the link gone. Marked dead
+        // under the ledger's lock first, so a frame its reader files
+        // meanwhile is either released here or not counted (`file`).
+        if let Some(dead) = self.dead.get(peer) {
+            let _ahead = lock(&self.run_ahead);
+            dead.store(true, Ordering::SeqCst);
+        }
         if self.held_frames.load(Ordering::SeqCst) > 0 {
             self.release_held(|ahead, resumed| ahead.drop_peer(peer, resumed));
         }
@@ -1099,12 +1114,18 @@ impl Shared {
         let result = self.dial(peer, deadline);
         let mut peers = lock(&self.peers);
         let out = match result {
-            Ok(link) => {
-                if let Some(slot) = peers.get_mut(peer) {
+            Ok(link) => match peers.get_mut(peer) {
+                Some(slot) if !self.closing.load(Ordering::SeqCst) => {
                     *slot = PeerState::Ready(link.clone());
+                    Ok(link)
                 }
-                Ok(link)
-            }
+                // The transport closed meanwhile (an abort's dial can
+                // outlive it): nobody would shut this link down.
+                _ => {
+                    link.shut_down();
+                    Err(LinkError::Lost("transport closed".into()))
+                }
+            },
             Err(e) => {
                 if let Some(slot) = peers.get_mut(peer) {
                     *slot = PeerState::Absent;
@@ -2417,6 +2438,9 @@ impl Transport for TcpTransport {
         };
         let inbox = self.shared.inbox(comm_id, peer);
         if let Err(e) = self.shared.link(peer, deadline, comm_id) {
+            if matches!(e, LinkError::Aborted { .. }) {
+                return Err(e); // the op is over, whatever came before
+            }
             return lock(&inbox.queue).pop_front().map(Received::Frame).ok_or(e);
         }
         self.shared
