@@ -132,14 +132,6 @@ impl Link {
         }
     }
 
-    /// Sets a portable-plane link's socket write timeout (its writer's
-    /// socket is the same one).
-    fn set_write_timeout(&self, timeout: Duration) {
-        if let LinkPlane::Portable { control, .. } = &self.plane {
-            let _ = control.set_write_timeout(Some(timeout));
-        }
-    }
-
     /// Whether a portable-plane link's socket takes a few bytes now
     /// without blocking (engine links: always; the engine never blocks).
     fn writable_now(&self) -> bool {
@@ -2113,11 +2105,8 @@ impl Shared {
         peer: usize,
         header: &Header,
         payload: &[u8],
-        deadline: Instant,
     ) -> Result<(), LinkError> {
-        // A send is bounded by the op's deadline as well as by the write
-        // timeout (an op with a shorter handle timeout).
-        let give_up = deadline.min(Instant::now() + self.config.write_timeout);
+        let give_up = Instant::now() + self.config.write_timeout;
         let mut on_stall = || self.fail(peer, stopped_reading(peer));
         let (head, head_len) = padded_head(header);
         let result = engine.send(
@@ -2328,9 +2317,7 @@ impl Transport for TcpTransport {
         let link = self.shared.link(peer, deadline, header.comm_id)?;
         let header = &aligned_for(header, payload);
         if let Some(engine) = &self.shared.engine {
-            return self
-                .shared
-                .engine_send(engine, peer, header, payload, deadline);
+            return self.shared.engine_send(engine, peer, header, payload);
         }
         let Some(writer) = link.writer() else {
             // Only engine links lack a writer, and they were served above.
@@ -2339,22 +2326,7 @@ impl Transport for TcpTransport {
                  none (a bug in ringwire: please report it)"
             )));
         };
-        let mut w = lock(writer);
-        // The socket's write timeout is the communicator's op timeout; an
-        // op with less time left (a handle's shorter timeout, or late in a
-        // long op) bounds this write by what it has, and puts it back
-        // after, for the link's other users.
-        let write_timeout = self.shared.config.write_timeout;
-        let left = deadline.saturating_duration_since(Instant::now());
-        let bounded = left + Duration::from_secs(1) < write_timeout;
-        if bounded {
-            link.set_write_timeout(left.max(Duration::from_millis(1)));
-        }
-        let result = write_frame(&mut **w, header, payload);
-        if bounded {
-            link.set_write_timeout(write_timeout);
-        }
-        drop(w);
+        let result = write_frame(&mut **lock(writer), header, payload);
         self.shared.last_send[peer].store(self.shared.now_ms(), Ordering::Relaxed);
         result.map_err(|e| {
             let reason = match e.kind() {
