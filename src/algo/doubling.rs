@@ -9,6 +9,69 @@
 //! bitwise equal in IEEE arithmetic, so every rank ends with the same bits.
 
 use super::{Action, Step};
+use std::ops::Range;
+
+/// How ranks beyond the largest power of two `pow2` take part: each even
+/// rank below `2 * rem` hands its buffer to the odd rank above it and sits
+/// out; the `pow2` others run the rounds as virtual ranks; then the odd
+/// ranks hand the result back.
+struct Fold {
+    pow2: usize,
+    rem: usize,
+}
+
+impl Fold {
+    fn new(world: usize) -> Fold {
+        let pow2 = 1usize << (usize::BITS - 1 - world.leading_zeros());
+        Fold {
+            pow2,
+            rem: world - pow2,
+        }
+    }
+
+    /// Rounds of the power-of-two part.
+    fn rounds(&self) -> u32 {
+        self.pow2.trailing_zeros()
+    }
+
+    /// `rank`'s virtual rank, or `None` if it sits out.
+    fn virtual_rank(&self, rank: usize) -> Option<usize> {
+        match rank < 2 * self.rem {
+            true => (rank % 2 == 1).then_some(rank / 2),
+            false => Some(rank - self.rem),
+        }
+    }
+
+    /// The rank behind virtual rank `v`.
+    fn real(&self, v: usize) -> usize {
+        if v < self.rem {
+            v * 2 + 1
+        } else {
+            v + self.rem
+        }
+    }
+
+    /// The fold before the rounds: even ranks below `2 * rem` send, the odd
+    /// rank above each reduces.
+    fn push_in(&self, out: &mut Vec<Step>, rank: usize, len: usize, chunk: usize, step: u32) {
+        if rank < 2 * self.rem {
+            match rank % 2 {
+                0 => super::push_sends(out, rank + 1, 0..len, chunk, step),
+                _ => super::push_recvs(out, rank - 1, 0..len, chunk, step, Action::Reduce),
+            }
+        }
+    }
+
+    /// The unfold after the rounds: the odd ranks return the result.
+    fn push_out(&self, out: &mut Vec<Step>, rank: usize, len: usize, chunk: usize, step: u32) {
+        if rank < 2 * self.rem {
+            match rank % 2 {
+                0 => super::push_recvs(out, rank + 1, 0..len, chunk, step, Action::Copy),
+                _ => super::push_sends(out, rank - 1, 0..len, chunk, step),
+            }
+        }
+    }
+}
 
 /// Recursive-doubling all-reduce of `len` elements. Work buffer: the user's
 /// buffer. `chunk` only cuts frames; it does not change the algorithm.
@@ -22,44 +85,16 @@ pub fn all_reduce_doubling(
     if world <= 1 || len == 0 {
         return;
     }
-    let pow2 = 1usize << (usize::BITS - 1 - world.leading_zeros());
-    let rem = world - pow2;
-    let all = 0..len;
-    let mut step = 0u32;
-    // Fold the extra ranks into their odd neighbours.
-    let new_rank = if rank < 2 * rem {
-        if rank % 2 == 0 {
-            super::push_sends(out, rank + 1, all.clone(), chunk, step);
-            None
-        } else {
-            super::push_recvs(out, rank - 1, all.clone(), chunk, step, Action::Reduce);
-            Some(rank / 2)
-        }
-    } else {
-        Some(rank - rem)
-    };
-    step += 1;
-    let real = |v: usize| if v < rem { v * 2 + 1 } else { v + rem };
-    if let Some(v) = new_rank {
-        let mut mask = 1;
-        while mask < pow2 {
-            let partner = real(v ^ mask);
-            super::push_sends(out, partner, all.clone(), chunk, step);
-            super::push_recvs(out, partner, all.clone(), chunk, step, Action::Reduce);
-            mask <<= 1;
-            step += 1;
-        }
-    } else {
-        step += pow2.trailing_zeros();
-    }
-    // Unfold: odd ranks return the result.
-    if rank < 2 * rem {
-        if rank % 2 == 0 {
-            super::push_recvs(out, rank + 1, all, chunk, step, Action::Copy);
-        } else {
-            super::push_sends(out, rank - 1, all, chunk, step);
+    let fold = Fold::new(world);
+    fold.push_in(out, rank, len, chunk, 0);
+    if let Some(v) = fold.virtual_rank(rank) {
+        for round in 0..fold.rounds() {
+            let partner = fold.real(v ^ (1 << round));
+            super::push_sends(out, partner, 0..len, chunk, 1 + round);
+            super::push_recvs(out, partner, 0..len, chunk, 1 + round, Action::Reduce);
         }
     }
+    fold.push_out(out, rank, len, chunk, 1 + fold.rounds());
 }
 
 /// Whether an all-reduce of `bytes` over `world` ranks runs
@@ -99,66 +134,47 @@ pub fn all_reduce_halving(
     if world <= 1 || len == 0 {
         return;
     }
-    let pow2 = 1usize << (usize::BITS - 1 - world.leading_zeros());
-    let rem = world - pow2;
-    let rounds = pow2.trailing_zeros();
-    let all = 0..len;
-    let mut step = HALVING_STEP;
-    let new_rank = if rank < 2 * rem {
-        if rank % 2 == 0 {
-            super::push_sends(out, rank + 1, all.clone(), chunk, step);
-            None
-        } else {
-            super::push_recvs(out, rank - 1, all.clone(), chunk, step, Action::Reduce);
-            Some(rank / 2)
-        }
-    } else {
-        Some(rank - rem)
-    };
-    step += 1;
-    let real = |v: usize| if v < rem { v * 2 + 1 } else { v + rem };
-    if let Some(v) = new_rank {
-        // The ranges this rank held before each round, to retrace them.
-        let mut held = Vec::with_capacity(rounds as usize);
-        let mut range = all.clone();
-        for round in 0..rounds {
-            let mask = 1 << round;
-            let partner = real(v ^ mask);
-            let mid = range.start + range.len() / 2;
-            let (keep, give) = match v & mask {
-                0 => (range.start..mid, mid..range.end),
-                _ => (mid..range.end, range.start..mid),
-            };
-            super::push_sends(out, partner, give, chunk, step);
-            super::push_recvs(out, partner, keep.clone(), chunk, step, Action::Reduce);
-            held.push(range);
-            range = keep;
-            step += 1;
-        }
-        for round in (0..rounds).rev() {
-            let mask = 1 << round;
-            let partner = real(v ^ mask);
-            let whole = held.pop().expect("one per round");
-            let mine = range.clone();
+    let fold = Fold::new(world);
+    let rounds = fold.rounds();
+    fold.push_in(out, rank, len, chunk, HALVING_STEP);
+    if let Some(v) = fold.virtual_rank(rank) {
+        // Round r splits halved(r) into halved(r + 1), this rank's half,
+        // and the partner's; the all-gather retraces the rounds backwards.
+        let halves = |r: u32| {
+            let (whole, mine) = (halved(len, v, r), halved(len, v, r + 1));
             let theirs = match mine.start == whole.start {
                 true => mine.end..whole.end,
                 false => whole.start..mine.start,
             };
+            (fold.real(v ^ (1 << r)), mine, theirs)
+        };
+        for round in 0..rounds {
+            let (partner, mine, theirs) = halves(round);
+            let step = HALVING_STEP + 1 + round;
+            super::push_sends(out, partner, theirs, chunk, step);
+            super::push_recvs(out, partner, mine, chunk, step, Action::Reduce);
+        }
+        for (i, round) in (0..rounds).rev().enumerate() {
+            let (partner, mine, theirs) = halves(round);
+            let step = HALVING_STEP + 1 + rounds + i as u32;
             super::push_sends(out, partner, mine, chunk, step);
             super::push_recvs(out, partner, theirs, chunk, step, Action::Copy);
-            range = whole;
-            step += 1;
-        }
-    } else {
-        step += 2 * rounds;
-    }
-    if rank < 2 * rem {
-        if rank % 2 == 0 {
-            super::push_recvs(out, rank + 1, all, chunk, step, Action::Copy);
-        } else {
-            super::push_sends(out, rank - 1, all, chunk, step);
         }
     }
+    fold.push_out(out, rank, len, chunk, HALVING_STEP + 1 + 2 * rounds);
+}
+
+/// The range virtual rank `v` keeps of `0..len` after `rounds` halvings:
+/// round r keeps the lower half where bit r of `v` is 0, else the upper.
+/// Recomputed rather than kept, so the schedule allocates nothing.
+fn halved(len: usize, v: usize, rounds: u32) -> Range<usize> {
+    (0..rounds).fold(0..len, |range, round| {
+        let mid = range.start + range.len() / 2;
+        match v & (1 << round) {
+            0 => range.start..mid,
+            _ => mid..range.end,
+        }
+    })
 }
 
 #[cfg(test)]

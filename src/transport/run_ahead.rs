@@ -201,33 +201,35 @@ impl RunAhead {
     /// (the caller drops them) and later ones are not to be kept
     /// ([`RunAhead::is_forgotten`]). `resumed` is called as by `begin`.
     /// Returns how many frames stopped counting.
-    pub(crate) fn forget(&mut self, comm: u64, mut resumed: impl FnMut(usize)) -> usize {
+    pub(crate) fn forget(&mut self, comm: u64, resumed: impl FnMut(usize)) -> usize {
         self.forgotten.insert(comm);
-        let before = self.counts.frames;
-        let counts = &mut self.counts;
-        self.held.retain(|&(c, peer), frames| {
-            if c == comm {
-                let bytes = frames.iter().map(|h| h.bytes).sum();
-                counts.release(peer, bytes, frames.len(), &mut resumed);
-            }
-            c != comm
-        });
-        before - self.counts.frames
+        self.release_where(|c, _| c == comm, resumed)
     }
 
     /// `peer`'s link failed: what it delivered stops counting (its ops
     /// fail here; held, it would keep the total over its limit and pause
     /// the other peers). `resumed` is called as by `begin`. Returns how
     /// many frames stopped counting.
-    pub(crate) fn drop_peer(&mut self, peer: usize, mut resumed: impl FnMut(usize)) -> usize {
+    pub(crate) fn drop_peer(&mut self, peer: usize, resumed: impl FnMut(usize)) -> usize {
+        self.release_where(|_, p| p == peer, resumed)
+    }
+
+    /// Stops counting every held frame of the (communicator, peer) pairs
+    /// `which` picks; returns how many.
+    fn release_where(
+        &mut self,
+        which: impl Fn(u64, usize) -> bool,
+        mut resumed: impl FnMut(usize),
+    ) -> usize {
         let before = self.counts.frames;
         let counts = &mut self.counts;
-        self.held.retain(|&(_, p), frames| {
-            if p == peer {
+        self.held.retain(|&(comm, peer), frames| {
+            let release = which(comm, peer);
+            if release {
                 let bytes = frames.iter().map(|h| h.bytes).sum();
-                counts.release(p, bytes, frames.len(), &mut resumed);
+                counts.release(peer, bytes, frames.len(), &mut resumed);
             }
-            p != peer
+            !release
         });
         before - self.counts.frames
     }
