@@ -1103,34 +1103,38 @@ impl Shared {
         peer: usize,
         deadline: Instant,
     ) -> Result<Arc<Link>, LinkError> {
-        let result = self.dial(peer, deadline);
-        let mut peers = lock(&self.peers);
-        let out = match result {
-            Ok(link) => match peers.get_mut(peer) {
-                Some(slot) if !self.closing.load(Ordering::SeqCst) => {
-                    *slot = PeerState::Ready(link.clone());
-                    Ok(link)
-                }
-                // The transport closed meanwhile (an abort's dial can
-                // outlive it): nobody would shut this link down.
-                _ => {
-                    link.shut_down();
-                    Err(LinkError::Lost("transport closed".into()))
-                }
-            },
+        match self.dial(peer, deadline) {
+            Ok(link) if self.register(peer, &link) => Ok(link),
+            Ok(_) => Err(LinkError::Lost("transport closed".into())),
             Err(e) => {
-                if let Some(slot) = peers.get_mut(peer) {
+                if let Some(slot) = lock(&self.peers).get_mut(peer) {
                     *slot = PeerState::Absent;
                 }
+                self.peers_changed.notify_all();
                 Err(e)
             }
+        }
+    }
+
+    /// Makes `link` the ready link to `peer` and sends it every abort this
+    /// rank knows of; false (the link shut down) if the transport closed
+    /// meanwhile, since nobody would shut it (and its reader) down later.
+    fn register(&self, peer: usize, link: &Arc<Link>) -> bool {
+        let mut peers = lock(&self.peers);
+        let ready = match peers.get_mut(peer) {
+            Some(slot) if !self.closing.load(Ordering::SeqCst) => {
+                *slot = PeerState::Ready(link.clone());
+                true
+            }
+            _ => false,
         };
         drop(peers);
-        if let Ok(link) = &out {
-            self.replay_aborts(peer, link);
+        match ready {
+            true => self.replay_aborts(peer, link),
+            false => link.shut_down(),
         }
         self.peers_changed.notify_all();
-        out
+        ready
     }
 
     /// After this rank aborted a communicator: dials each of its `members`
@@ -1766,18 +1770,7 @@ fn accept_loop(s: &Arc<Shared>, accept: impl Fn() -> io::Result<Conn>) {
                                 .map_err(|e| e.to_string())
                         }) {
                         Ok(link) => {
-                            let mut peers = lock(&s2.peers);
-                            match peers.get_mut(peer) {
-                                Some(slot) if !s2.closing.load(Ordering::SeqCst) => {
-                                    *slot = PeerState::Ready(link.clone())
-                                }
-                                // The transport closed meanwhile: nobody
-                                // would shut this link (and its reader) down.
-                                _ => link.shut_down(),
-                            }
-                            drop(peers);
-                            s2.replay_aborts(peer, &link);
-                            s2.peers_changed.notify_all();
+                            s2.register(peer, &link);
                         }
                         Err(e) => {
                             tracing::warn!(rank = s2.me, peer, error = %e, "could not start link");
