@@ -202,9 +202,13 @@ impl<C: Context> Runner<C> {
         Some(job)
     }
 
+    /// Runs `job` on the calling thread. A job's own panics end in its
+    /// handle; one that escapes (a buffer whose `Drop` panics when a
+    /// detached op lets it go) is logged and stops here: it must not end
+    /// the executor, or later ops nobody blocks on would never run, nor
+    /// reach a waiter that only helped.
     fn run(&self, job: Job<C>) {
-        /// Frees the queue even if the job panics (on a waiter's thread
-        /// the panic reaches the waiter; the queue must not stay blocked).
+        /// Frees the queue and restores the home core after the job.
         struct Finish<'a, C: Context>(&'a Runner<C>, Option<usize>);
         impl<C: Context> Drop for Finish<'_, C> {
             fn drop(&mut self) {
@@ -216,7 +220,9 @@ impl<C: Context> Runner<C> {
             self,
             ringwire_uring::set_home_core(self.context.home_core()),
         );
-        job.run(&self.context);
+        if panic::catch_unwind(AssertUnwindSafe(|| job.run(&self.context))).is_err() {
+            tracing::error!("a job panicked after its op ended; its runner goes on");
+        }
     }
 
     /// Frees the job slot.
@@ -293,13 +299,7 @@ impl<C: Context> Runner<C> {
                     }
                 }
             };
-            // A job's own panics end in its handle; one that escapes (a
-            // buffer whose `Drop` panics when a detached op lets it go)
-            // must not end the executor, or later ops nobody blocks on
-            // would never run.
-            if panic::catch_unwind(AssertUnwindSafe(|| self.run(job))).is_err() {
-                tracing::error!("a job panicked after its op ended; the executor goes on");
-            }
+            self.run(job);
             ran = true;
             poll = HOT_POLL;
         }
@@ -329,11 +329,7 @@ impl<C: Context> Help for Runner<C> {
         let job = Self::take(&mut self.lock());
         match job {
             Some(job) => {
-                // As on the executor: a panic after the op (a detached
-                // buffer's `Drop`) is not this waiter's.
-                if panic::catch_unwind(AssertUnwindSafe(|| self.run(job))).is_err() {
-                    tracing::error!("a job panicked after its op ended");
-                }
+                self.run(job);
                 true
             }
             None => false,
