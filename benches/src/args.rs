@@ -209,9 +209,18 @@ pub(crate) fn parse(args: &[String]) -> Result<Args, String> {
             }
             "--transport" => {
                 a.transport = match value()?.as_str() {
-                    "portable" | "tcp" => TransportChoice::Portable,
+                    "portable" => TransportChoice::Portable,
                     "uring" => TransportChoice::Uring,
                     "all" => TransportChoice::All,
+                    // Both transports run over TCP; "tcp" used to mean the
+                    // portable one, which misled (it is the link, not the plane).
+                    "tcp" => {
+                        return Err("--transport: tcp is not a transport (both run over TCP \
+                                    between hosts); for TCP links between local ranks add \
+                                    --local-links tcp, for the portable transport say \
+                                    --transport portable"
+                            .into());
+                    }
                     v => {
                         return Err(format!(
                             "--transport: expected portable, uring or all, got {v:?}"
@@ -408,6 +417,8 @@ mod tests {
                 .contains("--bogus")
         );
         assert!(args(&["all_reduce", "-c", "2"]).is_err());
+        let tcp = args(&["all_reduce", "--transport", "tcp"]).unwrap_err();
+        assert!(tcp.contains("--local-links tcp"), "{tcp}");
         assert_eq!(args(&["all_reduce"]).unwrap().link_buffer, 4 << 20);
         let big = args(&["all_reduce", "--link-buffer", "256M"]).unwrap();
         assert_eq!(big.link_buffer, 256 << 20);
