@@ -330,6 +330,39 @@ fn all_gather_body<T: Element>(
     })
 }
 
+fn gather_body<T: Element>(
+    cx: &mut Ctx<'_>,
+    input: &[T],
+    output: &mut [T],
+    root: usize,
+) -> Result<(), Error> {
+    let (rank, size) = cx.rank_and_size();
+    let n = input.len();
+    let build = |steps: &mut Vec<Step>, chunk| algo::gather(steps, rank, size, root, n, chunk);
+    if rank != root {
+        // Sends read the input in place; nothing lands here.
+        return cx.run_schedule_from(input, &mut [], build);
+    }
+    output[rank * n..(rank + 1) * n].copy_from_slice(input);
+    cx.run_schedule(output, build)
+}
+
+fn scatter_body<T: Element>(
+    cx: &mut Ctx<'_>,
+    input: &[T],
+    output: &mut [T],
+    root: usize,
+) -> Result<(), Error> {
+    let (rank, size) = cx.rank_and_size();
+    let n = output.len();
+    let build = |steps: &mut Vec<Step>, chunk| algo::scatter(steps, rank, size, root, n, chunk);
+    if rank != root {
+        return cx.run_schedule(output, build);
+    }
+    output.copy_from_slice(&input[rank * n..(rank + 1) * n]);
+    cx.run_schedule_from(input, &mut [], build)
+}
+
 fn reduce_scatter_body<T: Element>(
     cx: &mut Ctx<'_>,
     input: &[T],
@@ -883,6 +916,88 @@ impl Communicator {
         Ok(self.plan::<T>(OpKind::AllGather, n))
     }
 
+    /// Gathers every rank's `input` into `root`'s `output`, in rank order.
+    /// Every rank passes an input of the same length; at the root `output`
+    /// must hold `input.len() * world_size()` elements. Other ranks'
+    /// `output` is not touched: pass an empty buffer (or one of the root's
+    /// length, so every rank can run the same code). The root receives
+    /// from every other rank directly.
+    pub fn gather<T: Element, B: CollectiveBuffer<T>, O: CollectiveBuffer<T>>(
+        &self,
+        input: B,
+        mut output: O,
+        root: usize,
+    ) -> PendingCollective<(B, O)> {
+        let (n, out) = (input.as_slice().len(), output.as_slice().len());
+        self.submit_checked(self.gather_plan::<T>(n, out, root), None, move |cx| {
+            gather_body(cx, input.as_slice(), output.as_mut_slice(), root)?;
+            Ok((input, output))
+        })
+    }
+
+    fn gather_plan<T: Element>(&self, n: usize, out: usize, root: usize) -> Result<OpPlan, Error> {
+        self.check_root(OpKind::Gather, root)?;
+        self.check_root_buffer(OpKind::Gather, "output", out, n, root)?;
+        let mut plan = self.plan::<T>(OpKind::Gather, n);
+        plan.root = root as u32;
+        Ok(plan)
+    }
+
+    /// Sends block r of `root`'s `input` to rank r's `output`: every rank
+    /// passes an output of the same length, and at the root `input` must
+    /// hold `output.len() * world_size()` elements. Other ranks' `input`
+    /// is not read: pass an empty buffer (or one of the root's length).
+    /// The root sends to every other rank directly.
+    pub fn scatter<T: Element, B: CollectiveBuffer<T>, O: CollectiveBuffer<T>>(
+        &self,
+        input: B,
+        mut output: O,
+        root: usize,
+    ) -> PendingCollective<(B, O)> {
+        let (ins, n) = (input.as_slice().len(), output.as_slice().len());
+        self.submit_checked(self.scatter_plan::<T>(ins, n, root), None, move |cx| {
+            scatter_body(cx, input.as_slice(), output.as_mut_slice(), root)?;
+            Ok((input, output))
+        })
+    }
+
+    fn scatter_plan<T: Element>(&self, ins: usize, n: usize, root: usize) -> Result<OpPlan, Error> {
+        self.check_root(OpKind::Scatter, root)?;
+        self.check_root_buffer(OpKind::Scatter, "input", ins, n, root)?;
+        let mut plan = self.plan::<T>(OpKind::Scatter, n);
+        plan.root = root as u32;
+        Ok(plan)
+    }
+
+    /// Checks the length of a gather's output or a scatter's input (`what`,
+    /// `len` elements) against `n` elements per rank: at the root it must
+    /// hold every rank's block; elsewhere it is not used, and may be empty
+    /// or of the root's length.
+    fn check_root_buffer(
+        &self,
+        op: OpKind,
+        what: &str,
+        len: usize,
+        n: usize,
+        root: usize,
+    ) -> Result<(), Error> {
+        let (size, rank) = (self.inner.size, self.inner.rank);
+        let whole = n * size;
+        if len == whole || (rank != root && len == 0) {
+            return Ok(());
+        }
+        let detail = match rank == root {
+            true => format!(
+                "{what} has {len} elements but at the root must have {n} x world size {size} = {whole}"
+            ),
+            false => format!(
+                "{what} has {len} elements; rank {rank} is not the root ({root}), so it must be \
+                 empty or have the root's {n} x world size {size} = {whole}"
+            ),
+        };
+        Err(invalid(op, detail))
+    }
+
     /// Reduces `input` across ranks and leaves block `rank()` of the result
     /// in `output`. Blocks split `input.len()` as evenly as possible, the
     /// first `len % world_size` ranks getting one extra element; see
@@ -1181,6 +1296,42 @@ impl Communicator {
         }
         let (_, out) = self
             .all_gather(input.to_vec(), vec![T::default(); output.len()])
+            .wait()?;
+        output.copy_from_slice(&out);
+        Ok(())
+    }
+
+    /// Blocking [`Communicator::gather`] on borrowed slices.
+    pub fn gather_slice<T: Element>(
+        &self,
+        input: &[T],
+        output: &mut [T],
+        root: usize,
+    ) -> Result<(), Error> {
+        let plan = self.gather_plan::<T>(input.len(), output.len(), root)?;
+        if let Some(done) = self.run_now(plan, |cx| gather_body(cx, input, output, root)) {
+            return done;
+        }
+        let (_, out) = self
+            .gather(input.to_vec(), vec![T::default(); output.len()], root)
+            .wait()?;
+        output.copy_from_slice(&out);
+        Ok(())
+    }
+
+    /// Blocking [`Communicator::scatter`] on borrowed slices.
+    pub fn scatter_slice<T: Element>(
+        &self,
+        input: &[T],
+        output: &mut [T],
+        root: usize,
+    ) -> Result<(), Error> {
+        let plan = self.scatter_plan::<T>(input.len(), output.len(), root)?;
+        if let Some(done) = self.run_now(plan, |cx| scatter_body(cx, input, output, root)) {
+            return done;
+        }
+        let (_, out) = self
+            .scatter(input.to_vec(), vec![T::default(); output.len()], root)
             .wait()?;
         output.copy_from_slice(&out);
         Ok(())

@@ -72,6 +72,16 @@ fn accepts_vec_buffer_bytesmut_and_slices() {
         let mut out = [0i64; 6];
         c.all_gather_slice(&slice, &mut out).unwrap();
         assert_eq!(out, [1, 2, 3, 1, 2, 3]);
+        // Rank 1 gathers; rank 0's output is empty and left so.
+        let mut gathered = vec![0i64; if c.rank() == 1 { 6 } else { 0 }];
+        let mine = [c.rank() as i64 + 5; 3];
+        c.gather_slice(&mine, &mut gathered, 1).unwrap();
+        if c.rank() == 1 {
+            assert_eq!(gathered, [5, 5, 5, 6, 6, 6]);
+        }
+        let mut block = [0i64; 3];
+        c.scatter_slice(&out, &mut block, 0).unwrap();
+        assert_eq!(block, [1, 2, 3]);
         let boxed: Box<[u8]> = vec![c.rank() as u8; 2].into_boxed_slice();
         let boxed = c.broadcast(boxed, 1).wait().unwrap();
         assert_eq!(&boxed[..], &[1, 1]);
@@ -344,6 +354,63 @@ fn bad_arguments_fail_at_once_with_the_op_named() {
         c.all_reduce(vec![4u8], ReduceOp::Sum).wait().unwrap(),
         vec![4]
     );
+}
+
+/// A gather's output and a scatter's input must hold every block at the
+/// root; elsewhere they are unused, and may be empty or of the root's
+/// length. Each rank checks its own arguments before any frame moves.
+#[test]
+fn gather_and_scatter_check_the_roots_buffer() {
+    let (_store, comms) = local_group(2, |b| b);
+    on_all(&comms, |c| {
+        let root = 1;
+        let e = c
+            .gather(vec![1u8; 3], vec![0u8; 5], root)
+            .wait()
+            .unwrap_err();
+        assert!(
+            matches!(
+                e,
+                Error::InvalidArgument {
+                    op: OpKind::Gather,
+                    ..
+                }
+            ),
+            "{e}"
+        );
+        let want = match c.rank() == root {
+            true => "at the root must have 3 x world size 2 = 6",
+            false => "must be empty or have the root's 3 x world size 2 = 6",
+        };
+        assert!(e.to_string().contains(want), "{e}");
+        let e = c
+            .scatter(vec![1u8; 7], vec![0u8; 3], root)
+            .wait()
+            .unwrap_err();
+        assert!(
+            matches!(
+                e,
+                Error::InvalidArgument {
+                    op: OpKind::Scatter,
+                    ..
+                }
+            ),
+            "{e}"
+        );
+        let e = c.gather(vec![1u8; 3], vec![0u8; 6], 2).wait().unwrap_err();
+        assert!(e.to_string().contains("root 2"), "{e}");
+        // The root may not pass an empty buffer (unless the blocks are).
+        let empty_at_root = c.scatter(Vec::<u8>::new(), vec![0u8; 3], c.rank()).wait();
+        assert!(empty_at_root.is_err());
+        // None of it failed the communicator.
+        let (_, got) = c
+            .gather(vec![c.rank() as u8; 2], vec![0u8; 4], root)
+            .wait()
+            .unwrap();
+        if c.rank() == root {
+            assert_eq!(got, [0, 0, 1, 1]);
+        }
+    });
 }
 
 #[test]

@@ -68,7 +68,7 @@ pub(crate) struct Args {
 pub(crate) const USAGE: &str = "\
 usage: ringwire-bench <op> [options]
 
-ops: all_reduce broadcast reduce all_gather reduce_scatter all_to_all barrier sendrecv pingpong;
+ops: all_reduce broadcast reduce all_gather reduce_scatter all_to_all gather scatter barrier sendrecv pingpong;
      (sendrecv as nccl-tests: every rank sends to the next and receives from the previous
      at once; pingpong: ranks 0 and 1 bounce a buffer, timed one way);
      several separated by commas (all_reduce,all_gather), or `all` for every one, run
@@ -87,7 +87,7 @@ ops: all_reduce broadcast reduce all_gather reduce_scatter all_to_all barrier se
       --max-seconds T  cap the timed iterations of one size near T seconds (default 1; 0 = no cap)
   -d, --datatype T   f32 f64 f16 bf16 i32 i64 u8 (default f32)
   -o, --op OP        sum prod min max avg (default sum)
-  -r, --root R       root of broadcast and reduce (default 0)
+  -r, --root R       root of broadcast, reduce, gather and scatter (default 0)
   -c, --check 0|1    check results against a reference (default 1)
       --transport T  portable, uring or all (default all: every available one, interleaved size by size)
       --local-links L  unix, tcp or all: what links ranks on the same host (default unix,

@@ -16,6 +16,10 @@ pub(crate) enum BenchOp {
     AllGather,
     ReduceScatter,
     AllToAll,
+    /// Every rank's input to the root (nccl-tests' gather).
+    Gather,
+    /// The root's input, a block to each rank (nccl-tests' scatter).
+    Scatter,
     Barrier,
     /// nccl-tests' sendrecv: every rank sends to the next and receives
     /// from the previous at once (`send_recv`).
@@ -35,13 +39,15 @@ pub(crate) struct Shape {
 }
 
 impl BenchOp {
-    pub(crate) const ALL: [BenchOp; 9] = [
+    pub(crate) const ALL: [BenchOp; 11] = [
         BenchOp::AllReduce,
         BenchOp::Broadcast,
         BenchOp::Reduce,
         BenchOp::AllGather,
         BenchOp::ReduceScatter,
         BenchOp::AllToAll,
+        BenchOp::Gather,
+        BenchOp::Scatter,
         BenchOp::Barrier,
         BenchOp::SendRecv,
         BenchOp::PingPong,
@@ -55,6 +61,8 @@ impl BenchOp {
             BenchOp::AllGather => "all_gather",
             BenchOp::ReduceScatter => "reduce_scatter",
             BenchOp::AllToAll => "all_to_all",
+            BenchOp::Gather => "gather",
+            BenchOp::Scatter => "scatter",
             BenchOp::Barrier => "barrier",
             BenchOp::SendRecv => "sendrecv",
             BenchOp::PingPong => "pingpong",
@@ -80,7 +88,10 @@ impl BenchOp {
     }
 
     pub(crate) fn rooted(self) -> bool {
-        matches!(self, BenchOp::Broadcast | BenchOp::Reduce)
+        matches!(
+            self,
+            BenchOp::Broadcast | BenchOp::Reduce | BenchOp::Gather | BenchOp::Scatter
+        )
     }
 
     /// busbw = algbw * factor (nccl-tests, doc/PERFORMANCE.md): the bandwidth
@@ -89,7 +100,11 @@ impl BenchOp {
         let n = ranks as f64;
         match self {
             BenchOp::AllReduce => 2.0 * (n - 1.0) / n,
-            BenchOp::AllGather | BenchOp::ReduceScatter | BenchOp::AllToAll => (n - 1.0) / n,
+            BenchOp::AllGather
+            | BenchOp::ReduceScatter
+            | BenchOp::AllToAll
+            | BenchOp::Gather
+            | BenchOp::Scatter => (n - 1.0) / n,
             BenchOp::Broadcast
             | BenchOp::Reduce
             | BenchOp::SendRecv
@@ -115,7 +130,9 @@ impl BenchOp {
                 output: count,
                 bytes: count * elem,
             },
-            BenchOp::AllGather => {
+            // Every rank passes the root's length where the op leaves it
+            // unused, as symmetric code would.
+            BenchOp::AllGather | BenchOp::Gather => {
                 let per = count / ranks;
                 Shape {
                     input: per,
@@ -123,7 +140,7 @@ impl BenchOp {
                     bytes: per * ranks * elem,
                 }
             }
-            BenchOp::ReduceScatter => {
+            BenchOp::ReduceScatter | BenchOp::Scatter => {
                 let total = count / ranks * ranks;
                 Shape {
                     input: total,
@@ -306,6 +323,8 @@ impl<T: Element> Runner<T> {
             BenchOp::AllGather => comm.all_gather(input, output).wait()?,
             BenchOp::ReduceScatter => comm.reduce_scatter(input, output, redop).wait()?,
             BenchOp::AllToAll => comm.all_to_all(input, output).wait()?,
+            BenchOp::Gather => comm.gather(input, output, root).wait()?,
+            BenchOp::Scatter => comm.scatter(input, output, root).wait()?,
             BenchOp::Barrier => {
                 comm.barrier().wait()?;
                 (input, output)
@@ -348,9 +367,12 @@ impl<T: Element> Runner<T> {
         fill(redop, rank, 0, &mut self.input);
         self.iterate(comm)?;
         let result: &mut [T] = match self.op {
-            BenchOp::AllGather | BenchOp::ReduceScatter | BenchOp::AllToAll | BenchOp::SendRecv => {
-                &mut self.output
-            }
+            BenchOp::AllGather
+            | BenchOp::ReduceScatter
+            | BenchOp::AllToAll
+            | BenchOp::Gather
+            | BenchOp::Scatter
+            | BenchOp::SendRecv => &mut self.output,
             _ => &mut self.input,
         };
         if corrupt {
@@ -368,6 +390,12 @@ impl<T: Element> Runner<T> {
             BenchOp::AllGather => (0..ranks)
                 .map(|r| wrong_copied(&result[r * input_len..(r + 1) * input_len], r, 0, redop))
                 .sum(),
+            BenchOp::Gather if rank == root => (0..ranks)
+                .map(|r| wrong_copied(&result[r * input_len..(r + 1) * input_len], r, 0, redop))
+                .sum(),
+            // Not the root: its output must stay as it was (zeros).
+            BenchOp::Gather => result.iter().filter(|x| **x != T::default()).count(),
+            BenchOp::Scatter => wrong_copied(result, root, rank * result.len(), redop),
             BenchOp::AllToAll => (0..ranks)
                 .map(|j| wrong_copied(&result[j * block..(j + 1) * block], j, rank * block, redop))
                 .sum(),
@@ -398,6 +426,8 @@ mod tests {
         assert_eq!(BenchOp::AllToAll.bus_factor(2), 0.5);
         assert_eq!(BenchOp::Broadcast.bus_factor(8), 1.0);
         assert_eq!(BenchOp::Reduce.bus_factor(3), 1.0);
+        assert_eq!(BenchOp::Gather.bus_factor(4), 0.75);
+        assert_eq!(BenchOp::Scatter.bus_factor(4), 0.75);
         assert_eq!(BenchOp::AllReduce.bus_factor(1), 0.0);
     }
 

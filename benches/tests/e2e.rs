@@ -120,6 +120,8 @@ fn every_op_runs_with_three_ranks() {
         "all_gather",
         "reduce_scatter",
         "all_to_all",
+        "gather",
+        "scatter",
         "barrier",
         "sendrecv",
         "pingpong",

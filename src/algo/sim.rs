@@ -382,6 +382,59 @@ mod tests {
         }
     }
 
+    /// Gather to every root lands each rank's block in its place at the
+    /// root; scatter from every root gives each rank its block. Work
+    /// buffers as `gather` and `scatter` say: the root's holds all blocks,
+    /// another rank's only its own.
+    #[test]
+    fn gather_and_scatter_move_every_block_for_every_root() {
+        let seed = Rng::fresh_seed();
+        let mut rng = Rng::new(seed);
+        for world in 1..=9 {
+            for per in [0, 1, 2, 5, 33] {
+                for chunk in CHUNKS {
+                    for root in 0..world {
+                        let blocks: Vec<Vec<i32>> = (0..world)
+                            .map(|_| random_data(&mut rng, per, ReduceOp::Sum))
+                            .collect();
+                        let all = blocks.concat();
+                        let case = format!("seed {seed} p={world} per={per} root {root}");
+
+                        let mut works: Vec<Vec<i32>> = (0..world)
+                            .map(|r| match r == root {
+                                true => {
+                                    let mut w = vec![0; per * world];
+                                    w[r * per..(r + 1) * per].copy_from_slice(&blocks[r]);
+                                    w
+                                }
+                                false => blocks[r].clone(),
+                            })
+                            .collect();
+                        let scheds: Vec<_> = (0..world)
+                            .map(|r| schedule(|o| gather(o, r, world, root, per, chunk)))
+                            .collect();
+                        run(&scheds, &mut works, ReduceOp::Sum).unwrap();
+                        assert_eq!(works[root], all, "gather {case}");
+
+                        let mut works: Vec<Vec<i32>> = (0..world)
+                            .map(|r| match r == root {
+                                true => all.clone(),
+                                false => vec![0; per],
+                            })
+                            .collect();
+                        let scheds: Vec<_> = (0..world)
+                            .map(|r| schedule(|o| scatter(o, r, world, root, per, chunk)))
+                            .collect();
+                        run(&scheds, &mut works, ReduceOp::Sum).unwrap();
+                        for r in (0..world).filter(|&r| r != root) {
+                            assert_eq!(works[r], blocks[r], "scatter {case}: rank {r}");
+                        }
+                    }
+                }
+            }
+        }
+    }
+
     #[test]
     fn broadcast_and_reduce_reach_every_root() {
         let seed = Rng::fresh_seed();

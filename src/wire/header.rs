@@ -521,8 +521,8 @@ pub(crate) mod tests {
             unknown("header.kind", 6)
         );
         assert_eq!(
-            Header::decode(&patched(24, 9), u32::MAX),
-            unknown("header.op", 9)
+            Header::decode(&patched(24, 11), u32::MAX),
+            unknown("header.op", 11)
         );
         assert_eq!(
             Header::decode(&patched(25, 8), u32::MAX),

@@ -86,11 +86,16 @@ pub enum OpKind {
     Barrier = 7,
     /// Point-to-point send / receive.
     SendRecv = 8,
+    // 9 and 10 joined protocol version 3 without a bump: ringwire has not
+    // been released, and a build from before them refuses their frames as
+    // an unknown `header.op` rather than misreading them.
+    Gather = 9,
+    Scatter = 10,
 }
 
 impl OpKind {
     /// Every op, for tests that sweep them.
-    pub const ALL: [OpKind; 9] = [
+    pub const ALL: [OpKind; 11] = [
         OpKind::None,
         OpKind::AllReduce,
         OpKind::Broadcast,
@@ -100,6 +105,8 @@ impl OpKind {
         OpKind::AllToAll,
         OpKind::Barrier,
         OpKind::SendRecv,
+        OpKind::Gather,
+        OpKind::Scatter,
     ];
 
     /// The op for a wire byte, or `None` for an unknown one.
@@ -114,6 +121,8 @@ impl OpKind {
             6 => OpKind::AllToAll,
             7 => OpKind::Barrier,
             8 => OpKind::SendRecv,
+            9 => OpKind::Gather,
+            10 => OpKind::Scatter,
             _ => return None,
         })
     }
@@ -131,6 +140,8 @@ impl OpKind {
             OpKind::AllToAll => "all_to_all",
             OpKind::Barrier => "barrier",
             OpKind::SendRecv => "send_recv",
+            OpKind::Gather => "gather",
+            OpKind::Scatter => "scatter",
         }
     }
 }
@@ -158,7 +169,7 @@ mod tests {
         let known_ops = (0..=u8::MAX).filter(|b| OpKind::from_u8(*b).is_some());
         assert_eq!(known_ops.count(), OpKind::ALL.len());
         assert_eq!(FrameKind::from_u8(0), None);
-        assert_eq!(OpKind::from_u8(9), None);
+        assert_eq!(OpKind::from_u8(11), None);
     }
 
     #[test]

@@ -106,6 +106,43 @@ fn moving_ops<T: Element>(comm: &Communicator, seed: u64, case: &mut u64) -> Res
             ));
         }
 
+        // Gather and scatter at a root other than broadcast's; other ranks
+        // pass an empty buffer where the root's holds every block (odd
+        // lengths), or one of the root's length (even).
+        let root = (len + 2) % world;
+        let unused = |whole: usize| if len % 2 == 1 { 0 } else { whole };
+        let out_len = if rank == root {
+            len * world
+        } else {
+            unused(len * world)
+        };
+        let (back, got) = comm
+            .gather(ins[rank].clone(), vec![T::default(); out_len], root)
+            .wait()
+            .map_err(|e| ctx("gather", e.to_string()))?;
+        if rank == root && got != ins.concat() {
+            return Err(ctx("gather", "not the concatenation in rank order".into()));
+        }
+        if rank != root && got.iter().any(|x| *x != T::default()) {
+            return Err(ctx("gather", "a non-root output was written".into()));
+        }
+        if back != ins[rank] {
+            return Err(ctx("gather", "input changed".into()));
+        }
+        let whole = ins.concat();
+        let input = if rank == root {
+            whole.clone()
+        } else {
+            vec![T::default(); unused(whole.len())]
+        };
+        let (_, got) = comm
+            .scatter(input, vec![T::default(); len], root)
+            .wait()
+            .map_err(|e| ctx("scatter", e.to_string()))?;
+        if got != ins[rank] {
+            return Err(ctx("scatter", "not the root's block for this rank".into()));
+        }
+
         // A ring shift in one op per rank: send to the next, receive from
         // the previous (with two ranks, both are the other rank).
         if world > 1 {
