@@ -1551,10 +1551,11 @@ fn execute<R>(
         ctx: op_ctx,
         peer,
         waited,
-        ..
+        detail,
     }) = result
     {
-        let detail = who_is_missing(ex, seq);
+        // After what the op said (a send's "to take a frame").
+        let detail = detail + &who_is_missing(ex, seq);
         result = Err(Error::Timeout {
             ctx: op_ctx,
             peer,

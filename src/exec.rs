@@ -283,7 +283,23 @@ impl Run<'_> {
             .with_payload_len(payload.len() as u32);
         self.transport
             .send(self.members[peer], &header, payload, self.deadline)
-            .map_err(|e| self.link_error(e, peer))?;
+            .map_err(|e| match self.link_error(e, peer) {
+                Error::Timeout {
+                    ctx,
+                    peer,
+                    waited,
+                    detail,
+                } => Error::Timeout {
+                    ctx,
+                    peer,
+                    waited,
+                    detail: format!(
+                        " to read what this rank sends: {}{detail}",
+                        crate::transport::WHY_A_PEER_STOPS_READING
+                    ),
+                },
+                e => e,
+            })?;
         traffic.sent += payload.len() as u64;
         Ok(())
     }

@@ -473,9 +473,13 @@ fn a_sender_held_past_its_timeout_names_the_rank_behind() {
     let sender = results[1]
         .as_ref()
         .expect("the sender was held back and failed");
+    // Held part way through a frame, the link fails after the write
+    // timeout ("stopped reading"); held before a frame started, the op
+    // times out alone. Either way the error says why a peer stops reading.
     let text = sender.to_string();
     assert!(
-        text.contains("rank 0 stopped reading") && text.contains("run-ahead"),
+        (text.contains("rank 0 stopped reading") || text.contains("rank 0 to read"))
+            && text.contains("run-ahead"),
         "{text}"
     );
     assert!(
@@ -483,6 +487,61 @@ fn a_sender_held_past_its_timeout_names_the_rank_behind() {
         "rank 0 completed every broadcast the sender gave up on"
     );
     assert!(!matches!(sender, Error::InvalidArgument { .. }));
+}
+
+/// A handle's shorter timeout bounds its sends too, and the link outlives
+/// the op. Rank 0 stops reading; rank 1 broadcasts small frames with 2 s to
+/// live until one is held back. Its op fails in about that, not after the
+/// communicator's 30 s, as a timeout that names rank 0, and only its
+/// communicator fails: once rank 0 reads again, another communicator over
+/// the same link works. (Frames here go whole or not at all on the Unix
+/// links between local ranks; a TCP socket takes part of a frame, which
+/// then must wait out the write timeout, so TCP runs skip the test.)
+#[test]
+fn a_held_send_fails_at_its_handles_timeout_and_the_link_stays() {
+    common::init_logging();
+    let (_store, comms) = local_group(2, |b| {
+        b.run_ahead_bytes(64 << 10).timeout(Duration::from_secs(30))
+    });
+    let sender_done = std::sync::atomic::AtomicBool::new(false);
+    let results = on_all(&comms, |c| {
+        let other = c.split(Some(0), 0).unwrap().expect("in the group");
+        other.barrier().wait().unwrap(); // links up
+        if c.link_kind(1 - c.rank()) != Some("unix") {
+            return None;
+        }
+        let frame = [1u8; 1 << 10];
+        if c.rank() == 0 {
+            let start = std::time::Instant::now();
+            while !sender_done.load(Ordering::SeqCst) && start.elapsed() < Duration::from_secs(40) {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            // Takes what the sender got out, then hears its abort.
+            let mut data = frame;
+            let failed = (0..1_000_000).find_map(|_| c.broadcast_slice(&mut data, 1).err());
+            assert!(matches!(failed, Some(Error::Aborted { .. })), "{failed:?}");
+        } else {
+            let short = c.with_timeout(Duration::from_secs(2));
+            let mut data = frame;
+            let start = std::time::Instant::now();
+            let failed = (0..1_000_000).find_map(|_| short.broadcast_slice(&mut data, 1).err());
+            let took = start.elapsed();
+            sender_done.store(true, Ordering::SeqCst);
+            let failed = failed.expect("the sender was never held back");
+            assert!(matches!(failed, Error::Timeout { peer: 0, .. }), "{failed}");
+            assert!(
+                took < Duration::from_secs(10),
+                "held for {took:?}: {failed}"
+            );
+        }
+        let sum = other.all_reduce(vec![1i32; 4], ReduceOp::Sum).wait();
+        Some(sum.map_err(|e| e.to_string()))
+    });
+    for (rank, r) in results.into_iter().enumerate() {
+        if let Some(sum) = r {
+            assert_eq!(sum, Ok(vec![2i32; 4]), "rank {rank}");
+        }
+    }
 }
 
 /// Every other test of this file, again on the portable transport.

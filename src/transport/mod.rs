@@ -129,6 +129,12 @@ pub(crate) enum LinkError {
     },
 }
 
+/// What may keep a peer from reading what this rank sends, for errors.
+pub(crate) const WHY_A_PEER_STOPS_READING: &str = "it is stuck; or it fell behind this rank by \
+     more than its run-ahead limits (RINGWIRE_RUN_AHEAD_BYTES per peer, \
+     RINGWIRE_RUN_AHEAD_TOTAL_BYTES in all) and did not catch up in time; or it is sending to \
+     this rank too, before receiving (use send_recv for such exchanges, or order them)";
+
 /// What the executor needs from a transport. Peers are world ranks.
 pub(crate) trait Transport: Send + Sync {
     /// Sends one frame; `header.payload_len` must equal `payload.len()`.

@@ -26,7 +26,7 @@ use crate::wire::handshake::security_mismatch;
 use crate::wire::{self, Channel, FrameKind, HEADER_LEN, Header, Hello, HelloAck, OpKind};
 use ringwire_uring::{
     EngineConfig, FrameEngine, FrameKey, FrameSink, Lanes, LinkFault, PayloadAt, Placement,
-    Placements, SharedFd,
+    Placements, Sent, SharedFd,
 };
 use std::collections::{HashMap, VecDeque};
 use std::io::{self, IoSlice, IoSliceMut, Read, Write};
@@ -129,6 +129,14 @@ impl Link {
                     );
                 }
             }
+        }
+    }
+
+    /// Sets a portable-plane link's socket write timeout (its writer's
+    /// socket is the same one).
+    fn set_write_timeout(&self, timeout: Duration) {
+        if let LinkPlane::Portable { control, .. } = &self.plane {
+            let _ = control.set_write_timeout(Some(timeout));
         }
     }
 
@@ -1651,6 +1659,17 @@ fn padded_head(header: &Header) -> ([u8; HEADER_LEN + wire::FRAME_ALIGN], usize)
 /// `writev` (retried on short writes): one syscall per frame and no copy
 /// into a staging buffer.
 fn write_frame(stream: &mut dyn Write, header: &Header, payload: &[u8]) -> io::Result<()> {
+    write_frame_from(stream, header, payload, &mut 0)
+}
+
+/// Writes the frame from byte `*written` on, counting in `*written` what
+/// went out (so a caller can tell whether any of it did, and resume).
+fn write_frame_from(
+    stream: &mut dyn Write,
+    header: &Header,
+    payload: &[u8],
+    written: &mut usize,
+) -> io::Result<()> {
     let (head, head_len) = padded_head(header);
     let mut slices = [
         IoSlice::new(&head[..head_len]),
@@ -1658,12 +1677,15 @@ fn write_frame(stream: &mut dyn Write, header: &Header, payload: &[u8]) -> io::R
         IoSlice::new(&ZEROS[..header.trail_len()]),
     ];
     let mut bufs = &mut slices[..];
-    // Drops empty slices: a write of nothing but them would return 0.
-    IoSlice::advance_slices(&mut bufs, 0);
+    // Drops empty slices too: a write of nothing but them would return 0.
+    IoSlice::advance_slices(&mut bufs, *written);
     while !bufs.is_empty() {
         match stream.write_vectored(bufs) {
             Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
-            Ok(n) => IoSlice::advance_slices(&mut bufs, n),
+            Ok(n) => {
+                *written += n;
+                IoSlice::advance_slices(&mut bufs, n);
+            }
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
             Err(e) => return Err(e),
         }
@@ -2091,16 +2113,21 @@ impl Shared {
     }
 
     /// The uring plane's send: the engine writes the frame, and this
-    /// thread drives it (or waits for the driver) until it is out.
+    /// thread drives it (or waits for the driver) until it is out. An op
+    /// past its deadline, or whose communicator was aborted, withdraws a
+    /// frame none of which went out and fails alone; the link stays. A
+    /// frame stuck part way out fails the link after the write timeout.
     fn engine_send(
         &self,
         engine: &FrameEngine,
         peer: usize,
         header: &Header,
         payload: &[u8],
+        deadline: Instant,
     ) -> Result<(), LinkError> {
         let give_up = Instant::now() + self.config.write_timeout;
         let mut on_stall = || self.fail(peer, stopped_reading(peer));
+        let mut stop = || self.send_stop(header.comm_id, deadline);
         let (head, head_len) = padded_head(header);
         let result = engine.send(
             peer,
@@ -2109,14 +2136,96 @@ impl Shared {
             give_up,
             &mut on_stall,
             self,
+            deadline,
+            &mut stop,
         );
         self.last_send[peer].store(self.now_ms(), Ordering::Relaxed);
-        result.map_err(|e| {
-            self.fail(peer, format!("send to rank {peer} failed: {e}"));
-            // An abort, or else the first reason recorded, explains it.
-            self.aborted_error(header.comm_id)
-                .unwrap_or_else(|| LinkError::Lost(self.failure(peer).unwrap_or(e)))
-        })
+        match result {
+            Sent::Out => Ok(()),
+            Sent::Stopped(e) => Err(e),
+            Sent::Failed(e) => {
+                self.fail(peer, format!("send to rank {peer} failed: {e}"));
+                // An abort, or else the first reason recorded, explains it.
+                Err(self
+                    .aborted_error(header.comm_id)
+                    .unwrap_or_else(|| LinkError::Lost(self.failure(peer).unwrap_or(e))))
+            }
+        }
+    }
+
+    /// The portable plane's write of one frame. Until a byte of it has
+    /// gone out it stops, leaving the link whole, when its communicator is
+    /// aborted or its op's deadline passes: it waits for the link's writer
+    /// only so long, and late in an op (or under a handle's shorter
+    /// timeout) it bounds the socket's write timeout by what the op has
+    /// left. Once bytes went out, the frame is finished or the link fails,
+    /// each write bounded by the write timeout as always. `Err` is the
+    /// stop; `Ok` carries the write's own result.
+    fn portable_send(
+        &self,
+        link: &Link,
+        writer: &Mutex<LinkWriter>,
+        header: &Header,
+        payload: &[u8],
+        deadline: Instant,
+    ) -> Result<io::Result<()>, LinkError> {
+        let mut w = self.lock_writer(writer, header.comm_id, deadline)?;
+        let write_timeout = self.config.write_timeout;
+        let left = deadline.saturating_duration_since(Instant::now());
+        // Usually the op has about the write timeout left; setting the
+        // socket option twice per frame is for the rare op that has less.
+        if left + Duration::from_secs(1) >= write_timeout {
+            return Ok(write_frame(&mut **w, header, payload));
+        }
+        link.set_write_timeout(left.max(Duration::from_millis(1)));
+        let mut written = 0;
+        let mut result = write_frame_from(&mut **w, header, payload, &mut written);
+        link.set_write_timeout(write_timeout);
+        if let Err(e) = &result {
+            if matches!(
+                e.kind(),
+                io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+            ) {
+                if written == 0 {
+                    return Err(self
+                        .send_stop(header.comm_id, deadline)
+                        .unwrap_or(LinkError::Timeout));
+                }
+                // Part of it is out: the rest must follow, as for any frame.
+                result = write_frame_from(&mut **w, header, payload, &mut written);
+            }
+        }
+        Ok(result)
+    }
+
+    /// Takes a portable link's writer, waiting while another op's frame is
+    /// going out, but only until this op must stop (see `send_stop`).
+    fn lock_writer<'w>(
+        &self,
+        writer: &'w Mutex<LinkWriter>,
+        comm_id: u64,
+        deadline: Instant,
+    ) -> Result<MutexGuard<'w, LinkWriter>, LinkError> {
+        let mut nap = Duration::from_micros(20);
+        loop {
+            match writer.try_lock() {
+                Ok(w) => return Ok(w),
+                Err(std::sync::TryLockError::Poisoned(p)) => return Ok(p.into_inner()),
+                Err(std::sync::TryLockError::WouldBlock) => {}
+            }
+            if let Some(stop) = self.send_stop(comm_id, deadline) {
+                return Err(stop);
+            }
+            std::thread::sleep(nap);
+            nap = (nap * 2).min(Duration::from_millis(1));
+        }
+    }
+
+    /// Why a send that has not started should not: its communicator was
+    /// aborted, or its op's deadline passed.
+    fn send_stop(&self, comm_id: u64, deadline: Instant) -> Option<LinkError> {
+        self.aborted_error(comm_id)
+            .or_else(|| (Instant::now() >= deadline).then_some(LinkError::Timeout))
     }
 
     /// The uring plane's receive into `dest`: the engine places the payload
@@ -2282,11 +2391,8 @@ enum StopWaiting {
 /// Why a send blocked past the write timeout (the op timeout).
 fn stopped_reading(peer: usize) -> String {
     format!(
-        "rank {peer} stopped reading (a send blocked past the op timeout): it is stuck; or it \
-         fell behind this rank by more than its run-ahead limits (RINGWIRE_RUN_AHEAD_BYTES \
-         per peer, RINGWIRE_RUN_AHEAD_TOTAL_BYTES in all) and did not catch up in time; or \
-         it is sending to this rank too, before receiving (use send_recv for such \
-         exchanges, or order them)"
+        "rank {peer} stopped reading (a send blocked past the op timeout): {}",
+        super::WHY_A_PEER_STOPS_READING
     )
 }
 
@@ -2310,7 +2416,9 @@ impl Transport for TcpTransport {
         let link = self.shared.link(peer, deadline, header.comm_id)?;
         let header = &aligned_for(header, payload);
         if let Some(engine) = &self.shared.engine {
-            return self.shared.engine_send(engine, peer, header, payload);
+            return self
+                .shared
+                .engine_send(engine, peer, header, payload, deadline);
         }
         let Some(writer) = link.writer() else {
             // Only engine links lack a writer, and they were served above.
@@ -2319,7 +2427,10 @@ impl Transport for TcpTransport {
                  none (a bug in ringwire: please report it)"
             )));
         };
-        let result = write_frame(&mut **lock(writer), header, payload);
+        // Err: nothing of the frame went out; the op ends, the link stays.
+        let result = self
+            .shared
+            .portable_send(&link, writer, header, payload, deadline)?;
         self.shared.last_send[peer].store(self.shared.now_ms(), Ordering::Relaxed);
         result.map_err(|e| {
             let reason = match e.kind() {

@@ -32,7 +32,7 @@ pub use counting::CountingAllocator;
 #[cfg(target_os = "linux")]
 pub use engine::{
     EngineConfig, FrameEngine, FrameKey, FrameSink, Lanes, LinkFault, MAX_FRAME_ALIGN, MAX_HEADER,
-    PayloadAt, Placement, Placements, SendResult, SharedFd,
+    PayloadAt, Placement, Placements, SendResult, Sent, SharedFd,
 };
 
 pub use memlock::{MemlockLimit, memlock};

@@ -166,6 +166,9 @@ struct LinkIo {
     /// A SEND_ZC's result, held until its notification (the kernel is done
     /// with the bytes only then).
     zc_result: Option<i32>,
+    /// The send in flight is being cancelled for its caller, who withdrew
+    /// it: if the kernel confirms none of it went out, it ends withdrawn.
+    withdrawing: bool,
 }
 
 impl LinkIo {
@@ -449,17 +452,13 @@ impl Driver {
                 )),
             }
         }
-        for id in queued.withdrawals.drain(..) {
-            // One that is being filled already completes as placed.
-            for l in self.links.iter_mut().flatten() {
-                if let Some(i) = l.targets.iter().position(|t| t.id == id) {
-                    l.targets.swap_remove(i);
-                    finished.push((id, Outcome::Withdrawn));
-                }
-            }
-        }
+        // Sends join their links' queues before withdrawals are looked at,
+        // so a send withdrawn before any turn took it is found there.
         for req in queued.sends.drain(..) {
             self.take_send(req, finished);
+        }
+        for id in queued.withdrawals.drain(..) {
+            self.withdraw(id, finished);
         }
         for link in 0..self.links.len() {
             self.send_directly(link, sink, finished);
@@ -504,6 +503,54 @@ impl Driver {
 
     /// Puts `req` at the back of its link's queue, or fails it at once if
     /// the link is dead or unknown.
+    /// Withdraws work `id` if none of it has happened yet: a placement not
+    /// being filled (one that is completes as placed), or a send none of
+    /// whose bytes went out. A queued send leaves its link's queue; the
+    /// send being written, if the kernel has not moved a byte of it, is
+    /// cancelled, and `sent` finishes it as withdrawn if the cancel comes
+    /// first. A zero-copy send is left alone (its notification must
+    /// still come), and so is one partly out: both end as they would have.
+    fn withdraw(&mut self, id: u64, finished: &mut Vec<(u64, Outcome)>) {
+        let mut cancel = None;
+        for (link, l) in self.links.iter_mut().enumerate() {
+            let Some(l) = l else { continue };
+            if let Some(i) = l.targets.iter().position(|t| t.id == id) {
+                l.targets.swap_remove(i);
+                finished.push((id, Outcome::Withdrawn));
+                return;
+            }
+            if let Some(i) = l.queue.iter().position(|r| r.id == id) {
+                l.queue.remove(i);
+                finished.push((id, Outcome::Withdrawn));
+                return;
+            }
+            if !l
+                .sending
+                .as_ref()
+                .is_some_and(|r| r.id == id && r.sent == 0)
+            {
+                continue;
+            }
+            if !l.send_in_flight {
+                l.sending = None;
+                finished.push((id, Outcome::Withdrawn));
+            } else if matches!(l.zero_copy, ZeroCopy::Untried | ZeroCopy::Off) {
+                l.withdrawing = true;
+                cancel = Some(link);
+            }
+            break;
+        }
+        let Some(link) = cancel else { return };
+        let entry = opcode::AsyncCancel::new(tag(SEND, link))
+            .build()
+            .user_data(tag(CANCEL, 0));
+        // SAFETY: a cancel names no memory.
+        if !unsafe { self.push(&entry) } {
+            // No room in the ring: the send ends as it would have.
+            self.links[link].as_mut().expect("link present").withdrawing = false;
+        }
+    }
+
     fn take_send(&mut self, req: SendRequest, finished: &mut Vec<(u64, Outcome)>) {
         let link = req.link;
         match self.links.get_mut(link).and_then(|l| l.as_mut()) {
@@ -787,6 +834,7 @@ impl Driver {
             zero_copy: ZeroCopy::Untried,
             targets: Vec::new(),
             zc_result: None,
+            withdrawing: false,
         }));
     }
 
@@ -1301,6 +1349,7 @@ impl Driver {
             return;
         }
         l.send_in_flight = false;
+        let withdrawing = std::mem::take(&mut l.withdrawing);
         let Some(req) = l.sending.as_mut() else {
             return;
         };
@@ -1311,7 +1360,12 @@ impl Driver {
             return;
         }
         if result == -libc::ECANCELED {
-            return; // nothing went out; sent again next turn (see `received`)
+            if withdrawing && req.sent == 0 {
+                let req = l.sending.take().expect("checked");
+                finished.push((req.id, Outcome::Withdrawn));
+            }
+            // Else nothing went out; sent again next turn (see `received`).
+            return;
         }
         if result > 0 {
             req.sent += result as usize;

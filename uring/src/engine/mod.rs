@@ -136,6 +136,18 @@ pub type SharedFd = Arc<OwnedFd>;
 /// How a send ended.
 pub type SendResult = Result<(), String>;
 
+/// How [`FrameEngine::send`] ended.
+#[derive(Debug)]
+pub enum Sent<S> {
+    /// The kernel took the whole frame.
+    Out,
+    /// `stop` answered while none of the frame had gone out: the engine
+    /// withdrew it, and the link carries on as if it had never been asked.
+    Stopped(S),
+    /// The link failed (or `on_stall` shut it down).
+    Failed(String),
+}
+
 /// Identifies one expected frame (the sink derives it from a header).
 pub type FrameKey = [u64; 3];
 
@@ -509,12 +521,20 @@ impl FrameEngine {
     }
 
     /// Sends one frame (`header` then `payload`, then zeros up to
-    /// [`EngineConfig::frame_align`]) on `link` and returns when
-    /// the kernel has taken all of it. If it has not by `give_up`,
-    /// `on_stall` runs once (it should shut the link down, which makes the
-    /// kernel finish the send with an error); the call still returns only
-    /// once the kernel is done with `payload`.
-    pub fn send(
+    /// [`EngineConfig::frame_align`]) on `link` and returns when the kernel
+    /// has taken all of it.
+    ///
+    /// `stop` is asked on every wake-up, and at `stop_by` at the latest.
+    /// Once it answers, a frame none of which has gone out is withdrawn
+    /// (from the link's queue, or by cancelling its send if the kernel has
+    /// not moved a byte of it yet) and the call returns `Stopped`: the link
+    /// stays whole. A frame partly out cannot be taken back; the call then
+    /// waits on as if `stop` had not answered. If the frame is still not
+    /// out by `give_up`, `on_stall` runs once (it should shut the link
+    /// down, which makes the kernel finish the send with an error). Either
+    /// way the call returns only once the kernel is done with `payload`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn send<S>(
         &self,
         link: usize,
         header: &[u8],
@@ -522,7 +542,9 @@ impl FrameEngine {
         give_up: Instant,
         on_stall: &mut dyn FnMut(),
         sink: &dyn FrameSink,
-    ) -> SendResult {
+        stop_by: Instant,
+        stop: &mut dyn FnMut() -> Option<S>,
+    ) -> Sent<S> {
         let mut head = [0u8; MAX_HEADER];
         head[..header.len()].copy_from_slice(header);
         let tail = tail_len(header.len() + payload.len(), self.frame_align);
@@ -539,6 +561,12 @@ impl FrameEngine {
             sent: 0,
             laned: false,
         };
+        let sent = |outcome: Option<Outcome>| match outcome {
+            Some(Outcome::Sent(Ok(()))) => Some(Sent::Out),
+            Some(Outcome::Sent(Err(reason))) => Some(Sent::Failed(reason)),
+            Some(_) => Some(Sent::Failed("the engine mixed up its work".into())),
+            None => None,
+        };
         let id = {
             let mut st = lock(&self.state);
             let id = st.next_id;
@@ -549,10 +577,8 @@ impl FrameEngine {
             if small && !st.driving && st.queued.sends.is_empty() && st.queued.links.is_empty() {
                 let mut outcome = None;
                 self.drive(st, |driver| outcome = driver.send_now(request(id), sink));
-                match outcome {
-                    Some(Outcome::Sent(result)) => return result,
-                    Some(_) => return Err("the engine mixed up its work".into()),
-                    None => {} // waits on its link's queue for the next turn
+                if let Some(done) = sent(outcome) {
+                    return done; // else it waits on its link's queue for the next turn
                 }
             } else {
                 st.queued.sends.push(request(id));
@@ -561,12 +587,25 @@ impl FrameEngine {
             id
         };
         let mut stalled = false;
+        let mut stopped = None;
         loop {
             let seen = match self.take_done(id) {
-                Ok(Outcome::Sent(result)) => return result,
-                Ok(_) => return Err("the engine mixed up its work".into()),
+                Ok(Outcome::Withdrawn) => match stopped.take() {
+                    Some(s) => return Sent::Stopped(s),
+                    None => return Sent::Failed("the engine withdrew a send unasked".into()),
+                },
+                Ok(outcome) => return sent(Some(outcome)).expect("an outcome"),
                 Err(generation) => generation,
             };
+            if stopped.is_none() && !stalled {
+                if let Some(s) = stop() {
+                    stopped = Some(s);
+                    let mut st = lock(&self.state);
+                    st.queued.withdrawals.push(id);
+                    self.poke_if_driving(&st);
+                    continue;
+                }
+            }
             let now = Instant::now();
             let until = if stalled {
                 now + MAX_TURN
@@ -574,6 +613,8 @@ impl FrameEngine {
                 stalled = true;
                 on_stall();
                 continue;
+            } else if stopped.is_none() && now < stop_by {
+                stop_by.min(give_up)
             } else {
                 give_up
             };

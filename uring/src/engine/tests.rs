@@ -188,7 +188,7 @@ fn end_of_stream_fails_the_link_and_later_sends() {
     wait_for(&e, &sink, |s| !lock(&s.failed).is_empty());
     assert!(lock(&sink.failed)[0].1.contains("Closed"));
     let far = Instant::now() + Duration::from_secs(5);
-    let r = e.send(0, &[0; HEADER], &[], far, &mut || {}, &sink);
+    let r = plain_send(&e, 0, &[0; HEADER], &[], far, &mut || {}, &sink);
     assert!(r.is_err(), "a send on a dead link must fail, got {r:?}");
 }
 
@@ -215,7 +215,8 @@ fn a_stalled_send_is_released_by_shutting_the_link() {
     let big = vec![7u8; 32 << 20];
     let soon = Instant::now() + Duration::from_millis(200);
     let mut stalled = false;
-    let r = e.send(
+    let r = plain_send(
+        &e,
         0,
         &(big.len() as u64).to_le_bytes(),
         &big,
@@ -300,7 +301,8 @@ fn place_whole(e: &FrameEngine, sink: &Sink, len: usize) -> (Placement<()>, Vec<
 /// `sink` takes the frames that arrive while this thread drives.
 fn send_one(e: &FrameEngine, link: usize, p: &[u8], sink: &dyn FrameSink) {
     let far = Instant::now() + Duration::from_secs(30);
-    e.send(
+    plain_send(
+        e,
         link,
         &(p.len() as u64).to_le_bytes(),
         p,
@@ -309,6 +311,32 @@ fn send_one(e: &FrameEngine, link: usize, p: &[u8], sink: &dyn FrameSink) {
         sink,
     )
     .unwrap();
+}
+
+/// [`FrameEngine::send`] never asked to stop, as a `Result`.
+fn plain_send(
+    e: &FrameEngine,
+    link: usize,
+    header: &[u8],
+    payload: &[u8],
+    give_up: Instant,
+    on_stall: &mut dyn FnMut(),
+    sink: &dyn FrameSink,
+) -> SendResult {
+    match e.send(
+        link,
+        header,
+        payload,
+        give_up,
+        on_stall,
+        sink,
+        give_up,
+        &mut || None::<()>,
+    ) {
+        Sent::Out => Ok(()),
+        Sent::Failed(reason) => Err(reason),
+        Sent::Stopped(()) => Err("stopped unasked".into()),
+    }
 }
 
 #[test]
@@ -836,8 +864,16 @@ fn padded_frames_are_whole_lines_on_the_wire() {
             let sink = Sink::default();
             let far = Instant::now() + Duration::from_secs(30);
             for (p, pad) in &frames {
-                e.send(0, &padded_head(p.len(), *pad), p, far, &mut || {}, &sink)
-                    .unwrap();
+                plain_send(
+                    &e,
+                    0,
+                    &padded_head(p.len(), *pad),
+                    p,
+                    far,
+                    &mut || {},
+                    &sink,
+                )
+                .unwrap();
             }
             let mut owned = padded_head(3, 0);
             owned.extend_from_slice(b"abc");
@@ -881,7 +917,7 @@ fn padded_frames_arrive_whole_and_in_order_over_unix_and_tcp() {
                 for i in 0..n {
                     let p = payload(i);
                     let head = padded_head(p.len(), (i * 7) % 64);
-                    ea.send(0, &head, &p, far, &mut || {}, &sink).unwrap();
+                    plain_send(&ea, 0, &head, &p, far, &mut || {}, &sink).unwrap();
                 }
             })
         };
@@ -1093,4 +1129,128 @@ fn a_lane_that_closes_fails_the_link() {
         "{:?}",
         lock(&sink.failed)
     );
+}
+
+/// Sends `p` as one frame with `stop` answering from `stop_by` on.
+fn send_until(
+    e: &FrameEngine,
+    p: &[u8],
+    stop_by: Instant,
+    sink: &dyn FrameSink,
+) -> Sent<&'static str> {
+    let far = Instant::now() + Duration::from_secs(30);
+    let head = (p.len() as u64).to_le_bytes();
+    let mut stop = || (Instant::now() >= stop_by).then_some("stop");
+    e.send(
+        0,
+        &head,
+        p,
+        far,
+        &mut || panic!("stalled"),
+        sink,
+        stop_by,
+        &mut stop,
+    )
+}
+
+/// Reads one frame (8-byte header, then the payload) from `b`.
+fn read_frame(b: &mut UnixStream) -> Vec<u8> {
+    use std::io::Read;
+    let mut head = [0u8; HEADER];
+    b.read_exact(&mut head).unwrap();
+    let mut p = vec![0u8; u32::from_le_bytes(head[..4].try_into().unwrap()) as usize];
+    b.read_exact(&mut p).unwrap();
+    p
+}
+
+/// Whether `b` has nothing left to read.
+fn drained(b: &mut UnixStream) -> bool {
+    use std::io::Read;
+    b.set_nonblocking(true).unwrap();
+    let empty =
+        matches!(b.read(&mut [0u8; 1]), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock);
+    b.set_nonblocking(false).unwrap();
+    empty
+}
+
+#[test]
+fn a_send_queued_behind_a_stalled_one_is_withdrawn_when_stopped() {
+    // Nobody reads yet: a large frame goes out in part and waits, and a
+    // small one queues behind it. Stopped, the small one is withdrawn; the
+    // link carries on, and its bytes never appear.
+    let (a, mut b) = UnixStream::pair().unwrap();
+    let e = Arc::new(engine(1));
+    e.add_link(0, shared(a));
+    let big: Vec<u8> = (0..8 << 20).map(|i: usize| (i * 7) as u8).collect();
+    let filler = {
+        let (e, big) = (e.clone(), big.clone());
+        std::thread::spawn(move || send_one(&e, 0, &big, &Sink::default()))
+    };
+    std::thread::sleep(Duration::from_millis(100)); // the large frame is under way
+    let sink = Sink::default();
+    let started = Instant::now();
+    let got = send_until(
+        &e,
+        b"withdrawn",
+        started + Duration::from_millis(200),
+        &sink,
+    );
+    assert!(matches!(got, Sent::Stopped("stop")), "{got:?}");
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(read_frame(&mut b), big);
+    filler.join().unwrap();
+    send_one(&e, 0, b"next", &sink);
+    assert_eq!(read_frame(&mut b), b"next");
+    assert!(drained(&mut b));
+    assert!(lock(&sink.failed).is_empty());
+}
+
+#[test]
+fn a_send_waiting_on_a_full_socket_is_cancelled_when_stopped() {
+    // The socket is full of whole frames before the engine has it, so the
+    // send's first attempt moves nothing and its ring entry waits: stopped,
+    // the engine cancels it and reports it withdrawn, and no byte of it
+    // reaches the peer.
+    let (a, mut b) = UnixStream::pair().unwrap();
+    let mut fill = a.try_clone().unwrap();
+    fill.set_nonblocking(true).unwrap();
+    let mut filler_frame = 56u64.to_le_bytes().to_vec();
+    filler_frame.resize(64, 9);
+    let mut fillers = 0;
+    loop {
+        match std::io::Write::write(&mut fill, &filler_frame) {
+            Ok(64) => fillers += 1,
+            Ok(n) => panic!("a partial write of {n} bytes"),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+            Err(e) => panic!("{e}"),
+        }
+    }
+    let e = engine(1);
+    e.add_link(0, shared(a));
+    let sink = Sink::default();
+    let started = Instant::now();
+    let got = send_until(
+        &e,
+        b"withdrawn",
+        started + Duration::from_millis(200),
+        &sink,
+    );
+    assert!(matches!(got, Sent::Stopped("stop")), "{got:?}");
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+    for _ in 0..fillers {
+        assert_eq!(read_frame(&mut b), &filler_frame[8..]);
+    }
+    assert!(drained(&mut b), "bytes after the {fillers} fillers");
+    send_one(&e, 0, b"next", &sink);
+    assert_eq!(read_frame(&mut b), b"next");
+    assert!(drained(&mut b));
+    assert!(lock(&sink.failed).is_empty());
 }
