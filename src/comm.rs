@@ -937,7 +937,7 @@ impl Communicator {
 
     fn gather_plan<T: Element>(&self, n: usize, out: usize, root: usize) -> Result<OpPlan, Error> {
         self.check_root(OpKind::Gather, root)?;
-        self.check_root_buffer(OpKind::Gather, "output", out, n, root)?;
+        self.check_root_buffer(OpKind::Gather, ("output", "input"), out, n, root)?;
         let mut plan = self.plan::<T>(OpKind::Gather, n);
         plan.root = root as u32;
         Ok(plan)
@@ -963,20 +963,20 @@ impl Communicator {
 
     fn scatter_plan<T: Element>(&self, ins: usize, n: usize, root: usize) -> Result<OpPlan, Error> {
         self.check_root(OpKind::Scatter, root)?;
-        self.check_root_buffer(OpKind::Scatter, "input", ins, n, root)?;
+        self.check_root_buffer(OpKind::Scatter, ("input", "output"), ins, n, root)?;
         let mut plan = self.plan::<T>(OpKind::Scatter, n);
         plan.root = root as u32;
         Ok(plan)
     }
 
     /// Checks the length of a gather's output or a scatter's input (`what`,
-    /// `len` elements) against `n` elements per rank: at the root it must
-    /// hold every rank's block; elsewhere it is not used, and may be empty
-    /// or of the root's length.
+    /// `len` elements) against the `n` elements of the other buffer (`per`)
+    /// of every rank: at the root it must hold every rank's block;
+    /// elsewhere it is not used, and may be empty or of the root's length.
     fn check_root_buffer(
         &self,
         op: OpKind,
-        what: &str,
+        (what, per): (&str, &str),
         len: usize,
         n: usize,
         root: usize,
@@ -988,11 +988,11 @@ impl Communicator {
         }
         let detail = match rank == root {
             true => format!(
-                "{what} has {len} elements but at the root must have {n} x world size {size} = {whole}"
+                "{what} has {len} elements but at the root must have {per} length {n} x world size {size} = {whole}"
             ),
             false => format!(
                 "{what} has {len} elements; rank {rank} is not the root ({root}), so it must be \
-                 empty or have the root's {n} x world size {size} = {whole}"
+                 empty or have the root's {per} length {n} x world size {size} = {whole}"
             ),
         };
         Err(invalid(op, detail))
@@ -1312,10 +1312,19 @@ impl Communicator {
         if let Some(done) = self.run_now(plan, |cx| gather_body(cx, input, output, root)) {
             return done;
         }
+        // Queued behind other ops, on copies; only the root's output is
+        // written (and copied back), as in place.
+        let room = if self.inner.rank == root {
+            output.len()
+        } else {
+            0
+        };
         let (_, out) = self
-            .gather(input.to_vec(), vec![T::default(); output.len()], root)
+            .gather(input.to_vec(), vec![T::default(); room], root)
             .wait()?;
-        output.copy_from_slice(&out);
+        if self.inner.rank == root {
+            output.copy_from_slice(&out);
+        }
         Ok(())
     }
 
@@ -1330,8 +1339,14 @@ impl Communicator {
         if let Some(done) = self.run_now(plan, |cx| scatter_body(cx, input, output, root)) {
             return done;
         }
+        // Queued behind other ops, on copies; only the root's input is read.
+        let input = if self.inner.rank == root {
+            input.to_vec()
+        } else {
+            Vec::new()
+        };
         let (_, out) = self
-            .scatter(input.to_vec(), vec![T::default(); output.len()], root)
+            .scatter(input, vec![T::default(); output.len()], root)
             .wait()?;
         output.copy_from_slice(&out);
         Ok(())
@@ -1665,7 +1680,7 @@ fn check_signature(cx: &mut Ctx<'_>, plan: &OpPlan) -> Result<(), Error> {
         }
         if matches!(
             OpKind::from_u8(s[0] as u8),
-            Some(OpKind::Broadcast | OpKind::Reduce)
+            Some(OpKind::Broadcast | OpKind::Reduce | OpKind::Gather | OpKind::Scatter)
         ) {
             d += &format!(", root {}", s[4]);
         }

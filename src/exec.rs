@@ -61,7 +61,10 @@ impl OpSignature {
         if let Some(r) = reduce {
             s += &format!(", {r}");
         }
-        if matches!(op, OpKind::Broadcast | OpKind::Reduce) {
+        if matches!(
+            op,
+            OpKind::Broadcast | OpKind::Reduce | OpKind::Gather | OpKind::Scatter
+        ) {
             s += &format!(", root {root}");
         }
         s + ")"
@@ -108,9 +111,10 @@ const POST_AHEAD_BYTES: usize = 64 << 10;
 /// Runs `steps` on `input` and `work`, which the steps address as one
 /// index space: ranges below `input.len()` are the caller's input, read in
 /// place by sends and by [`Action::ReduceFrom`] receives; the rest are
-/// `work`, offset by `input.len()`. All-to-all, reduce-scatter and a
-/// non-root reduce pass their input here instead of copying it into a
-/// work buffer; every other op passes an empty one.
+/// `work`, offset by `input.len()`. All-to-all, reduce-scatter, a
+/// non-root reduce or gather, and the root of a scatter pass their input
+/// here instead of copying it into a work buffer; every other op passes an
+/// empty one.
 /// `members` maps communicator ranks to the transport's (world) ranks.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn run<T: Element>(

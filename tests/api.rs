@@ -379,8 +379,8 @@ fn gather_and_scatter_check_the_roots_buffer() {
             "{e}"
         );
         let want = match c.rank() == root {
-            true => "at the root must have 3 x world size 2 = 6",
-            false => "must be empty or have the root's 3 x world size 2 = 6",
+            true => "at the root must have input length 3 x world size 2 = 6",
+            false => "must be empty or have the root's input length 3 x world size 2 = 6",
         };
         assert!(e.to_string().contains(want), "{e}");
         let e = c
@@ -410,6 +410,25 @@ fn gather_and_scatter_check_the_roots_buffer() {
         if c.rank() == root {
             assert_eq!(got, [0, 0, 1, 1]);
         }
+        // Queued behind an op (on copies, not in place), the blocking forms
+        // still write only what the op gives each rank.
+        let queued = c.all_reduce(vec![1u8; 8], ReduceOp::Sum);
+        let mut gathered = [7u8; 4];
+        c.gather_slice(&[c.rank() as u8; 2], &mut gathered, root)
+            .unwrap();
+        let want = if c.rank() == root {
+            [0, 0, 1, 1]
+        } else {
+            [7; 4]
+        };
+        assert_eq!(gathered, want, "gather_slice behind an op");
+        let queued_too = c.all_reduce(vec![1u8; 8], ReduceOp::Sum);
+        let mut block = [9u8; 2];
+        c.scatter_slice(&[5, 6, 7, 8], &mut block, root).unwrap();
+        let first = 5 + 2 * c.rank() as u8;
+        assert_eq!(block, [first, first + 1], "scatter_slice behind an op");
+        assert_eq!(queued.wait().unwrap(), [2; 8]);
+        assert_eq!(queued_too.wait().unwrap(), [2; 8]);
     });
 }
 

@@ -155,6 +155,26 @@ fn debug_mode_checks_signatures_before_moving_data() {
     }
 }
 
+/// Ranks that disagree on a gather's root are told so by the debug check,
+/// each side's root named (without it both descriptions would read alike).
+#[test]
+fn debug_mode_names_both_roots_of_a_gather() {
+    let (_store, comms) = local_group(3, |b| b.debug_checks(true).timeout(Duration::from_secs(20)));
+    let errs = on_all(&comms, |c| {
+        let root = usize::from(c.rank() == 2);
+        c.gather(vec![1f32; 4], vec![0f32; 12], root)
+            .wait()
+            .unwrap_err()
+            .to_string()
+    });
+    for (rank, e) in errs.iter().enumerate() {
+        assert!(
+            e.contains("gather(f32, 4, root 0)") && e.contains("gather(f32, 4, root 1)"),
+            "rank {rank}: {e}"
+        );
+    }
+}
+
 #[test]
 fn a_timeout_says_who_had_not_arrived_and_the_recorder_shows_it() {
     let (_store, comms) = local_group(3, |b| {

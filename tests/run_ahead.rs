@@ -217,6 +217,16 @@ fn every_op_completes_with_a_tiny_limit_and_skewed_ranks() {
             c.reduce_scatter_slice(&vec![1f64; block * size], &mut part, ReduceOp::Sum)
                 .unwrap();
             assert!(part.iter().all(|&v| v == size as f64));
+            // Gather and scatter: every leaf sends the root far more than
+            // the limit at once.
+            let mut gathered = vec![0i64; if rank == root { block * size } else { 0 }];
+            c.gather_slice(&mine, &mut gathered, root).unwrap();
+            if rank == root {
+                assert_eq!(gathered, all, "gather to {root}");
+            }
+            let mut back = vec![-1i64; block];
+            c.scatter_slice(&all, &mut back, root).unwrap();
+            assert_eq!(back, mine, "scatter from {root}");
             // A ring of point-to-point transfers, each larger than the
             // limit: even ranks send first, odd ones receive first.
             let (next, prev) = ((rank + 1) % size, (rank + size - 1) % size);
