@@ -287,23 +287,7 @@ impl Run<'_> {
             .with_payload_len(payload.len() as u32);
         self.transport
             .send(self.members[peer], &header, payload, self.deadline)
-            .map_err(|e| match self.link_error(e, peer) {
-                Error::Timeout {
-                    ctx,
-                    peer,
-                    waited,
-                    detail,
-                } => Error::Timeout {
-                    ctx,
-                    peer,
-                    waited,
-                    detail: format!(
-                        " to read what this rank sends: {}{detail}",
-                        crate::transport::WHY_A_PEER_STOPS_READING
-                    ),
-                },
-                e => e,
-            })?;
+            .map_err(|e| self.link_error(e, peer))?;
         traffic.sent += payload.len() as u64;
         Ok(())
     }
@@ -544,6 +528,15 @@ fn link_error(
             peer,
             waited: started.elapsed(),
             detail: String::new(),
+        },
+        LinkError::Unread => Error::Timeout {
+            ctx: ctx.clone(),
+            peer,
+            waited: started.elapsed(),
+            detail: format!(
+                " to read what this rank sends: {}",
+                crate::transport::WHY_A_PEER_STOPS_READING
+            ),
         },
         LinkError::Lost(reason) => Error::PeerLost {
             ctx: ctx.clone(),

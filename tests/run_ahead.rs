@@ -499,23 +499,33 @@ fn a_sender_held_past_its_timeout_names_the_rank_behind() {
     assert!(!matches!(sender, Error::InvalidArgument { .. }));
 }
 
-/// A handle's shorter timeout bounds its sends too, and the link outlives
-/// the op. Rank 0 stops reading; rank 1 broadcasts small frames with 2 s to
-/// live until one is held back. Its op fails in about that, not after the
-/// communicator's 30 s, as a timeout that names rank 0, and only its
-/// communicator fails: once rank 0 reads again, another communicator over
-/// the same link works. (Frames here go whole or not at all on the Unix
-/// links between local ranks; a TCP socket takes part of a frame, which
-/// then must wait out the write timeout, so TCP runs skip the test.)
+/// A held send fails at its op's timeout, and the link outlives the op.
+/// Rank 0 stops reading; rank 1 broadcasts small frames until one is held
+/// back. Its op fails in about its timeout (a handle's 2 s, not the
+/// communicator's 30; or the communicator's own 2 s), as a timeout that
+/// names rank 0, and only its communicator fails: once rank 0 reads again,
+/// another communicator over the same link works. (Frames here go whole
+/// or not at all on the Unix links between local ranks; a TCP socket
+/// takes part of a frame, which then must wait out the write timeout and
+/// fails the link, so TCP runs skip the test.)
 #[test]
-fn a_held_send_fails_at_its_handles_timeout_and_the_link_stays() {
+fn a_held_send_fails_at_its_timeout_and_the_link_stays() {
     common::init_logging();
-    let (_store, comms) = local_group(2, |b| {
-        b.run_ahead_bytes(64 << 10).timeout(Duration::from_secs(30))
-    });
+    let two = Duration::from_secs(2);
+    for (communicator, handle) in [(Duration::from_secs(30), Some(two)), (two, None)] {
+        held_send_fails_and_the_link_stays(communicator, handle);
+    }
+}
+
+fn held_send_fails_and_the_link_stays(communicator: Duration, handle: Option<Duration>) {
+    let (_store, comms) = local_group(2, |b| b.run_ahead_bytes(64 << 10).timeout(communicator));
     let sender_done = std::sync::atomic::AtomicBool::new(false);
     let results = on_all(&comms, |c| {
-        let other = c.split(Some(0), 0).unwrap().expect("in the group");
+        let other = c
+            .split(Some(0), 0)
+            .unwrap()
+            .expect("in the group")
+            .with_timeout(Duration::from_secs(30));
         other.barrier().wait().unwrap(); // links up
         if c.link_kind(1 - c.rank()) != Some("unix") {
             return None;
@@ -531,7 +541,7 @@ fn a_held_send_fails_at_its_handles_timeout_and_the_link_stays() {
             let failed = (0..1_000_000).find_map(|_| c.broadcast_slice(&mut data, 1).err());
             assert!(matches!(failed, Some(Error::Aborted { .. })), "{failed:?}");
         } else {
-            let short = c.with_timeout(Duration::from_secs(2));
+            let short = handle.map_or_else(|| c.clone(), |t| c.with_timeout(t));
             let mut data = frame;
             let start = std::time::Instant::now();
             let failed = (0..1_000_000).find_map(|_| short.broadcast_slice(&mut data, 1).err());
@@ -539,6 +549,7 @@ fn a_held_send_fails_at_its_handles_timeout_and_the_link_stays() {
             sender_done.store(true, Ordering::SeqCst);
             let failed = failed.expect("the sender was never held back");
             assert!(matches!(failed, Error::Timeout { peer: 0, .. }), "{failed}");
+            assert!(failed.to_string().contains("run-ahead"), "{failed}");
             assert!(
                 took < Duration::from_secs(10),
                 "held for {took:?}: {failed}"
@@ -549,7 +560,11 @@ fn a_held_send_fails_at_its_handles_timeout_and_the_link_stays() {
     });
     for (rank, r) in results.into_iter().enumerate() {
         if let Some(sum) = r {
-            assert_eq!(sum, Ok(vec![2i32; 4]), "rank {rank}");
+            assert_eq!(
+                sum,
+                Ok(vec![2i32; 4]),
+                "rank {rank} ({communicator:?}, {handle:?})"
+            );
         }
     }
 }

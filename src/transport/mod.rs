@@ -117,6 +117,9 @@ impl<T: Transport + ?Sized> PostedRecvs for InTurn<'_, T> {
 pub(crate) enum LinkError {
     /// Nothing arrived before the deadline.
     Timeout,
+    /// The peer did not take a frame this rank sends before the deadline
+    /// (none of it went out; the link stays).
+    Unread,
     /// The link is gone (closed, reset, or never came up).
     Lost(String),
     /// Could not establish the link.

@@ -597,9 +597,13 @@ impl Shared {
         let spawned = std::thread::Builder::new()
             .name(format!("ringwire-abort-{me}"))
             .spawn(move || {
-                let write = |peer: usize, w: &mut LinkWriter| {
+                // A write that fails may have put part of the frame out:
+                // the link is torn, so it is shut down (its reader then
+                // reports it lost).
+                let write = |peer: usize, link: &Link, w: &mut LinkWriter| {
                     if let Err(e) = w.write_all(&frame).and_then(|()| w.flush()) {
                         tracing::debug!(rank = me, peer, error = %e, "could not forward abort");
+                        link.shut_down();
                     }
                 };
                 // Links whose writer is free and whose socket takes the
@@ -612,7 +616,7 @@ impl Shared {
                     };
                     let written = match writer.try_lock() {
                         Ok(mut w) if link.writable_now() => {
-                            write(peer, &mut w);
+                            write(peer, &link, &mut w);
                             true
                         }
                         _ => false,
@@ -624,7 +628,7 @@ impl Shared {
                 mark_forwarded();
                 for (peer, link) in busy {
                     if let Some(writer) = link.writer() {
-                        write(peer, &mut lock(writer));
+                        write(peer, &link, &mut lock(writer));
                     }
                 }
             });
@@ -2139,7 +2143,9 @@ impl Shared {
             deadline,
             &mut stop,
         );
-        self.last_send[peer].store(self.now_ms(), Ordering::Relaxed);
+        if !matches!(result, Sent::Stopped(_)) {
+            self.last_send[peer].store(self.now_ms(), Ordering::Relaxed);
+        }
         match result {
             Sent::Out => Ok(()),
             Sent::Stopped(e) => Err(e),
@@ -2155,12 +2161,17 @@ impl Shared {
 
     /// The portable plane's write of one frame. Until a byte of it has
     /// gone out it stops, leaving the link whole, when its communicator is
-    /// aborted or its op's deadline passes: it waits for the link's writer
-    /// only so long, and late in an op (or under a handle's shorter
-    /// timeout) it bounds the socket's write timeout by what the op has
-    /// left. Once bytes went out, the frame is finished or the link fails,
-    /// each write bounded by the write timeout as always. `Err` is the
-    /// stop; `Ok` carries the write's own result.
+    /// aborted or its op's deadline passes while it waits for the link's
+    /// writer; and a write that times out with nothing of the frame out
+    /// ends the op alone too. Late in an op (or under a handle's shorter
+    /// timeout) the socket's write timeout is bounded by what the op has
+    /// left; otherwise it is the write timeout, which is the op timeout, so
+    /// such an op ends at most a second late. Once bytes went out, the
+    /// frame is finished or the link fails, each write bounded by the
+    /// write timeout as always. A TLS writer may have put part of a record
+    /// out even when it reports nothing written, so on TLS links any timed
+    /// out write fails the link, as before. `Err` is the stop; `Ok`
+    /// carries the write's own result.
     fn portable_send(
         &self,
         link: &Link,
@@ -2170,43 +2181,51 @@ impl Shared {
         deadline: Instant,
     ) -> Result<io::Result<()>, LinkError> {
         let mut w = self.lock_writer(writer, header.comm_id, deadline)?;
+        let plain = self.config.security.tls.is_none();
         let write_timeout = self.config.write_timeout;
         let left = deadline.saturating_duration_since(Instant::now());
-        // Usually the op has about the write timeout left; setting the
-        // socket option twice per frame is for the rare op that has less.
-        if left + Duration::from_secs(1) >= write_timeout {
-            return Ok(write_frame(&mut **w, header, payload));
+        // Setting the socket option twice per frame is for the rare op
+        // with less than the write timeout left by more than a second.
+        let bounded = plain && left + Duration::from_secs(1) < write_timeout;
+        if bounded {
+            link.set_write_timeout(left.max(Duration::from_millis(1)));
         }
-        link.set_write_timeout(left.max(Duration::from_millis(1)));
         let mut written = 0;
         let mut result = write_frame_from(&mut **w, header, payload, &mut written);
-        link.set_write_timeout(write_timeout);
-        if let Err(e) = &result {
-            if matches!(
-                e.kind(),
-                io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
-            ) {
-                if written == 0 {
-                    return Err(self
-                        .send_stop(header.comm_id, deadline)
-                        .unwrap_or(LinkError::Timeout));
-                }
-                // Part of it is out: the rest must follow, as for any frame.
-                result = write_frame_from(&mut **w, header, payload, &mut written);
-            }
+        if bounded {
+            link.set_write_timeout(write_timeout);
+        }
+        let timed_out = |r: &io::Result<()>| {
+            r.as_ref().is_err_and(|e| {
+                matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                )
+            })
+        };
+        if plain && written == 0 && timed_out(&result) {
+            return Err(self
+                .send_stop(header.comm_id, deadline)
+                .unwrap_or(LinkError::Unread));
+        }
+        if bounded && timed_out(&result) {
+            // Part of it is out: the rest must follow, as for any frame.
+            result = write_frame_from(&mut **w, header, payload, &mut written);
         }
         Ok(result)
     }
 
     /// Takes a portable link's writer, waiting while another op's frame is
-    /// going out, but only until this op must stop (see `send_stop`).
+    /// going out, but only until this op must stop (see `send_stop`). A
+    /// frame usually takes microseconds, so it yields a few times before
+    /// it naps, and naps stay short.
     fn lock_writer<'w>(
         &self,
         writer: &'w Mutex<LinkWriter>,
         comm_id: u64,
         deadline: Instant,
     ) -> Result<MutexGuard<'w, LinkWriter>, LinkError> {
-        let mut nap = Duration::from_micros(20);
+        let mut tries = 0u32;
         loop {
             match writer.try_lock() {
                 Ok(w) => return Ok(w),
@@ -2216,16 +2235,19 @@ impl Shared {
             if let Some(stop) = self.send_stop(comm_id, deadline) {
                 return Err(stop);
             }
-            std::thread::sleep(nap);
-            nap = (nap * 2).min(Duration::from_millis(1));
+            tries += 1;
+            match tries {
+                ..=16 => std::thread::yield_now(),
+                _ => std::thread::sleep(Duration::from_micros(50 << (tries - 16).min(2))),
+            }
         }
     }
 
     /// Why a send that has not started should not: its communicator was
-    /// aborted, or its op's deadline passed.
+    /// aborted, or its op's deadline passed (the peer did not read).
     fn send_stop(&self, comm_id: u64, deadline: Instant) -> Option<LinkError> {
         self.aborted_error(comm_id)
-            .or_else(|| (Instant::now() >= deadline).then_some(LinkError::Timeout))
+            .or_else(|| (Instant::now() >= deadline).then_some(LinkError::Unread))
     }
 
     /// The uring plane's receive into `dest`: the engine places the payload

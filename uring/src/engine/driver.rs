@@ -169,6 +169,9 @@ struct LinkIo {
     /// The send in flight is being cancelled for its caller, who withdrew
     /// it: if the kernel confirms none of it went out, it ends withdrawn.
     withdrawing: bool,
+    /// The send in flight is a SEND_ZC (its notification must still come,
+    /// so it is not cancelled).
+    send_zero_copy: bool,
 }
 
 impl LinkIo {
@@ -501,15 +504,14 @@ impl Driver {
         self.fail_dead_work(finished);
     }
 
-    /// Puts `req` at the back of its link's queue, or fails it at once if
-    /// the link is dead or unknown.
     /// Withdraws work `id` if none of it has happened yet: a placement not
     /// being filled (one that is completes as placed), or a send none of
     /// whose bytes went out. A queued send leaves its link's queue; the
     /// send being written, if the kernel has not moved a byte of it, is
     /// cancelled, and `sent` finishes it as withdrawn if the cancel comes
-    /// first. A zero-copy send is left alone (its notification must
-    /// still come), and so is one partly out: both end as they would have.
+    /// first. A SEND_ZC in flight is left alone (its notification must
+    /// still come), and so is a send partly out: both end as they would
+    /// have.
     fn withdraw(&mut self, id: u64, finished: &mut Vec<(u64, Outcome)>) {
         let mut cancel = None;
         for (link, l) in self.links.iter_mut().enumerate() {
@@ -534,7 +536,7 @@ impl Driver {
             if !l.send_in_flight {
                 l.sending = None;
                 finished.push((id, Outcome::Withdrawn));
-            } else if matches!(l.zero_copy, ZeroCopy::Untried | ZeroCopy::Off) {
+            } else if !l.send_zero_copy {
                 l.withdrawing = true;
                 cancel = Some(link);
             }
@@ -551,6 +553,8 @@ impl Driver {
         }
     }
 
+    /// Puts `req` at the back of its link's queue, or fails it at once if
+    /// the link is dead or unknown.
     fn take_send(&mut self, req: SendRequest, finished: &mut Vec<(u64, Outcome)>) {
         let link = req.link;
         match self.links.get_mut(link).and_then(|l| l.as_mut()) {
@@ -835,6 +839,7 @@ impl Driver {
             targets: Vec::new(),
             zc_result: None,
             withdrawing: false,
+            send_zero_copy: false,
         }));
     }
 
@@ -1019,7 +1024,7 @@ impl Driver {
                 if zero_copy && l.zero_copy == ZeroCopy::Untried {
                     l.zero_copy = ZeroCopy::Probing;
                 }
-                send = Some(entry.user_data(tag(SEND, link)));
+                send = Some((entry.user_data(tag(SEND, link)), zero_copy));
             }
         }
         if let Some(entry) = recv {
@@ -1035,7 +1040,7 @@ impl Driver {
                 l.recv_owner = self.me;
             }
         }
-        if let Some(entry) = send {
+        if let Some((entry, zero_copy)) = send {
             // SAFETY: `msghdr`/`iovec` are boxed in the link and describe
             // the request in `sending`, which is not moved or dropped until
             // the completion is taken; its bytes are owned by the request or
@@ -1045,6 +1050,7 @@ impl Driver {
                 let l = self.links[link].as_mut().expect("link present");
                 l.send_in_flight = true;
                 l.send_owner = self.me;
+                l.send_zero_copy = zero_copy;
             }
         }
     }

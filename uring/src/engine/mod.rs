@@ -288,6 +288,9 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// How long a stopped send's withdrawal may take before `give_up` applies.
+const WITHDRAWAL_GRACE: Duration = Duration::from_secs(1);
+
 /// A driver turn never sleeps longer than this, so a stuck turn cannot hide
 /// queued work for long even if a poke were lost.
 /// (The engine's own tests make it long, so a lost wake-up shows as a
@@ -530,7 +533,8 @@ impl FrameEngine {
     /// not moved a byte of it yet) and the call returns `Stopped`: the link
     /// stays whole. A frame partly out cannot be taken back; the call then
     /// waits on as if `stop` had not answered. If the frame is still not
-    /// out by `give_up`, `on_stall` runs once (it should shut the link
+    /// out by `give_up` (or a second after `stop` answered, if that is
+    /// later: a withdrawal takes a turn), `on_stall` runs once (it should shut the link
     /// down, which makes the kernel finish the send with an error). Either
     /// way the call returns only once the kernel is done with `payload`.
     #[allow(clippy::too_many_arguments)]
@@ -539,7 +543,7 @@ impl FrameEngine {
         link: usize,
         header: &[u8],
         payload: &[u8],
-        give_up: Instant,
+        mut give_up: Instant,
         on_stall: &mut dyn FnMut(),
         sink: &dyn FrameSink,
         stop_by: Instant,
@@ -600,6 +604,9 @@ impl FrameEngine {
             if stopped.is_none() && !stalled {
                 if let Some(s) = stop() {
                     stopped = Some(s);
+                    // The withdrawal needs a turn: `give_up` (often just
+                    // after `stop_by`) must not shut the link meanwhile.
+                    give_up = give_up.max(Instant::now() + WITHDRAWAL_GRACE);
                     let mut st = lock(&self.state);
                     st.queued.withdrawals.push(id);
                     self.poke_if_driving(&st);
