@@ -338,7 +338,10 @@ fn gather_body<T: Element>(
 ) -> Result<(), Error> {
     let (rank, size) = cx.rank_and_size();
     let n = input.len();
-    let build = |steps: &mut Vec<Step>, chunk| algo::gather(steps, rank, size, root, n, chunk);
+    // Large blocks to a root of 3+ ranks come when asked (decision 0023).
+    let in_turn = algo::gather_in_turn_pays(size, size_of_val(input));
+    let build =
+        |steps: &mut Vec<Step>, chunk| algo::gather(steps, (rank, size, root), n, chunk, in_turn);
     if rank != root {
         // Sends read the input in place; nothing lands here.
         return cx.run_schedule_from(input, &mut [], build);

@@ -24,6 +24,9 @@ mod spin;
 mod stats;
 mod transport;
 
+/// A gather of blocks this large (bytes per rank) to a root of 3+ ranks
+/// goes in turn: each rank sends when the root asks (decision 0023).
+pub use algo::GATHER_IN_TURN_BYTES;
 pub use buffer::{Buffer, CollectiveBuffer};
 pub use comm::Communicator;
 pub use config::{

@@ -9,6 +9,7 @@ use common::sweep::{every_dtype, inputs};
 use common::{local_group, local_group_per_rank, on_all, seed};
 use ringwire::ReduceOp;
 use ringwire::testing::{Rng, check_close, random_data, reference_reduce};
+use std::time::Duration;
 
 fn sweep(world: usize) {
     let seed = seed();
@@ -159,6 +160,66 @@ fn mid_size_all_reduces_run_halving_doubling_where_links_are_tcp() {
                 links == Tcp,
                 "{links:?}: rank 1 linked with rank 3"
             );
+        }
+    }
+}
+
+/// A gather of large blocks to a root of 3+ ranks goes in turn (decision
+/// 0023): a leaf sends only when the root asks, so its op is still under
+/// way while the root has not reached the gather. A small block goes at
+/// once, as its leaf's op shows by completing meanwhile. (A large one of 2
+/// ranks goes at once too, but whether it completes depends on socket
+/// buffers: a root that is away does not read.) Blocks arrive right either
+/// way.
+#[test]
+fn large_gathers_come_when_the_root_asks() {
+    let seed = seed();
+    let large = ringwire::GATHER_IN_TURN_BYTES / 4;
+    let cases = [
+        (3, large, Some(true)),
+        (4, large + 5, Some(true)),
+        (3, 1000, Some(false)),
+        (2, large, None),
+    ];
+    for (world, len, in_turn) in cases {
+        let (_store, comms) = local_group(world, |b| b);
+        let root = 1;
+        let results = on_all(&comms, |c| {
+            let ins = inputs::<f32>(seed, len as u64, world, len, ReduceOp::Sum);
+            let room = if c.rank() == root { len * world } else { 0 };
+            // Every pair linked first (a lower rank dials on first use).
+            c.all_to_all(vec![0u8; world], vec![0u8; world])
+                .wait()
+                .map_err(|e| e.to_string())?;
+            if c.rank() == root {
+                std::thread::sleep(Duration::from_millis(400));
+                let (_, got) = c
+                    .gather(ins[root].clone(), vec![0f32; room], root)
+                    .wait()
+                    .map_err(|e| e.to_string())?;
+                return match got == ins.concat() {
+                    true => Ok(None),
+                    false => Err("not the concatenation".to_string()),
+                };
+            }
+            let mut pending = c.gather(ins[c.rank()].clone(), vec![0f32; room], root);
+            let early = pending.wait_timeout(Duration::from_millis(150));
+            let done_early = early.is_some();
+            match early {
+                Some(result) => result,
+                None => pending.wait(),
+            }
+            .map_err(|e| e.to_string())?;
+            Ok(Some(done_early))
+        });
+        for (rank, r) in results.into_iter().enumerate() {
+            let r = r.unwrap_or_else(|e| panic!("seed {seed} p={world} n={len}: {e}"));
+            if let (Some(done_early), Some(in_turn)) = (r, in_turn) {
+                assert_eq!(
+                    done_early, !in_turn,
+                    "p={world} n={len}: rank {rank}'s gather done before the root came"
+                );
+            }
         }
     }
 }

@@ -400,7 +400,7 @@ mod tests {
                         let all = blocks.concat();
                         let case = format!("seed {seed} p={world} per={per} root {root}");
 
-                        let mut works: Vec<Vec<i32>> = (0..world)
+                        let works: Vec<Vec<i32>> = (0..world)
                             .map(|r| match r == root {
                                 true => {
                                     let mut w = vec![0; per * world];
@@ -410,11 +410,16 @@ mod tests {
                                 false => blocks[r].clone(),
                             })
                             .collect();
-                        let scheds: Vec<_> = (0..world)
-                            .map(|r| schedule(|o| gather(o, r, world, root, per, chunk)))
-                            .collect();
-                        run(&scheds, &mut works, ReduceOp::Sum).unwrap();
-                        assert_eq!(works[root], all, "gather {case}");
+                        for in_turn in [false, true] {
+                            let mut works = works.clone();
+                            let scheds: Vec<_> = (0..world)
+                                .map(|r| {
+                                    schedule(|o| gather(o, (r, world, root), per, chunk, in_turn))
+                                })
+                                .collect();
+                            run(&scheds, &mut works, ReduceOp::Sum).unwrap();
+                            assert_eq!(works[root], all, "gather {case} in turn {in_turn}");
+                        }
 
                         let mut works: Vec<Vec<i32>> = (0..world)
                             .map(|r| match r == root {
