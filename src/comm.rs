@@ -924,7 +924,10 @@ impl Communicator {
     /// must hold `input.len() * world_size()` elements. Other ranks'
     /// `output` is not touched: pass an empty buffer (or one of the root's
     /// length, so every rank can run the same code). The root receives
-    /// from every other rank directly.
+    /// from every other rank directly; with 3+ ranks and blocks of
+    /// [`GATHER_IN_TURN_BYTES`](crate::GATHER_IN_TURN_BYTES) or more it
+    /// asks each in turn, so a rank's op then completes only once the root
+    /// has reached it (decision 0023).
     pub fn gather<T: Element, B: CollectiveBuffer<T>, O: CollectiveBuffer<T>>(
         &self,
         input: B,
