@@ -60,7 +60,7 @@ pub fn reduce_tree(
 /// [`reduce_tree`] for a rank other than `root` that leaves its input as
 /// it is. Index space: the input (`0..len`, read only), then a slot of
 /// `chunk.min(len)` elements where this rank combines its children's
-/// partial results, one chunk at a time (see [`read_input_in_place`]). The
+/// partial results, one chunk at a time (see `read_input_in_place`). The
 /// frames are [`reduce_tree`]'s.
 pub fn reduce_tree_from(
     out: &mut Vec<Step>,
@@ -121,7 +121,7 @@ pub fn reduce_chain_pays(world: usize, len: usize, chunk: usize) -> bool {
 }
 
 /// [`reduce_chain`] for a rank other than `root` that leaves its input as
-/// it is, through one chunk's slot after it (see [`read_input_in_place`]).
+/// it is, through one chunk's slot after it (see `read_input_in_place`).
 /// The frames are [`reduce_chain`]'s.
 pub fn reduce_chain_from(
     out: &mut Vec<Step>,
