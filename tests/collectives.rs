@@ -9,6 +9,7 @@ use common::sweep::{every_dtype, inputs};
 use common::{local_group, local_group_per_rank, on_all, seed};
 use ringwire::ReduceOp;
 use ringwire::testing::{Rng, check_close, random_data, reference_reduce};
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 fn sweep(world: usize) {
@@ -184,6 +185,8 @@ fn large_gathers_come_when_the_root_asks() {
     for (world, len, in_turn) in cases {
         let (_store, comms) = local_group(world, |b| b);
         let root = 1;
+        // The root stays away until every leaf has looked at its op.
+        let looked = std::sync::atomic::AtomicUsize::new(0);
         let results = on_all(&comms, |c| {
             let ins = inputs::<f32>(seed, len as u64, world, len, ReduceOp::Sum);
             let room = if c.rank() == root { len * world } else { 0 };
@@ -192,7 +195,12 @@ fn large_gathers_come_when_the_root_asks() {
                 .wait()
                 .map_err(|e| e.to_string())?;
             if c.rank() == root {
-                std::thread::sleep(Duration::from_millis(400));
+                let away = std::time::Instant::now();
+                while looked.load(Ordering::SeqCst) < world - 1
+                    && away.elapsed() < Duration::from_secs(30)
+                {
+                    std::thread::sleep(Duration::from_millis(5));
+                }
                 let (_, got) = c
                     .gather(ins[root].clone(), vec![0f32; room], root)
                     .wait()
@@ -203,7 +211,13 @@ fn large_gathers_come_when_the_root_asks() {
                 };
             }
             let mut pending = c.gather(ins[c.rank()].clone(), vec![0f32; room], root);
-            let early = pending.wait_timeout(Duration::from_millis(150));
+            // A direct gather's leaf finishes on its own: give it long.
+            let wait = match in_turn {
+                Some(false) => Duration::from_secs(10),
+                _ => Duration::from_millis(150),
+            };
+            let early = pending.wait_timeout(wait);
+            looked.fetch_add(1, Ordering::SeqCst);
             let done_early = early.is_some();
             match early {
                 Some(result) => result,

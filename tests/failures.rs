@@ -175,6 +175,44 @@ fn debug_mode_names_both_roots_of_a_gather() {
     }
 }
 
+/// Ranks that disagree on a gather's length across the size from which it
+/// goes in turn (so they disagree on its form too) still fail at once,
+/// the root naming both lengths, rather than each waiting for the other
+/// (a root for data, a leaf to be asked) until the timeout. (Leaves that
+/// sent at once may have finished before the root found out.)
+#[test]
+fn a_gather_whose_ranks_disagree_on_its_form_fails_at_once() {
+    let (large, small) = (ringwire::GATHER_IN_TURN_BYTES / 4, 10);
+    for (root_len, leaf_len) in [(small, large), (large, small)] {
+        let (_store, comms) = local_group(3, |b| b.timeout(Duration::from_secs(30)));
+        let results = on_all(&comms, |c| {
+            let len = if c.rank() == 0 { root_len } else { leaf_len };
+            let room = if c.rank() == 0 { 3 * len } else { 0 };
+            let start = Instant::now();
+            let result = c.gather(vec![1f32; len], vec![0f32; room], 0).wait();
+            (
+                result.map(|_| ()).map_err(|e| e.to_string()),
+                start.elapsed(),
+            )
+        });
+        for (rank, (result, took)) in results.iter().enumerate() {
+            assert!(
+                took < &Duration::from_secs(10),
+                "rank {rank} took {took:?}: {result:?}"
+            );
+        }
+        let root = results[0]
+            .0
+            .as_ref()
+            .expect_err("the root found the mismatch");
+        assert!(
+            root.contains(&format!("{root_len} elements"))
+                && root.contains(&format!("{leaf_len} elements")),
+            "root ({root_len} vs {leaf_len}): {root}"
+        );
+    }
+}
+
 #[test]
 fn a_timeout_says_who_had_not_arrived_and_the_recorder_shows_it() {
     let (_store, comms) = local_group(3, |b| {

@@ -9,10 +9,15 @@ use super::{Action, Step};
 /// Gather of `n` elements per rank to `root`. Work buffer: at the root, the
 /// output (`n * world` elements, block r from rank r; its own block is a
 /// copy the caller makes); at any other rank, its input, which it sends.
+///
 /// With `in_turn`, the root asks each rank for its block in turn (an empty
 /// frame, step 1) and a rank sends only when asked, so blocks arrive one
 /// after another into place instead of all at once into buffers the root
-/// must hold and copy from (Open MPI's "linear sync" gather).
+/// must hold and copy from (Open MPI's "linear sync" gather). A rank first
+/// says it is there (an empty frame, step 2, sent at once): a root that
+/// chose the other form (its ranks disagree on the length) then fails on
+/// that frame at once, naming both, instead of each side waiting for the
+/// other until the timeout.
 pub fn gather(
     out: &mut Vec<Step>,
     (rank, world, root): (usize, usize, usize),
@@ -22,6 +27,12 @@ pub fn gather(
 ) {
     if rank != root {
         if in_turn {
+            out.push(Step::Send {
+                peer: root,
+                range: 0..0,
+                step: 2,
+                chunk: 0,
+            });
             // An empty range where the work buffer starts, after the input.
             out.push(Step::Recv {
                 peer: root,
@@ -37,6 +48,13 @@ pub fn gather(
     for k in 1..world {
         let from = (root + k) % world;
         if in_turn {
+            out.push(Step::Recv {
+                peer: from,
+                range: 0..0,
+                step: 2,
+                chunk: 0,
+                action: Action::Copy,
+            });
             out.push(Step::Send {
                 peer: from,
                 range: 0..0,
@@ -92,9 +110,23 @@ mod tests {
         assert!(!gather_in_turn_pays(3, GATHER_IN_TURN_BYTES - 1));
         assert!(!gather_in_turn_pays(2, 1 << 30));
         let steps = super::super::schedule(|o| gather(o, (1, 4, 0), 8, 8, true));
+        let [first, second, ..] = &steps[..] else {
+            panic!("{steps:?}");
+        };
         assert!(
             matches!(
-                steps[0],
+                first,
+                Step::Send {
+                    peer: 0,
+                    step: 2,
+                    ..
+                }
+            ),
+            "{steps:?}"
+        );
+        assert!(
+            matches!(
+                second,
                 Step::Recv {
                     peer: 0,
                     step: 1,

@@ -594,16 +594,23 @@ impl Shared {
             return;
         }
         let me = self.me;
+        // A TLS writer may have put part of a record out while reporting
+        // nothing written (see `portable_send`).
+        let plain = self.config.security.tls.is_none();
         let spawned = std::thread::Builder::new()
             .name(format!("ringwire-abort-{me}"))
             .spawn(move || {
-                // A write that fails may have put part of the frame out:
-                // the link is torn, so it is shut down (its reader then
-                // reports it lost).
+                // A write that fails after part of the frame went out
+                // tears the link, so it is shut down (its reader then
+                // reports it lost); one that put nothing out leaves it.
                 let write = |peer: usize, link: &Link, w: &mut LinkWriter| {
-                    if let Err(e) = w.write_all(&frame).and_then(|()| w.flush()) {
+                    let mut written = 0;
+                    let result = write_counted(&mut **w, &frame, &mut written);
+                    if let Err(e) = result.and_then(|()| w.flush()) {
                         tracing::debug!(rank = me, peer, error = %e, "could not forward abort");
-                        link.shut_down();
+                        if written > 0 || !plain {
+                            link.shut_down();
+                        }
                     }
                 };
                 // Links whose writer is free and whose socket takes the
@@ -1666,6 +1673,19 @@ fn write_frame(stream: &mut dyn Write, header: &Header, payload: &[u8]) -> io::R
     write_frame_from(stream, header, payload, &mut 0)
 }
 
+/// `write_all`, counting in `*written` what went out.
+fn write_counted(stream: &mut dyn Write, bytes: &[u8], written: &mut usize) -> io::Result<()> {
+    while *written < bytes.len() {
+        match stream.write(&bytes[*written..]) {
+            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+            Ok(n) => *written += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
 /// Writes the frame from byte `*written` on, counting in `*written` what
 /// went out (so a caller can tell whether any of it did, and resume).
 fn write_frame_from(
@@ -2166,7 +2186,8 @@ impl Shared {
     /// ends the op alone too. Late in an op (or under a handle's shorter
     /// timeout) the socket's write timeout is bounded by what the op has
     /// left; otherwise it is the write timeout, which is the op timeout, so
-    /// such an op ends at most a second late. Once bytes went out, the
+    /// such an op ends at most a second late (and one with more time than
+    /// that, under a handle's longer timeout, tries again). Once bytes went out, the
     /// frame is finished or the link fails, each write bounded by the
     /// write timeout as always. A TLS writer may have put part of a record
     /// out even when it reports nothing written, so on TLS links any timed
@@ -2183,18 +2204,6 @@ impl Shared {
         let mut w = self.lock_writer(writer, header.comm_id, deadline)?;
         let plain = self.config.security.tls.is_none();
         let write_timeout = self.config.write_timeout;
-        let left = deadline.saturating_duration_since(Instant::now());
-        // Setting the socket option twice per frame is for the rare op
-        // with less than the write timeout left by more than a second.
-        let bounded = plain && left + Duration::from_secs(1) < write_timeout;
-        if bounded {
-            link.set_write_timeout(left.max(Duration::from_millis(1)));
-        }
-        let mut written = 0;
-        let mut result = write_frame_from(&mut **w, header, payload, &mut written);
-        if bounded {
-            link.set_write_timeout(write_timeout);
-        }
         let timed_out = |r: &io::Result<()>| {
             r.as_ref().is_err_and(|e| {
                 matches!(
@@ -2203,16 +2212,36 @@ impl Shared {
                 )
             })
         };
-        if plain && written == 0 && timed_out(&result) {
-            return Err(self
-                .send_stop(header.comm_id, deadline)
-                .unwrap_or(LinkError::Unread));
+        let mut written = 0;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            // Setting the socket option twice per frame is for the rare op
+            // with less than the write timeout left by more than a second.
+            let bounded = plain && left + Duration::from_secs(1) < write_timeout;
+            if bounded {
+                link.set_write_timeout(left.max(Duration::from_millis(1)));
+            }
+            let result = write_frame_from(&mut **w, header, payload, &mut written);
+            if bounded {
+                link.set_write_timeout(write_timeout);
+            }
+            if !(plain && timed_out(&result)) {
+                return Ok(result);
+            }
+            if written > 0 {
+                // Part of it is out: the rest must follow, as for any
+                // frame, under the write timeout (already, if unbounded).
+                return Ok(match bounded {
+                    true => write_frame_from(&mut **w, header, payload, &mut written),
+                    false => result,
+                });
+            }
+            if let Some(stop) = self.send_stop(header.comm_id, deadline) {
+                return Err(stop);
+            }
+            // Nothing out and time left (a handle's timeout longer than the
+            // write timeout): try again.
         }
-        if bounded && timed_out(&result) {
-            // Part of it is out: the rest must follow, as for any frame.
-            result = write_frame_from(&mut **w, header, payload, &mut written);
-        }
-        Ok(result)
     }
 
     /// Takes a portable link's writer, waiting while another op's frame is
