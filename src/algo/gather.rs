@@ -48,18 +48,20 @@ pub fn gather(
     for k in 1..world {
         let from = (root + k) % world;
         if in_turn {
+            // Asks first: the rank's "here" came at once, and waiting for it
+            // before asking would cost a wake-up per rank.
+            out.push(Step::Send {
+                peer: from,
+                range: 0..0,
+                step: 1,
+                chunk: 0,
+            });
             out.push(Step::Recv {
                 peer: from,
                 range: 0..0,
                 step: 2,
                 chunk: 0,
                 action: Action::Copy,
-            });
-            out.push(Step::Send {
-                peer: from,
-                range: 0..0,
-                step: 1,
-                chunk: 0,
             });
         }
         super::push_recvs(out, from, from * n..(from + 1) * n, chunk, 0, Action::Copy);
