@@ -1,14 +1,18 @@
 #!/usr/bin/env bash
-# ringwire vs Open MPI (TCP) vs torch.distributed gloo: all_reduce f32 sum on
-# local ranks over loopback, one table. Installs what it needs (skipped when
+# ringwire vs Open MPI (TCP) vs torch.distributed gloo: one collective (all_reduce
+# by default; f32, sum where it reduces, root 0) on local ranks over loopback,
+# one table. Installs what it needs (skipped when
 # already there), then for each world size runs the three back to back.
 #
 #   bash benches/compare/run.sh                      # ranks 2 4, 8 B .. 256 MiB, factor 4
 #   bash benches/compare/run.sh --ranks "2" -b 1K -e 16M -f 2
 #   bash benches/compare/run.sh --rounds 3          # medians of 3 round-robin sweeps
+#   bash benches/compare/run.sh --op gather --ranks 4 -b 64K -e 64M
 #   PEERS="ringwire mpi" bash benches/compare/run.sh  # leave a peer out
 #
 # Options (or the environment variable in brackets):
+#   --op all_reduce the collective: all_reduce broadcast reduce all_gather
+#                   reduce_scatter all_to_all gather scatter [OP]
 #   --ranks "2 4"   world sizes [RANKS]          -b 8      smallest size [MINB]
 #   -e 256M         largest size [MAXB]          -f 4      size factor [FACTOR]
 #   -w 3            warm-up ops per size [WARMUP] -n 200   timed ops per size, at most [ITERS]
@@ -39,6 +43,7 @@ set -euo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 ROOT=$(cd "$HERE/../.." && pwd)
+OP=${OP:-all_reduce}
 RANKS=${RANKS:-"2 4"}
 MINB=${MINB:-8}
 MAXB=${MAXB:-256M}
@@ -59,6 +64,7 @@ FAR_NS=${FAR_NS:-auto}
 
 while [ $# -gt 0 ]; do
     case "$1" in
+        --op) OP=$2; shift 2 ;;
         --ranks) RANKS=$2; shift 2 ;;
         -b) MINB=$2; shift 2 ;;
         -e) MAXB=$2; shift 2 ;;
@@ -78,6 +84,10 @@ while [ $# -gt 0 ]; do
     esac
 done
 
+case " all_reduce broadcast reduce all_gather reduce_scatter all_to_all gather scatter " in
+    *" $OP "*) ;;
+    *) echo "run.sh: --op wants all_reduce, broadcast, reduce, all_gather, reduce_scatter, all_to_all, gather or scatter, got '$OP'" >&2; exit 2 ;;
+esac
 case "$ROUNDS" in ''|*[!0-9]*|0) echo "run.sh: --rounds wants a whole number from 1, got '$ROUNDS'" >&2; exit 2 ;; esac
 case "$FAR_NS" in auto) ;; ''|*[!0-9]*) echo "run.sh: --far-ns wants auto or a whole number of ns (0: off), got '$FAR_NS'" >&2; exit 2 ;; esac
 
@@ -98,7 +108,7 @@ if has ringwire; then
 fi
 RWBENCH=$ROOT/target/release/ringwire-bench
 
-MPIBIN=$BUILD/mpi_allreduce
+MPIBIN=$BUILD/mpi_coll
 if has mpi; then
     if ! command -v mpicc >/dev/null || ! command -v mpirun >/dev/null; then
         if [ "$NO_INSTALL" = 1 ]; then
@@ -114,9 +124,9 @@ if has mpi; then
             fi
         fi
     fi
-    if has mpi && { [ ! -x "$MPIBIN" ] || [ "$HERE/mpi_allreduce.c" -nt "$MPIBIN" ]; }; then
+    if has mpi && { [ ! -x "$MPIBIN" ] || [ "$HERE/mpi_coll.c" -nt "$MPIBIN" ]; }; then
         log "building $MPIBIN"
-        mpicc -O2 -o "$MPIBIN" "$HERE/mpi_allreduce.c" || drop mpi "mpicc failed"
+        mpicc -O2 -o "$MPIBIN" "$HERE/mpi_coll.c" || drop mpi "mpicc failed"
     fi
 fi
 
@@ -159,10 +169,11 @@ versions="ringwire $(cd "$ROOT" && git describe --always --dirty 2>/dev/null || 
 has mpi && versions+="; $(mpirun --version 2>/dev/null | head -1)"
 has gloo && versions+="; torch $("$TORCHPY" -c 'import torch; print(torch.__version__)' 2>/dev/null)"
 {
-    echo "command: bash benches/compare/run.sh --ranks \"$RANKS\" -b $MINB -e $MAXB -f $FACTOR -w $WARMUP -n $ITERS -m $MAX_SECONDS --rounds $ROUNDS --far-ns $FAR_NS --peers \"$PEERS\""
+    echo "command: bash benches/compare/run.sh --op $OP --ranks \"$RANKS\" -b $MINB -e $MAXB -f $FACTOR -w $WARMUP -n $ITERS -m $MAX_SECONDS --rounds $ROUNDS --far-ns $FAR_NS --peers \"$PEERS\""
     echo "machine: $machine, $(awk '/MemTotal/ {printf "%d GiB", $2 / 1048576 + 0.5}' /proc/meminfo)"
     echo "versions: $versions"
-    echo "settings: f32 sum, $WARMUP warm-up, up to $ITERS timed ops per size capped near ${MAX_SECONDS} s, time = mean of the slowest rank per op"
+    echo "op: $OP"
+    echo "settings: f32, sum where it reduces, root 0, $WARMUP warm-up, up to $ITERS timed ops per size capped near ${MAX_SECONDS} s, time = mean of the slowest rank per op"
     echo "ranks: $RANKS"
     echo "rounds: $ROUNDS"
 } >"$OUT/meta.txt"
@@ -178,7 +189,7 @@ run_ringwire() {
     local ranks=$1 variant transport links
     for variant in "uring unix" "uring tcp" "portable tcp"; do
         read -r transport links <<<"$variant"
-        "$RWBENCH" all_reduce --ranks "$ranks" "${COMMON[@]}" --max-seconds "$MAX_SECONDS" \
+        "$RWBENCH" "$OP" --ranks "$ranks" "${COMMON[@]}" --max-seconds "$MAX_SECONDS" \
             --transport "$transport" --local-links "$links" \
             --json "$OUT/ringwire-$transport-$links-p$ranks$TAG.json" || return
     done
@@ -188,12 +199,12 @@ run_mpi() {
     # the BTL path, not UCX; --bind-to none: scheduled like the other two.
     mpirun --allow-run-as-root --oversubscribe -np "$1" --bind-to none \
         --mca btl tcp,self --mca pml ob1 --mca btl_tcp_if_include lo \
-        "$MPIBIN" "${COMMON[@]}" -m "$MAX_SECONDS" -o "$OUT/mpi-p$1$TAG.json"
+        "$MPIBIN" -c "$OP" "${COMMON[@]}" -m "$MAX_SECONDS" -o "$OUT/mpi-p$1$TAG.json"
 }
 run_gloo() {
     GLOO_SOCKET_IFNAME=lo OMP_NUM_THREADS=1 TORCH_CPP_LOG_LEVEL=ERROR \
         "$VENV/bin/torchrun" --standalone --nproc-per-node "$1" \
-        "$HERE/torch_gloo_allreduce.py" "${COMMON[@]}" -m "$MAX_SECONDS" -o "$OUT/gloo-p$1$TAG.json"
+        "$HERE/torch_gloo_coll.py" -c "$OP" "${COMMON[@]}" -m "$MAX_SECONDS" -o "$OUT/gloo-p$1$TAG.json"
 }
 
 idle_pct() { # percentage of CPU time idle over 2 s

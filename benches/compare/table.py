@@ -4,7 +4,7 @@
 
 OUTDIR holds ringwire-{uring-unix,uring-tcp,portable-tcp}-p{N}.json and
 {mpi,gloo}-p{N}.json (ringwire-bench --json, and the
-same field names from mpi_allreduce.c and torch_gloo_allreduce.py), or
+same field names from mpi_coll.c and torch_gloo_coll.py), or
 {...}-p{N}-r{K}.json for round K of several, and meta.txt (lines "key:
 value"). With several rounds every cell is the median over the rounds, and
 a ratio is the median of the per-round ratios followed by their range (each
@@ -122,7 +122,7 @@ def main():
     except OSError:
         pass
     ranks = sorted(int(x) for x in meta.get("ranks", "2 4").split())
-    for k in ("command", "machine", "versions", "settings"):
+    for k in ("command", "op", "machine", "versions", "settings"):
         if k in meta:
             print(f"{k}: {meta[k]}")
     rounds = int(meta.get("rounds", "1") or 1)
