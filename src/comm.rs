@@ -45,6 +45,9 @@ struct Executor {
     scratch: Mutex<Vec<u64>>,
     /// Per-rank counts of even all-to-alls, reused.
     counts: Mutex<Vec<usize>>,
+    /// Scratch of `algo::pace` (a second step list, a mark per rank),
+    /// reused.
+    pacing: Mutex<(Vec<Step>, Vec<u8>)>,
 }
 
 /// Scratch space kept between ops; larger work spaces are freed after use.
@@ -144,6 +147,8 @@ struct Ctx<'a> {
     started: Instant,
     timeout: Duration,
     traffic: Traffic,
+    /// The op's schedule is paced (decision 0024); its body decides.
+    pace: bool,
 }
 
 impl Ctx<'_> {
@@ -200,6 +205,13 @@ impl Ctx<'_> {
             |steps| {
                 steps.clear();
                 build(steps, self.chunk::<T>());
+                if self.pace {
+                    with_kept(
+                        &ex.pacing,
+                        |_| true,
+                        |(spare, marks)| algo::pace(steps, spare, marks, ex.size, input.len()),
+                    );
+                }
                 self.run(steps, input, work)
             },
         )
@@ -275,6 +287,9 @@ fn all_reduce_body<T: Element>(
 fn broadcast_body<T: Element>(cx: &mut Ctx<'_>, data: &mut [T], root: usize) -> Result<(), Error> {
     let (rank, size) = cx.rank_and_size();
     let (n, small) = (data.len(), cx.small(data));
+    // Where ranks share cores, the root waits for each receiver's word
+    // (decision 0024). Every rank agreed on `crowded_anywhere` at rendezvous.
+    cx.pace = algo::pacing_pays(cx.ex.world.crowded_anywhere, size_of_val(data));
     cx.run_schedule(data, |steps, chunk| {
         if small {
             algo::broadcast_tree(steps, rank, size, root, n, chunk)
@@ -295,6 +310,9 @@ fn reduce_body<T: Element>(
     // Large messages take the chain where it pays: its root receives and
     // reduces the buffer once, a tree's ceil(log2 p) times.
     let chain = !cx.small(data) && algo::reduce_chain_pays(size, n, cx.chunk::<T>());
+    // A tree's leaves wait for their parents' word where ranks share cores
+    // (decision 0024; a chain gained nothing).
+    cx.pace = !chain && algo::pacing_pays(cx.ex.world.crowded_anywhere, size_of_val(data));
     if rank == root {
         cx.run_schedule(data, |steps, chunk| match chain {
             true => algo::reduce_chain(steps, rank, size, root, n, chunk),
@@ -359,6 +377,9 @@ fn scatter_body<T: Element>(
     let (rank, size) = cx.rank_and_size();
     let n = output.len();
     let build = |steps: &mut Vec<Step>, chunk| algo::scatter(steps, rank, size, root, n, chunk);
+    // The root waits for each rank's word where ranks share cores (decision
+    // 0024), by the op's whole size, the same on every rank.
+    cx.pace = algo::pacing_pays(cx.ex.world.crowded_anywhere, size_of_val(output) * size);
     if rank != root {
         return cx.run_schedule(output, build);
     }
@@ -499,6 +520,7 @@ impl Communicator {
             steps: Mutex::new(Vec::new()),
             scratch: Mutex::new(Vec::new()),
             counts: Mutex::new(Vec::new()),
+            pacing: Mutex::default(),
         }));
         // The executor's poll between jobs only saves a wake-up when jobs
         // come back to back; a long one would crowd the ranks' cores.
@@ -1546,6 +1568,7 @@ fn execute<R>(
         started: Instant::now(),
         timeout,
         traffic: Traffic::default(),
+        pace: false,
     };
     let mut result = match (ex.tunables.debug_checks && peer.is_none())
         .then(|| check_signature(&mut ctx, &plan))

@@ -238,6 +238,97 @@ fn large_gathers_come_when_the_root_asks() {
     }
 }
 
+/// Where ranks share cores, a broadcast, reduce or scatter of 256 KiB to
+/// below 16 MiB is paced (decision 0024): a sender waits for its
+/// receiver's word, so a broadcast's root is still in its op while a
+/// receiver stays away (a root that is not paced has written its 512 KiB
+/// into the socket buffers and finished). Results are right for every root and world size,
+/// and each rank's op waits no longer than the ranks it depends on.
+#[test]
+fn rooted_ops_on_a_crowded_host_wait_for_their_receivers() {
+    let seed = seed();
+    for world in [3, 4] {
+        // Rank 0 says its host runs more ranks than any has cores.
+        let (_store, comms) = local_group_per_rank(world, |rank, b| match rank {
+            0 => b.local_ranks(0, 1 << 16),
+            _ => b,
+        });
+        let len = (ringwire::algo::PACE_FROM_BYTES / 4) * 2 + 3; // 512 KiB and a bit
+        let looked = std::sync::atomic::AtomicBool::new(false);
+        let results = on_all(&comms, |c| {
+            let (rank, root) = (c.rank(), 1);
+            let ins = inputs::<f32>(seed, world as u64, world, len, ReduceOp::Sum);
+            // Every pair linked first (a lower rank dials on first use).
+            c.all_to_all(vec![0u8; world], vec![0u8; world])
+                .wait()
+                .map_err(|e| e.to_string())?;
+            // The root's broadcast waits while rank 2, one it sends to
+            // itself (the next rank is a child of the root in the tree), is
+            // away.
+            let mut still_waiting = None;
+            if rank == root {
+                let mut pending = c.broadcast(ins[root].clone(), root);
+                let early = pending.wait_timeout(Duration::from_millis(150));
+                still_waiting = Some(early.is_none());
+                looked.store(true, Ordering::SeqCst);
+                match early {
+                    Some(result) => result,
+                    None => pending.wait(),
+                }
+                .map_err(|e| e.to_string())?;
+            } else {
+                if rank == 2 {
+                    let away = std::time::Instant::now();
+                    while !looked.load(Ordering::SeqCst) && away.elapsed() < Duration::from_secs(30)
+                    {
+                        std::thread::sleep(Duration::from_millis(5));
+                    }
+                }
+                let got = c
+                    .broadcast(vec![0f32; len], root)
+                    .wait()
+                    .map_err(|e| e.to_string())?;
+                if got != ins[root] {
+                    return Err("broadcast: not the root's buffer".to_string());
+                }
+            }
+            for root in 0..world {
+                let got = c
+                    .reduce(ins[rank].clone(), root, ReduceOp::Sum)
+                    .wait()
+                    .map_err(|e| e.to_string())?;
+                if rank == root {
+                    check_close(&got, &reference_reduce(&ins, ReduceOp::Sum), world)?;
+                }
+                let per = len / world;
+                let whole: Vec<f32> = ins[root][..per * world].to_vec();
+                let input = if rank == root {
+                    whole.clone()
+                } else {
+                    Vec::new()
+                };
+                let (_, got) = c
+                    .scatter(input, vec![0f32; per], root)
+                    .wait()
+                    .map_err(|e| e.to_string())?;
+                if got[..] != whole[rank * per..(rank + 1) * per] {
+                    return Err(format!("scatter from {root}: not this rank's block"));
+                }
+            }
+            Ok(still_waiting)
+        });
+        for (rank, r) in results.into_iter().enumerate() {
+            let r = r.unwrap_or_else(|e| panic!("seed {seed} p={world} rank {rank}: {e}"));
+            if let Some(still_waiting) = r {
+                assert!(
+                    still_waiting,
+                    "p={world}: the root's broadcast ended while rank 2 was away"
+                );
+            }
+        }
+    }
+}
+
 #[test]
 fn large_buffers_across_chunks() {
     let seed = seed();

@@ -440,6 +440,93 @@ mod tests {
         }
     }
 
+    /// Paced schedules (decision 0024) of the rooted ops still deliver:
+    /// every rank's words match its peers', for every root.
+    #[test]
+    fn paced_rooted_ops_still_deliver() {
+        let seed = Rng::fresh_seed();
+        let mut rng = Rng::new(seed);
+        let (mut spare, mut marks) = (Vec::new(), Vec::new());
+        for world in 1..=9 {
+            for chunk in CHUNKS {
+                for root in 0..world {
+                    let per = 5;
+                    let len = per * world;
+                    let data: Vec<i32> = random_data(&mut rng, len, ReduceOp::Sum);
+                    let case = format!("seed {seed} p={world} chunk {chunk} root {root}");
+                    for tree in [true, false] {
+                        let mut works: Vec<Vec<i32>> = (0..world)
+                            .map(|r| {
+                                if r == root {
+                                    data.clone()
+                                } else {
+                                    vec![0; len]
+                                }
+                            })
+                            .collect();
+                        let scheds: Vec<_> = (0..world)
+                            .map(|r| {
+                                let mut s = schedule(|o| match tree {
+                                    true => broadcast_tree(o, r, world, root, len, chunk),
+                                    false => broadcast_chain(o, r, world, root, len, chunk),
+                                });
+                                pace(&mut s, &mut spare, &mut marks, world, 0);
+                                s
+                            })
+                            .collect();
+                        run(&scheds, &mut works, ReduceOp::Sum).unwrap();
+                        assert!(
+                            works.iter().all(|w| *w == data),
+                            "broadcast {case} tree {tree}"
+                        );
+                    }
+                    let inputs: Vec<Vec<i32>> = (0..world)
+                        .map(|_| random_data(&mut rng, len, ReduceOp::Sum))
+                        .collect();
+                    let mut works = inputs.clone();
+                    let scheds: Vec<_> = (0..world)
+                        .map(|r| {
+                            let mut s = schedule(|o| reduce_tree(o, r, world, root, len, chunk));
+                            pace(&mut s, &mut spare, &mut marks, world, 0);
+                            s
+                        })
+                        .collect();
+                    run(&scheds, &mut works, ReduceOp::Sum).unwrap();
+                    check_close(
+                        &works[root],
+                        &reference_reduce(&inputs, ReduceOp::Sum),
+                        world,
+                    )
+                    .unwrap_or_else(|e| panic!("reduce {case}: {e}"));
+                    let mut works: Vec<Vec<i32>> = (0..world)
+                        .map(|r| {
+                            if r == root {
+                                data.clone()
+                            } else {
+                                vec![0; per]
+                            }
+                        })
+                        .collect();
+                    let scheds: Vec<_> = (0..world)
+                        .map(|r| {
+                            let mut s = schedule(|o| scatter(o, r, world, root, per, chunk));
+                            pace(&mut s, &mut spare, &mut marks, world, 0);
+                            s
+                        })
+                        .collect();
+                    run(&scheds, &mut works, ReduceOp::Sum).unwrap();
+                    for r in (0..world).filter(|&r| r != root) {
+                        assert_eq!(
+                            works[r],
+                            data[r * per..(r + 1) * per],
+                            "scatter {case} rank {r}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
     #[test]
     fn broadcast_and_reduce_reach_every_root() {
         let seed = Rng::fresh_seed();
