@@ -429,15 +429,17 @@ impl PostAhead {
     }
 
     /// The peer whose copy receives are worth posting: the one the
-    /// schedule's last copy receive is from, if its copy receives hold at
+    /// schedule's last copy receive of some bytes is from (not an empty
+    /// word of pacing or a gather in turn), if its copy receives hold at
     /// least [`POST_AHEAD_BYTES`].
     fn peer(steps: &[Step], elem: usize) -> Option<usize> {
         let peer = steps.iter().rev().find_map(|s| match s {
             Step::Recv {
                 peer,
+                range,
                 action: Action::Copy,
                 ..
-            } => Some(*peer),
+            } if !range.is_empty() => Some(*peer),
             _ => None,
         })?;
         let ahead = PostAhead::new(peer);

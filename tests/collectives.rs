@@ -242,8 +242,8 @@ fn large_gathers_come_when_the_root_asks() {
 /// below 16 MiB is paced (decision 0024): a sender waits for its
 /// receiver's word, so a broadcast's root is still in its op while a
 /// receiver stays away (a root that is not paced has written its 512 KiB
-/// into the socket buffers and finished). Results are right for every root and world size,
-/// and each rank's op waits no longer than the ranks it depends on.
+/// into the socket buffers and finished). Results are right for every root
+/// and world size.
 #[test]
 fn rooted_ops_on_a_crowded_host_wait_for_their_receivers() {
     let seed = seed();

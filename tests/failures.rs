@@ -213,6 +213,46 @@ fn a_gather_whose_ranks_disagree_on_its_form_fails_at_once() {
     }
 }
 
+/// Where ranks share cores, ranks that disagree on a broadcast's length
+/// across the size from which it is paced disagree on pacing too (decision
+/// 0024); they still fail at once, naming both lengths, instead of a paced
+/// root waiting for a word its unpaced receivers never send.
+#[test]
+fn a_broadcast_whose_ranks_disagree_on_pacing_fails_at_once() {
+    let (paced, unpaced) = (ringwire::algo::PACE_FROM_BYTES / 4, 1000);
+    for (root_len, other_len) in [(paced, unpaced), (unpaced, paced)] {
+        let (_store, comms) = common::local_group_per_rank(3, |rank, b| {
+            let b = b.timeout(Duration::from_secs(30));
+            match rank {
+                0 => b.local_ranks(0, 1 << 16), // more ranks than cores
+                _ => b,
+            }
+        });
+        let results = on_all(&comms, |c| {
+            let len = if c.rank() == 0 { root_len } else { other_len };
+            let start = Instant::now();
+            let result = c.broadcast(vec![1f32; len], 0).wait();
+            (
+                result.map(|_| ()).map_err(|e| e.to_string()),
+                start.elapsed(),
+            )
+        });
+        for (rank, (result, took)) in results.iter().enumerate() {
+            assert!(
+                took < &Duration::from_secs(10),
+                "rank {rank} took {took:?}: {result:?}"
+            );
+        }
+        let named = results.iter().any(|(r, _)| {
+            r.as_ref().is_err_and(|e| {
+                e.contains(&format!("{root_len} elements"))
+                    && e.contains(&format!("{other_len} elements"))
+            })
+        });
+        assert!(named, "no rank named both lengths: {results:?}");
+    }
+}
+
 #[test]
 fn a_timeout_says_who_had_not_arrived_and_the_recorder_shows_it() {
     let (_store, comms) = local_group(3, |b| {

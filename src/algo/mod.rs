@@ -32,7 +32,7 @@ pub use alltoall::{all_to_all, all_to_all_v, barrier, exchange, recv, send};
 pub use broadcast::{broadcast_chain, broadcast_tree};
 pub use doubling::{all_reduce_doubling, all_reduce_halving, all_reduce_halving_pays};
 pub use gather::{GATHER_IN_TURN_BYTES, gather, gather_in_turn_pays, scatter};
-pub use pacing::{PACE_BELOW_BYTES, PACE_FROM_BYTES, READY_STEP, pace, pacing_pays};
+pub use pacing::{HERE_STEP, PACE_BELOW_BYTES, PACE_FROM_BYTES, READY_STEP, pace, pacing_pays};
 pub use reduce::{
     all_reduce_tree, reduce_chain, reduce_chain_from, reduce_chain_pays, reduce_tree,
     reduce_tree_from,

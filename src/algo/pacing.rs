@@ -9,6 +9,8 @@ use super::{Action, Step};
 
 /// The step number of the "ready" frames, beyond every schedule's own.
 pub const READY_STEP: u32 = 7 << 20;
+/// The step number of the "here" frames (see [`pace`]).
+pub const HERE_STEP: u32 = READY_STEP + 1;
 
 /// Rooted ops on a crowded host are paced from this many bytes...
 pub const PACE_FROM_BYTES: usize = 256 << 10;
@@ -29,7 +31,11 @@ pub fn pacing_pays(crowded: bool, bytes: usize) -> bool {
 /// it receives from that it is ready (an empty frame, [`READY_STEP`]), and
 /// takes that word from a peer it sends to before any other step with it.
 /// Every rank paces its own schedule, so each word goes to a peer that
-/// expects it, first on the link. `split` is where the work buffer starts
+/// expects it, first on the link. A rank also tells every peer it sends to
+/// that it is there ([`HERE_STEP`], sent at once, taken by the peer before
+/// its data): ranks that disagree on pacing (on the op's size across a
+/// bound) then fail on the first frame, instead of a paced sender waiting
+/// for a word its receiver never sends. `split` is where the work buffer starts
 /// in the schedule's index space (the words land there, empty). `spare`
 /// and `marks` are scratch the caller keeps: nothing is allocated once
 /// they have grown.
@@ -52,27 +58,36 @@ pub fn pace(
         }
     }
     spare.clear();
-    for (peer, _) in marks.iter().enumerate().filter(|(_, m)| **m & FROM != 0) {
-        spare.push(Step::Send {
-            peer,
-            range: 0..0,
-            step: READY_STEP,
-            chunk: 0,
-        });
+    // Every "ready", then every "here": a peer takes them in that order.
+    for (flag, step) in [(FROM, READY_STEP), (TO, HERE_STEP)] {
+        for (peer, _) in marks.iter().enumerate().filter(|(_, m)| **m & flag != 0) {
+            spare.push(Step::Send {
+                peer,
+                range: 0..0,
+                step,
+                chunk: 0,
+            });
+        }
     }
+    let word = |peer, step| Step::Recv {
+        peer,
+        range: split..split,
+        step,
+        chunk: 0,
+        action: Action::Copy,
+    };
     for step in steps.drain(..) {
         let peer = match &step {
             Step::Send { peer, .. } | Step::Recv { peer, .. } => *peer,
         };
-        if marks[peer] & (TO | TOLD) == TO {
+        if marks[peer] & TOLD == 0 {
             marks[peer] |= TOLD;
-            spare.push(Step::Recv {
-                peer,
-                range: split..split,
-                step: READY_STEP,
-                chunk: 0,
-                action: Action::Copy,
-            });
+            if marks[peer] & TO != 0 {
+                spare.push(word(peer, READY_STEP));
+            }
+            if marks[peer] & FROM != 0 {
+                spare.push(word(peer, HERE_STEP));
+            }
         }
         spare.push(step);
     }
@@ -98,29 +113,73 @@ mod tests {
         let mut steps = super::super::schedule(|o| super::super::broadcast_chain(o, 1, 3, 0, 8, 4));
         let (mut spare, mut marks) = (Vec::new(), Vec::new());
         pace(&mut steps, &mut spare, &mut marks, 3, 0);
-        assert!(
-            matches!(
-                steps[0],
+        let at = |want: &dyn Fn(&Step) -> bool| steps.iter().position(want).unwrap();
+        // It says "ready" to 0 and "here" to 2 first of all...
+        assert_eq!(
+            at(&|s| matches!(
+                s,
                 Step::Send {
                     peer: 0,
                     step: READY_STEP,
                     ..
                 }
-            ),
-            "{steps:?}"
+            )),
+            0
         );
-        let first_to_2 = steps
-            .iter()
-            .position(|s| matches!(s, Step::Send { peer: 2, .. } | Step::Recv { peer: 2, .. }));
-        assert!(
+        assert_eq!(
+            at(&|s| matches!(
+                s,
+                Step::Send {
+                    peer: 2,
+                    step: HERE_STEP,
+                    ..
+                }
+            )),
+            1
+        );
+        // ...and takes each peer's word before that peer's data.
+        let ready_from_2 = at(&|s| {
             matches!(
-                steps[first_to_2.unwrap()],
+                s,
                 Step::Recv {
                     peer: 2,
                     step: READY_STEP,
                     ..
                 }
-            ),
+            )
+        });
+        let data_to_2 = at(&|s| {
+            matches!(
+                s,
+                Step::Send {
+                    peer: 2,
+                    step: 0,
+                    ..
+                }
+            )
+        });
+        let here_from_0 = at(&|s| {
+            matches!(
+                s,
+                Step::Recv {
+                    peer: 0,
+                    step: HERE_STEP,
+                    ..
+                }
+            )
+        });
+        let data_from_0 = at(&|s| {
+            matches!(
+                s,
+                Step::Recv {
+                    peer: 0,
+                    step: 0,
+                    ..
+                }
+            )
+        });
+        assert!(
+            ready_from_2 < data_to_2 && here_from_0 < data_from_0,
             "{steps:?}"
         );
     }
