@@ -273,10 +273,7 @@ fn child_rank() {
                 if rank == 0 {
                     std::thread::sleep(Duration::from_millis(20));
                 }
-                // Just below the size from which rooted ops are paced on
-                // a crowded host (decision 0024), where leaves cannot run
-                // ahead.
-                let len = ringwire::algo::PACE_FROM_BYTES / 4 - 1;
+                let len = 1 << 18;
                 let got = comm
                     .reduce(vec![(rank + i) as f32; len], 0, ringwire::ReduceOp::Sum)
                     .wait()
@@ -347,8 +344,12 @@ fn processes_a_slow_root_gets_everything_from_leaves_that_exit() {
     let seed = common::seed();
     let env = [
         ("RINGWIRE_TEST_MODE", "slowroot".to_string()),
-        // Below one op's frame, so a single frame is held past the limit.
-        ("RINGWIRE_RUN_AHEAD_BYTES", "64K".to_string()),
+        ("RINGWIRE_RUN_AHEAD_BYTES", "256K".to_string()),
+        // Each rank says it has its host to itself: on a crowded host
+        // rooted ops are paced (decision 0024) and leaves cannot run ahead,
+        // which this test needs.
+        ("LOCAL_RANK", "0".to_string()),
+        ("LOCAL_WORLD_SIZE", "1".to_string()),
     ];
     for (rank, out) in launch(3, seed, &env).iter().enumerate() {
         assert!(
