@@ -498,6 +498,36 @@ mod tests {
                         world,
                     )
                     .unwrap_or_else(|e| panic!("reduce {case}: {e}"));
+                    // As the ops run them: other ranks read their input in
+                    // place (their words land after it, with a slot of
+                    // garbage beyond).
+                    let scheds: Vec<_> = (0..world)
+                        .map(|r| {
+                            let mut s = schedule(|o| match r == root {
+                                true => reduce_tree(o, r, world, root, len, chunk),
+                                false => reduce_tree_from(o, r, world, root, len, chunk),
+                            });
+                            let split = if r == root { 0 } else { len };
+                            pace(&mut s, &mut spare, &mut marks, world, split);
+                            s
+                        })
+                        .collect();
+                    let mut works: Vec<Vec<i32>> = (0..world)
+                        .map(|r| {
+                            let mut w = inputs[r].clone();
+                            if r != root {
+                                w.resize(len + chunk.min(len), 12345);
+                            }
+                            w
+                        })
+                        .collect();
+                    run(&scheds, &mut works, ReduceOp::Sum).unwrap();
+                    check_close(
+                        &works[root],
+                        &reference_reduce(&inputs, ReduceOp::Sum),
+                        world,
+                    )
+                    .unwrap_or_else(|e| panic!("reduce_from {case}: {e}"));
                     let mut works: Vec<Vec<i32>> = (0..world)
                         .map(|r| {
                             if r == root {
@@ -510,7 +540,10 @@ mod tests {
                     let scheds: Vec<_> = (0..world)
                         .map(|r| {
                             let mut s = schedule(|o| scatter(o, r, world, root, per, chunk));
-                            pace(&mut s, &mut spare, &mut marks, world, 0);
+                            // The root sends from its read-only input: its
+                            // words land after it (an empty work buffer).
+                            let split = if r == root { len } else { 0 };
+                            pace(&mut s, &mut spare, &mut marks, world, split);
                             s
                         })
                         .collect();
