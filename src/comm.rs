@@ -816,7 +816,8 @@ impl Communicator {
         }
     }
 
-    fn check_root(&self, op: OpKind, root: usize) -> Result<(), Error> {
+    /// The plan of a rooted op, once `root` is checked to be a rank.
+    fn rooted_plan<T: Element>(&self, op: OpKind, n: usize, root: usize) -> Result<OpPlan, Error> {
         if root >= self.inner.size {
             return Err(Error::InvalidArgument {
                 op,
@@ -826,7 +827,9 @@ impl Communicator {
                 ),
             });
         }
-        Ok(())
+        let mut plan = self.plan::<T>(op, n);
+        plan.root = root as u32;
+        Ok(plan)
     }
 
     /// Element-wise reduction of `buf` across all ranks; every rank gets the
@@ -873,10 +876,7 @@ impl Communicator {
     }
 
     fn broadcast_plan<T: Element>(&self, n: usize, root: usize) -> Result<OpPlan, Error> {
-        self.check_root(OpKind::Broadcast, root)?;
-        let mut plan = self.plan::<T>(OpKind::Broadcast, n);
-        plan.root = root as u32;
-        Ok(plan)
+        self.rooted_plan::<T>(OpKind::Broadcast, n, root)
     }
 
     /// Reduces every rank's buffer into `root`'s. Other ranks' buffers come
@@ -903,9 +903,7 @@ impl Communicator {
         root: usize,
         op: ReduceOp,
     ) -> Result<OpPlan, Error> {
-        self.check_root(OpKind::Reduce, root)?;
-        let mut plan = self.plan::<T>(OpKind::Reduce, n);
-        plan.root = root as u32;
+        let mut plan = self.rooted_plan::<T>(OpKind::Reduce, n, root)?;
         plan.reduce_op = Some(op);
         Ok(plan)
     }
@@ -964,10 +962,8 @@ impl Communicator {
     }
 
     fn gather_plan<T: Element>(&self, n: usize, out: usize, root: usize) -> Result<OpPlan, Error> {
-        self.check_root(OpKind::Gather, root)?;
+        let plan = self.rooted_plan::<T>(OpKind::Gather, n, root)?;
         self.check_root_buffer(OpKind::Gather, ("output", "input"), out, n, root)?;
-        let mut plan = self.plan::<T>(OpKind::Gather, n);
-        plan.root = root as u32;
         Ok(plan)
     }
 
@@ -990,10 +986,8 @@ impl Communicator {
     }
 
     fn scatter_plan<T: Element>(&self, ins: usize, n: usize, root: usize) -> Result<OpPlan, Error> {
-        self.check_root(OpKind::Scatter, root)?;
+        let plan = self.rooted_plan::<T>(OpKind::Scatter, n, root)?;
         self.check_root_buffer(OpKind::Scatter, ("input", "output"), ins, n, root)?;
-        let mut plan = self.plan::<T>(OpKind::Scatter, n);
-        plan.root = root as u32;
         Ok(plan)
     }
 
