@@ -175,6 +175,26 @@ fn debug_mode_names_both_roots_of_a_gather() {
     }
 }
 
+/// Runs `op` on every rank and checks each ends (done or failed) within
+/// 10 s, a third of the 30 s timeout the callers set: an error that comes
+/// only with the timeout fails the test. The results, errors as text.
+fn each_fails_soon(
+    comms: &[ringwire::Communicator],
+    op: impl Fn(&ringwire::Communicator) -> Result<(), Error> + Sync,
+) -> Vec<Result<(), String>> {
+    let results = on_all(comms, |c| {
+        let start = Instant::now();
+        (op(c).map_err(|e| e.to_string()), start.elapsed())
+    });
+    for (rank, (result, took)) in results.iter().enumerate() {
+        assert!(
+            took < &Duration::from_secs(10),
+            "rank {rank} took {took:?}: {result:?}"
+        );
+    }
+    results.into_iter().map(|(r, _)| r).collect()
+}
+
 /// Ranks that disagree on a gather's length across the size from which it
 /// goes in turn (so they disagree on its form too) still fail at once,
 /// the root naming both lengths, rather than each waiting for the other
@@ -185,24 +205,14 @@ fn a_gather_whose_ranks_disagree_on_its_form_fails_at_once() {
     let (large, small) = (ringwire::GATHER_IN_TURN_BYTES / 4, 10);
     for (root_len, leaf_len) in [(small, large), (large, small)] {
         let (_store, comms) = local_group(3, |b| b.timeout(Duration::from_secs(30)));
-        let results = on_all(&comms, |c| {
+        let results = each_fails_soon(&comms, |c| {
             let len = if c.rank() == 0 { root_len } else { leaf_len };
             let room = if c.rank() == 0 { 3 * len } else { 0 };
-            let start = Instant::now();
-            let result = c.gather(vec![1f32; len], vec![0f32; room], 0).wait();
-            (
-                result.map(|_| ()).map_err(|e| e.to_string()),
-                start.elapsed(),
-            )
+            c.gather(vec![1f32; len], vec![0f32; room], 0)
+                .wait()
+                .map(|_| ())
         });
-        for (rank, (result, took)) in results.iter().enumerate() {
-            assert!(
-                took < &Duration::from_secs(10),
-                "rank {rank} took {took:?}: {result:?}"
-            );
-        }
         let root = results[0]
-            .0
             .as_ref()
             .expect_err("the root found the mismatch");
         assert!(
@@ -228,22 +238,11 @@ fn a_broadcast_whose_ranks_disagree_on_pacing_fails_at_once() {
                 _ => b,
             }
         });
-        let results = on_all(&comms, |c| {
+        let results = each_fails_soon(&comms, |c| {
             let len = if c.rank() == 0 { root_len } else { other_len };
-            let start = Instant::now();
-            let result = c.broadcast(vec![1f32; len], 0).wait();
-            (
-                result.map(|_| ()).map_err(|e| e.to_string()),
-                start.elapsed(),
-            )
+            c.broadcast(vec![1f32; len], 0).wait().map(|_| ())
         });
-        for (rank, (result, took)) in results.iter().enumerate() {
-            assert!(
-                took < &Duration::from_secs(10),
-                "rank {rank} took {took:?}: {result:?}"
-            );
-        }
-        let named = results.iter().any(|(r, _)| {
+        let named = results.iter().any(|r| {
             r.as_ref().is_err_and(|e| {
                 e.contains(&format!("{root_len} elements"))
                     && e.contains(&format!("{other_len} elements"))

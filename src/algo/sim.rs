@@ -440,13 +440,29 @@ mod tests {
         }
     }
 
+    /// Every rank's schedule from `build(steps, rank)`, paced (decision
+    /// 0024) with the rank's `split`.
+    fn paced(
+        world: usize,
+        build: impl Fn(&mut Vec<Step>, usize),
+        split: impl Fn(usize) -> usize,
+    ) -> Vec<Vec<Step>> {
+        let (mut spare, mut marks) = (Vec::new(), Vec::new());
+        (0..world)
+            .map(|r| {
+                let mut s = schedule(|o| build(o, r));
+                pace(&mut s, &mut spare, &mut marks, world, split(r));
+                s
+            })
+            .collect()
+    }
+
     /// Paced schedules (decision 0024) of the rooted ops still deliver:
     /// every rank's words match its peers', for every root.
     #[test]
     fn paced_rooted_ops_still_deliver() {
         let seed = Rng::fresh_seed();
         let mut rng = Rng::new(seed);
-        let (mut spare, mut marks) = (Vec::new(), Vec::new());
         for world in 1..=9 {
             for chunk in CHUNKS {
                 for root in 0..world {
@@ -454,26 +470,24 @@ mod tests {
                     let len = per * world;
                     let data: Vec<i32> = random_data(&mut rng, len, ReduceOp::Sum);
                     let case = format!("seed {seed} p={world} chunk {chunk} root {root}");
+                    let root_has = |whole: &[i32], other: usize| -> Vec<Vec<i32>> {
+                        (0..world)
+                            .map(|r| match r == root {
+                                true => whole.to_vec(),
+                                false => vec![0; other],
+                            })
+                            .collect()
+                    };
                     for tree in [true, false] {
-                        let mut works: Vec<Vec<i32>> = (0..world)
-                            .map(|r| {
-                                if r == root {
-                                    data.clone()
-                                } else {
-                                    vec![0; len]
-                                }
-                            })
-                            .collect();
-                        let scheds: Vec<_> = (0..world)
-                            .map(|r| {
-                                let mut s = schedule(|o| match tree {
-                                    true => broadcast_tree(o, r, world, root, len, chunk),
-                                    false => broadcast_chain(o, r, world, root, len, chunk),
-                                });
-                                pace(&mut s, &mut spare, &mut marks, world, 0);
-                                s
-                            })
-                            .collect();
+                        let mut works = root_has(&data, len);
+                        let scheds = paced(
+                            world,
+                            |o, r| match tree {
+                                true => broadcast_tree(o, r, world, root, len, chunk),
+                                false => broadcast_chain(o, r, world, root, len, chunk),
+                            },
+                            |_| 0,
+                        );
                         run(&scheds, &mut works, ReduceOp::Sum).unwrap();
                         assert!(
                             works.iter().all(|w| *w == data),
@@ -483,35 +497,27 @@ mod tests {
                     let inputs: Vec<Vec<i32>> = (0..world)
                         .map(|_| random_data(&mut rng, len, ReduceOp::Sum))
                         .collect();
+                    let reference = reference_reduce(&inputs, ReduceOp::Sum);
                     let mut works = inputs.clone();
-                    let scheds: Vec<_> = (0..world)
-                        .map(|r| {
-                            let mut s = schedule(|o| reduce_tree(o, r, world, root, len, chunk));
-                            pace(&mut s, &mut spare, &mut marks, world, 0);
-                            s
-                        })
-                        .collect();
-                    run(&scheds, &mut works, ReduceOp::Sum).unwrap();
-                    check_close(
-                        &works[root],
-                        &reference_reduce(&inputs, ReduceOp::Sum),
+                    let scheds = paced(
                         world,
-                    )
-                    .unwrap_or_else(|e| panic!("reduce {case}: {e}"));
+                        |o, r| reduce_tree(o, r, world, root, len, chunk),
+                        |_| 0,
+                    );
+                    run(&scheds, &mut works, ReduceOp::Sum).unwrap();
+                    check_close(&works[root], &reference, world)
+                        .unwrap_or_else(|e| panic!("reduce {case}: {e}"));
                     // As the ops run them: other ranks read their input in
                     // place (their words land after it, with a slot of
                     // garbage beyond).
-                    let scheds: Vec<_> = (0..world)
-                        .map(|r| {
-                            let mut s = schedule(|o| match r == root {
-                                true => reduce_tree(o, r, world, root, len, chunk),
-                                false => reduce_tree_from(o, r, world, root, len, chunk),
-                            });
-                            let split = if r == root { 0 } else { len };
-                            pace(&mut s, &mut spare, &mut marks, world, split);
-                            s
-                        })
-                        .collect();
+                    let scheds = paced(
+                        world,
+                        |o, r| match r == root {
+                            true => reduce_tree(o, r, world, root, len, chunk),
+                            false => reduce_tree_from(o, r, world, root, len, chunk),
+                        },
+                        |r| if r == root { 0 } else { len },
+                    );
                     let mut works: Vec<Vec<i32>> = (0..world)
                         .map(|r| {
                             let mut w = inputs[r].clone();
@@ -522,31 +528,16 @@ mod tests {
                         })
                         .collect();
                     run(&scheds, &mut works, ReduceOp::Sum).unwrap();
-                    check_close(
-                        &works[root],
-                        &reference_reduce(&inputs, ReduceOp::Sum),
+                    check_close(&works[root], &reference, world)
+                        .unwrap_or_else(|e| panic!("reduce_from {case}: {e}"));
+                    // The scatter root sends from its read-only input: its
+                    // words land after it (an empty work buffer).
+                    let mut works = root_has(&data, per);
+                    let scheds = paced(
                         world,
-                    )
-                    .unwrap_or_else(|e| panic!("reduce_from {case}: {e}"));
-                    let mut works: Vec<Vec<i32>> = (0..world)
-                        .map(|r| {
-                            if r == root {
-                                data.clone()
-                            } else {
-                                vec![0; per]
-                            }
-                        })
-                        .collect();
-                    let scheds: Vec<_> = (0..world)
-                        .map(|r| {
-                            let mut s = schedule(|o| scatter(o, r, world, root, per, chunk));
-                            // The root sends from its read-only input: its
-                            // words land after it (an empty work buffer).
-                            let split = if r == root { len } else { 0 };
-                            pace(&mut s, &mut spare, &mut marks, world, split);
-                            s
-                        })
-                        .collect();
+                        |o, r| scatter(o, r, world, root, per, chunk),
+                        |r| if r == root { len } else { 0 },
+                    );
                     run(&scheds, &mut works, ReduceOp::Sum).unwrap();
                     for r in (0..world).filter(|&r| r != root) {
                         assert_eq!(

@@ -1131,6 +1131,16 @@ fn a_lane_that_closes_fails_the_link() {
     );
 }
 
+/// A send asked to stop 200 ms in ends withdrawn, in well under the 30 s
+/// it would wait for the peer otherwise.
+fn stops_soon(e: &FrameEngine, sink: &dyn FrameSink) {
+    let started = Instant::now();
+    let got = send_until(e, b"withdrawn", started + Duration::from_millis(200), sink);
+    assert!(matches!(got, Sent::Stopped("stop")), "{got:?}");
+    let took = started.elapsed();
+    assert!(took < Duration::from_secs(5), "{took:?}");
+}
+
 /// Sends `p` as one frame with `stop` answering from `stop_by` on.
 fn send_until(
     e: &FrameEngine,
@@ -1188,19 +1198,7 @@ fn a_send_queued_behind_a_stalled_one_is_withdrawn_when_stopped() {
     };
     std::thread::sleep(Duration::from_millis(100)); // the large frame is under way
     let sink = Sink::default();
-    let started = Instant::now();
-    let got = send_until(
-        &e,
-        b"withdrawn",
-        started + Duration::from_millis(200),
-        &sink,
-    );
-    assert!(matches!(got, Sent::Stopped("stop")), "{got:?}");
-    assert!(
-        started.elapsed() < Duration::from_secs(5),
-        "{:?}",
-        started.elapsed()
-    );
+    stops_soon(&e, &sink);
     assert_eq!(read_frame(&mut b), big);
     filler.join().unwrap();
     send_one(&e, 0, b"next", &sink);
@@ -1232,19 +1230,7 @@ fn a_send_waiting_on_a_full_socket_is_cancelled_when_stopped() {
     let e = engine(1);
     e.add_link(0, shared(a));
     let sink = Sink::default();
-    let started = Instant::now();
-    let got = send_until(
-        &e,
-        b"withdrawn",
-        started + Duration::from_millis(200),
-        &sink,
-    );
-    assert!(matches!(got, Sent::Stopped("stop")), "{got:?}");
-    assert!(
-        started.elapsed() < Duration::from_secs(5),
-        "{:?}",
-        started.elapsed()
-    );
+    stops_soon(&e, &sink);
     for _ in 0..fillers {
         assert_eq!(read_frame(&mut b), &filler_frame[8..]);
     }
