@@ -2204,14 +2204,6 @@ impl Shared {
         let mut w = self.lock_writer(writer, header.comm_id, deadline)?;
         let plain = self.config.security.tls.is_none();
         let write_timeout = self.config.write_timeout;
-        let timed_out = |r: &io::Result<()>| {
-            r.as_ref().is_err_and(|e| {
-                matches!(
-                    e.kind(),
-                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
-                )
-            })
-        };
         let mut written = 0;
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
@@ -2225,7 +2217,7 @@ impl Shared {
             if bounded {
                 link.set_write_timeout(write_timeout);
             }
-            if !(plain && timed_out(&result)) {
+            if !(plain && result.as_ref().is_err_and(write_timed_out)) {
                 return Ok(result);
             }
             if written > 0 {
@@ -2439,6 +2431,14 @@ enum StopWaiting {
     Failed(LinkError),
 }
 
+/// Whether a blocking write failed for its socket's write timeout.
+fn write_timed_out(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+    )
+}
+
 /// Why a send blocked past the write timeout (the op timeout).
 fn stopped_reading(peer: usize) -> String {
     format!(
@@ -2484,9 +2484,9 @@ impl Transport for TcpTransport {
             .portable_send(&link, writer, header, payload, deadline)?;
         self.shared.last_send[peer].store(self.shared.now_ms(), Ordering::Relaxed);
         result.map_err(|e| {
-            let reason = match e.kind() {
-                io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => stopped_reading(peer),
-                _ => format!("send to rank {peer} failed: {e}"),
+            let reason = match write_timed_out(&e) {
+                true => stopped_reading(peer),
+                false => format!("send to rank {peer} failed: {e}"),
             };
             self.shared.fail(peer, reason.clone());
             // An abort that came while the write was blocked explains it.
