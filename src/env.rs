@@ -77,6 +77,38 @@ pub struct LaunchConfig {
     pub socket_ifname: Option<String>,
     /// Which launcher's variables gave the rank and size.
     pub launcher: Launcher,
+    /// Which store is at `master_addr:master_port`: one that rank 0 hosts
+    /// (ringwire's own), or a PyTorch TCPStore that torchrun's agent
+    /// already hosts there.
+    pub store: StoreKind,
+    /// torchrun's run id and restart count (`TORCHELASTIC_RUN_ID`,
+    /// `TORCHELASTIC_RESTART_COUNT`), when it set them: the job's store keys
+    /// live under both, so a restarted attempt never reads the last one's.
+    pub elastic: Option<ElasticAttempt>,
+}
+
+/// Which kind of rendezvous store a job meets at.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum StoreKind {
+    /// ringwire's own store, hosted by rank 0 (or a standalone
+    /// `ringwire-store`).
+    #[default]
+    Ringwire,
+    /// A PyTorch `TCPStore` someone else hosts (torchrun's agent sets
+    /// `TORCHELASTIC_USE_AGENT_STORE=True`): every rank is a client of it.
+    /// `RINGWIRE_STORE=torch` asks for it by hand, `RINGWIRE_STORE=ringwire`
+    /// refuses it.
+    Torch,
+}
+
+/// One attempt of a torchrun (elastic) job.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct ElasticAttempt {
+    /// `TORCHELASTIC_RUN_ID` (torchrun's `--rdzv-id`; "none" by default).
+    pub run_id: String,
+    /// `TORCHELASTIC_RESTART_COUNT`: 0 on the first attempt.
+    pub restart_count: u64,
 }
 
 /// Why the launch environment could not be worked out.
@@ -276,6 +308,24 @@ pub fn discover(lookup: impl Fn(&str) -> Option<String>) -> Result<LaunchConfig,
         }
     };
     let socket_ifname = get("RINGWIRE_SOCKET_IFNAME").map(|(_, v)| v);
+    let store = store_kind(&get)?;
+    let elastic = match get("TORCHELASTIC_RUN_ID") {
+        None => None,
+        Some((_, run_id)) => {
+            let restart_count = match get("TORCHELASTIC_RESTART_COUNT") {
+                None => 0,
+                Some((var, v)) => v.parse().map_err(|_| EnvError::NotANumber {
+                    var,
+                    value: v,
+                    expected: "a restart count (a whole number counting from 0)",
+                })?,
+            };
+            Some(ElasticAttempt {
+                run_id,
+                restart_count,
+            })
+        }
+    };
 
     Ok(LaunchConfig {
         rank,
@@ -286,6 +336,34 @@ pub fn discover(lookup: impl Fn(&str) -> Option<String>) -> Result<LaunchConfig,
         master_port,
         socket_ifname,
         launcher,
+        store,
+        elastic,
+    })
+}
+
+/// `RINGWIRE_STORE` if set (`torch` or `ringwire`), else a TCPStore when
+/// torchrun says its agent hosts one.
+fn store_kind(
+    get: &impl Fn(&'static str) -> Option<(&'static str, String)>,
+) -> Result<StoreKind, EnvError> {
+    if let Some((var, value)) = get("RINGWIRE_STORE") {
+        return match value.to_ascii_lowercase().as_str() {
+            "torch" | "tcpstore" => Ok(StoreKind::Torch),
+            "ringwire" => Ok(StoreKind::Ringwire),
+            _ => Err(EnvError::Invalid {
+                var,
+                value,
+                expected: "torch (join a PyTorch TCPStore at MASTER_ADDR:MASTER_PORT) or \
+                           ringwire (rank 0 hosts ringwire's own store)",
+            }),
+        };
+    }
+    let agent =
+        get("TORCHELASTIC_USE_AGENT_STORE").is_some_and(|(_, v)| parse_switch(&v) == Some(true));
+    Ok(if agent {
+        StoreKind::Torch
+    } else {
+        StoreKind::Ringwire
     })
 }
 
@@ -459,8 +537,62 @@ mod tests {
                 master_port: 29500,
                 socket_ifname: Some("eth0".into()),
                 launcher: Launcher::Ringwire,
+                store: StoreKind::Ringwire,
+                elastic: None,
             }
         );
+    }
+
+    #[test]
+    fn torchrun_agent_store_and_attempt() {
+        let torchrun = [("RANK", "1"), ("WORLD_SIZE", "4")];
+        let c = run(&with_master(&torchrun)).unwrap();
+        assert_eq!((c.store, c.elastic), (StoreKind::Ringwire, None));
+
+        let mut vars = with_master(&torchrun);
+        vars.extend([
+            ("TORCHELASTIC_USE_AGENT_STORE", "True"),
+            ("TORCHELASTIC_RUN_ID", "job-7"),
+            ("TORCHELASTIC_RESTART_COUNT", "2"),
+        ]);
+        let c = run(&vars).unwrap();
+        assert_eq!(c.store, StoreKind::Torch);
+        let attempt = c.elastic.unwrap();
+        assert_eq!(
+            (attempt.run_id.as_str(), attempt.restart_count),
+            ("job-7", 2)
+        );
+
+        // RINGWIRE_STORE overrides the agent's word either way.
+        vars.push(("RINGWIRE_STORE", "ringwire"));
+        assert_eq!(run(&vars).unwrap().store, StoreKind::Ringwire);
+        let mut by_hand = with_master(&torchrun);
+        by_hand.push(("RINGWIRE_STORE", "Torch"));
+        assert_eq!(run(&by_hand).unwrap().store, StoreKind::Torch);
+        by_hand.push(("TORCHELASTIC_USE_AGENT_STORE", "False"));
+        assert_eq!(run(&by_hand).unwrap().store, StoreKind::Torch);
+
+        let mut bad = with_master(&torchrun);
+        bad.push(("RINGWIRE_STORE", "redis"));
+        assert!(matches!(
+            run(&bad),
+            Err(EnvError::Invalid {
+                var: "RINGWIRE_STORE",
+                ..
+            })
+        ));
+        let mut bad = with_master(&torchrun);
+        bad.extend([
+            ("TORCHELASTIC_RUN_ID", "x"),
+            ("TORCHELASTIC_RESTART_COUNT", "one"),
+        ]);
+        assert!(matches!(
+            run(&bad),
+            Err(EnvError::NotANumber {
+                var: "TORCHELASTIC_RESTART_COUNT",
+                ..
+            })
+        ));
     }
 
     #[test]
