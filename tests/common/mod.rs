@@ -3,6 +3,7 @@
 
 #![allow(dead_code)]
 
+pub(crate) mod launchers;
 pub(crate) mod sweep;
 
 use ringwire::store::StoreServer;
