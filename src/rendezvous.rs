@@ -10,11 +10,12 @@
 
 use crate::comm::Communicator;
 use crate::config::{LocalLinks, Overrides, TransportKind, Tunables};
+use crate::env::{ElasticAttempt, StoreKind};
 use crate::error::Error;
 use crate::pending::{PendingCollective, pending};
 use crate::security::secret::Secret;
 use crate::security::{self, Security, TlsConfig};
-use crate::store::{StoreClient, StoreError, StoreServer};
+use crate::store::{Store, StoreClient, StoreError, StoreServer, TcpStoreClient};
 use crate::transport::Transport;
 use crate::transport::tcp::{LocalPeers, TcpConfig, TcpTransport};
 use crate::wire::OpKind;
@@ -32,7 +33,7 @@ pub(crate) struct World {
     pub(crate) transport: Box<dyn Transport>,
     /// The rendezvous store, kept for failure reports ("who has not
     /// arrived"), with this job's key prefix.
-    pub(crate) store: Option<(StoreClient, String)>,
+    pub(crate) store: Option<(Box<dyn Store>, String)>,
     _store: Option<StoreServer>,
     /// The core index this rank's polling threads move to when they find
     /// their core shared (`ringwire_uring::poll_yield`): the local rank
@@ -91,6 +92,10 @@ pub struct Builder {
     tls: Option<Option<TlsConfig>>,
     /// (local rank, ranks on this host), from the launch environment.
     local: Option<(usize, usize)>,
+    /// ringwire's own store, or a PyTorch TCPStore someone else hosts.
+    store_kind: StoreKind,
+    /// torchrun's attempt: its keys live under the run id and restart count.
+    attempt: Option<ElasticAttempt>,
 }
 
 impl Builder {
@@ -116,6 +121,8 @@ impl Builder {
             b = b.socket_ifname(ifname);
         }
         b.local = cfg.local_rank.zip(cfg.local_world_size);
+        b.store_kind = cfg.store;
+        b.attempt = cfg.elastic;
         if let Some(job) = lookup("RINGWIRE_JOB_ID") {
             b = b.job(job);
         }
@@ -155,6 +162,30 @@ impl Builder {
     /// The rendezvous store's socket address.
     pub fn store_addr(mut self, addr: SocketAddr) -> Builder {
         self.store = Some(StoreAddr::Resolved(addr));
+        self
+    }
+
+    /// Which store the ranks meet at: ringwire's own (the default: rank 0
+    /// hosts it unless [`Builder::host_store`] says otherwise), or a PyTorch
+    /// `TCPStore` at the store address that someone else hosts, as
+    /// torchrun's agent does (`from_env` picks it when torchrun sets
+    /// TORCHELASTIC_USE_AGENT_STORE=True). The TCPStore has no
+    /// authentication: a job secret or TLS still protects every link, not
+    /// the store. Env: RINGWIRE_STORE=torch|ringwire.
+    pub fn store_kind(mut self, kind: StoreKind) -> Builder {
+        self.store_kind = kind;
+        self
+    }
+
+    /// This job is attempt `restart_count` of run `run_id` (torchrun's
+    /// TORCHELASTIC_RUN_ID and TORCHELASTIC_RESTART_COUNT, which `from_env`
+    /// reads): its store keys live under both, so a restarted attempt never
+    /// reads what the last one left in a store that outlives it.
+    pub fn elastic_attempt(mut self, run_id: impl Into<String>, restart_count: u64) -> Builder {
+        self.attempt = Some(ElasticAttempt {
+            run_id: run_id.into(),
+            restart_count,
+        });
         self
     }
 
@@ -455,7 +486,8 @@ fn rendezvous(
             ));
         }
     };
-    let store = if rank == 0 && b.host_store.unwrap_or(true) {
+    let torch = b.store_kind == StoreKind::Torch;
+    let store = if rank == 0 && !torch && b.host_store.unwrap_or(true) {
         let mut last = None;
         let mut server = None;
         for a in &addrs {
@@ -472,7 +504,13 @@ fn rendezvous(
             (None, Some(e)) => {
                 return Err(Error::Rendezvous(format!(
                     "rank 0 could not start the store on {addrs:?}: {e}. Is MASTER_PORT in use by another job? \
-                     Pick a free MASTER_PORT, or point MASTER_ADDR at this host's own address"
+                     Pick a free MASTER_PORT, or point MASTER_ADDR at this host's own address{}",
+                    if b.attempt.is_some() {
+                        " (under torchrun, whose agent hosts a TCPStore on MASTER_PORT, leave \
+                         RINGWIRE_STORE unset or set it to torch to join that store)"
+                    } else {
+                        ""
+                    }
                 )));
             }
             (None, None) => None,
@@ -480,8 +518,25 @@ fn rendezvous(
     } else {
         None
     };
-    let client = StoreClient::connect_with(&addrs, t.connect_timeout, sec)?;
-    let prefix = format!("ringwire/{}/", b.job.as_deref().unwrap_or("default"));
+    let mut client: Box<dyn Store> = if torch {
+        if sec.secret.is_some() || sec.tls.is_some() {
+            tracing::warn!(
+                rank,
+                "the PyTorch TCPStore has no authentication or encryption: the job secret and TLS protect \
+                 ringwire's links, not the store"
+            );
+        }
+        Box::new(TcpStoreClient::connect(&addrs, t.connect_timeout)?)
+    } else {
+        Box::new(StoreClient::connect_with(&addrs, t.connect_timeout, sec)?)
+    };
+    let mut prefix = format!("ringwire/{}/", b.job.as_deref().unwrap_or("default"));
+    if let Some(attempt) = &b.attempt {
+        prefix.push_str(&format!(
+            "{}/attempt_{}/",
+            attempt.run_id, attempt.restart_count
+        ));
+    }
     let key = |k: &str| format!("{prefix}{k}");
 
     // Claim the rank: a second process with the same rank finds it taken.
@@ -611,14 +666,15 @@ fn rendezvous(
     let crowded_anywhere = client.add(&key("crowded_ranks"), 0)? > 0;
     let tcp_anywhere = client.add(&key("tcp_ranks"), 0)? > 0;
     tracing::debug!(rank, %listen, "rendezvous complete");
+    // Kept for failure reports only: a store that went away with its host
+    // must not hold a failing op for a minute.
+    client.set_reply_timeout(Duration::from_secs(2));
     Ok(World {
         rank,
         size,
         job_id,
         transport,
-        // Kept for failure reports only: a store that went away with its
-        // host must not hold a failing op for a minute.
-        store: Some((client.with_reply_timeout(Duration::from_secs(2)), prefix)),
+        store: Some((client, prefix)),
         _store: store,
         home_core: None,
         local: None,

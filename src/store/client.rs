@@ -39,7 +39,7 @@ pub struct StoreClient {
     addr: SocketAddr,
     conn: Mutex<Conn>,
     /// How long a request that does not wait server-side may take.
-    reply_timeout: Duration,
+    pub(super) reply_timeout: Duration,
 }
 
 struct Conn {
@@ -78,56 +78,19 @@ impl StoreClient {
         timeout: Duration,
         security: &Security,
     ) -> Result<StoreClient, StoreError> {
-        let start = Instant::now();
-        let mut backoff = BACKOFF_MIN;
-        let mut last_error = if addrs.is_empty() {
-            io::Error::new(io::ErrorKind::InvalidInput, "no addresses to try")
-        } else {
-            io::Error::new(
-                io::ErrorKind::TimedOut,
-                "timed out before the first attempt",
-            )
-        };
-        loop {
-            for &addr in addrs {
-                let left = timeout.saturating_sub(start.elapsed());
-                if left.is_zero() {
-                    break;
-                }
-                match TcpStream::connect_timeout(&addr, left.min(ATTEMPT_TIMEOUT)) {
-                    Ok(stream) => {
-                        stream.set_nodelay(true).map_err(|source| StoreError::Io {
-                            addr,
-                            op: "setting TCP_NODELAY",
-                            source,
-                        })?;
-                        let (reader, writer) = secure_connect(&stream, addr, security)?;
-                        debug!(%addr, "connected to rendezvous store");
-                        return Ok(StoreClient {
-                            addr,
-                            reply_timeout: REPLY_TIMEOUT,
-                            conn: Mutex::new(Conn {
-                                stream,
-                                reader,
-                                writer,
-                                broken: None,
-                            }),
-                        });
-                    }
-                    Err(e) => last_error = e,
-                }
-            }
-            let left = timeout.saturating_sub(start.elapsed());
-            if left.is_zero() || addrs.is_empty() {
-                return Err(StoreError::Connect {
-                    addrs: addrs.to_vec(),
-                    timeout,
-                    last_error,
-                });
-            }
-            thread::sleep(backoff.min(left));
-            backoff = (backoff * 2).min(BACKOFF_MAX);
-        }
+        let (stream, addr) = dial(addrs, timeout)?;
+        let (reader, writer) = secure_connect(&stream, addr, security)?;
+        debug!(%addr, "connected to rendezvous store");
+        Ok(StoreClient {
+            addr,
+            reply_timeout: REPLY_TIMEOUT,
+            conn: Mutex::new(Conn {
+                stream,
+                reader,
+                writer,
+                broken: None,
+            }),
+        })
     }
 
     /// The address of the store this client is connected to.
@@ -298,22 +261,80 @@ impl StoreClient {
                 addr,
                 detail: security::describe_io(&e, "the store"),
             },
-            ExchangeError::Io(e, op) => match e.kind() {
-                io::ErrorKind::UnexpectedEof
-                | io::ErrorKind::ConnectionReset
-                | io::ErrorKind::ConnectionAborted
-                | io::ErrorKind::BrokenPipe
-                | io::ErrorKind::NotConnected => StoreError::ServerGone { addr },
-                io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => {
-                    StoreError::NoReply { addr, waited }
-                }
-                _ => StoreError::Io {
-                    addr,
-                    op,
-                    source: e,
-                },
-            },
+            ExchangeError::Io(e, op) => io_failure(addr, e, op, waited),
         }
+    }
+}
+
+/// Connects to the first of `addrs` that accepts, trying them all in turn
+/// and retrying with a short backoff until `timeout` has passed (the store
+/// may start after its clients), with TCP_NODELAY set.
+pub(super) fn dial(
+    addrs: &[SocketAddr],
+    timeout: Duration,
+) -> Result<(TcpStream, SocketAddr), StoreError> {
+    let start = Instant::now();
+    let mut backoff = BACKOFF_MIN;
+    let mut last_error = if addrs.is_empty() {
+        io::Error::new(io::ErrorKind::InvalidInput, "no addresses to try")
+    } else {
+        io::Error::new(
+            io::ErrorKind::TimedOut,
+            "timed out before the first attempt",
+        )
+    };
+    loop {
+        for &addr in addrs {
+            let left = timeout.saturating_sub(start.elapsed());
+            if left.is_zero() {
+                break;
+            }
+            match TcpStream::connect_timeout(&addr, left.min(ATTEMPT_TIMEOUT)) {
+                Ok(stream) => {
+                    stream.set_nodelay(true).map_err(|source| StoreError::Io {
+                        addr,
+                        op: "setting TCP_NODELAY",
+                        source,
+                    })?;
+                    return Ok((stream, addr));
+                }
+                Err(e) => last_error = e,
+            }
+        }
+        let left = timeout.saturating_sub(start.elapsed());
+        if left.is_zero() || addrs.is_empty() {
+            return Err(StoreError::Connect {
+                addrs: addrs.to_vec(),
+                timeout,
+                last_error,
+            });
+        }
+        thread::sleep(backoff.min(left));
+        backoff = (backoff * 2).min(BACKOFF_MAX);
+    }
+}
+
+/// What an I/O error talking to the store at `addr` means to a caller:
+/// the server went away, did not answer within `waited`, or something else
+/// failed while doing `op`.
+pub(super) fn io_failure(
+    addr: SocketAddr,
+    e: io::Error,
+    op: &'static str,
+    waited: Duration,
+) -> StoreError {
+    match e.kind() {
+        io::ErrorKind::UnexpectedEof
+        | io::ErrorKind::ConnectionReset
+        | io::ErrorKind::ConnectionAborted
+        | io::ErrorKind::BrokenPipe
+        | io::ErrorKind::NotConnected => StoreError::ServerGone { addr },
+        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => StoreError::NoReply { addr, waited },
+        _ => StoreError::Io {
+            addr,
+            op,
+            source: e,
+        },
     }
 }
 

@@ -79,6 +79,20 @@ pub enum StoreError {
     /// The server refused the request.
     #[error("rendezvous store refused the request: {0}")]
     Remote(String),
+    /// What answers at the store's address is not a PyTorch TCPStore (with
+    /// `RINGWIRE_STORE=torch` or torchrun's agent store).
+    #[error(
+        "no PyTorch TCPStore answers at {addr} ({detail}); torchrun's agent hosts one at \
+         MASTER_ADDR:MASTER_PORT when it sets TORCHELASTIC_USE_AGENT_STORE=True. If rank 0 \
+         should host ringwire's own store there instead, set RINGWIRE_STORE=ringwire"
+    )]
+    NotTcpStore { addr: SocketAddr, detail: String },
+    /// A PyTorch TCPStore sent bytes that do not answer the request.
+    #[error("PyTorch TCPStore at {addr}: {source}")]
+    TcpStore {
+        addr: SocketAddr,
+        source: super::tcpstore::protocol::TcpStoreError,
+    },
     /// TLS or job-secret authentication with the store failed (a different
     /// CA, secret or TLS mode on the two sides).
     #[error("rendezvous store at {addr}: {detail}")]

@@ -51,7 +51,11 @@ pub(crate) fn python_with(modules: &[&str]) -> Option<PathBuf> {
         Some(python)
     } else {
         missing(
-            &format!("a Python with {} at {}", modules.join(", "), python.display()),
+            &format!(
+                "a Python with {} at {}",
+                modules.join(", "),
+                python.display()
+            ),
             "run `bash .ci/setup-launchers` or set RINGWIRE_PY_VENV to a venv that has them",
         )
     }
@@ -68,7 +72,9 @@ pub(crate) fn mpirun() -> Option<PathBuf> {
     let ok = Command::new("mpirun")
         .arg("--version")
         .output()
-        .is_ok_and(|o| o.status.success() && String::from_utf8_lossy(&o.stdout).contains("Open MPI"));
+        .is_ok_and(|o| {
+            o.status.success() && String::from_utf8_lossy(&o.stdout).contains("Open MPI")
+        });
     if ok {
         Some(PathBuf::from("mpirun"))
     } else {
