@@ -84,13 +84,9 @@ fn main() -> ExitCode {
     };
     match args.ranks {
         Some(n) => launch(n),
-        None => match run_rank(&args) {
-            Ok(()) => ExitCode::SUCCESS,
-            Err(e) => {
-                eprintln!("allreduce: {e}");
-                ExitCode::FAILURE
-            }
-        },
+        // An error is printed and, under torchrun, written to its error
+        // file, so its failure report shows the cause.
+        None => ringwire::error_file::main(|| run_rank(&args)),
     }
 }
 

@@ -67,12 +67,14 @@ fn main() -> ExitCode {
     }
     match run_rank(&args) {
         Ok(true) => ExitCode::SUCCESS,
-        Ok(false) => ExitCode::FAILURE,
+        Ok(false) => {
+            ringwire::error_file::report(&"results were wrong: see the #wrong column");
+            ExitCode::FAILURE
+        }
+        // Printed and, under torchrun, written to its error file, so its
+        // failure report shows the cause.
         Err(e) => {
-            let rank = std::env::var("RINGWIRE_RANK")
-                .or_else(|_| std::env::var("RANK"))
-                .unwrap_or_else(|_| "?".into());
-            eprintln!("ringwire-bench: rank {rank}: {e}");
+            ringwire::error_file::report(&e);
             ExitCode::FAILURE
         }
     }

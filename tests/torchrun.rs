@@ -1,0 +1,326 @@
+//! ringwire programs under a real torchrun: its default launch (the agent
+//! hosts a TCPStore on MASTER_PORT, workers join it), two agents meeting
+//! through the c10d rendezvous, an elastic restart, and the error file
+//! torchrun reads for its failure report.
+//!
+//! The programs are the `allreduce` example and this test binary itself,
+//! started by torchrun with `RINGWIRE_TEST_CHILD` naming what a child does
+//! (the `child` test below; it does nothing in a plain run).
+
+mod common;
+
+use std::net::TcpListener;
+use std::path::PathBuf;
+use std::process::{Command, Output};
+use std::time::Duration;
+
+use ringwire::{Communicator, ReduceOp};
+
+const CHILD_VAR: &str = "RINGWIRE_TEST_CHILD";
+
+/// A port nothing listens on now.
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// The `allreduce` example `cargo test` built beside this test binary.
+fn example() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let dir = exe.parent().unwrap().parent().unwrap();
+    let path = dir.join("examples/allreduce");
+    assert!(
+        path.exists(),
+        "{} is not built: `cargo test` builds the examples, `cargo test --test torchrun` alone does not (cargo build --examples)",
+        path.display()
+    );
+    path
+}
+
+/// A torchrun command with the environment cleared of launch variables
+/// this test process may have.
+fn torchrun(torchrun: &PathBuf, args: &[&str]) -> Command {
+    let mut cmd = Command::new(torchrun);
+    for var in [
+        "MASTER_ADDR",
+        "MASTER_PORT",
+        "RANK",
+        "WORLD_SIZE",
+        "RINGWIRE_RANK",
+        "RINGWIRE_WORLD_SIZE",
+        "RINGWIRE_STORE",
+        "TORCHELASTIC_ERROR_FILE",
+    ] {
+        cmd.env_remove(var);
+    }
+    cmd.env("OMP_NUM_THREADS", "1")
+        .env("RINGWIRE_CONNECT_TIMEOUT", "60")
+        .args(args);
+    cmd
+}
+
+/// torchrun running this test binary's `child` test, doing `scenario`.
+fn torchrun_child(torchrun_path: &PathBuf, launch: &[&str], scenario: &str) -> Output {
+    let exe = std::env::current_exe().unwrap();
+    let mut args = launch.to_vec();
+    args.extend([
+        "--no-python",
+        exe.to_str().unwrap(),
+        "child",
+        "--exact",
+        "--nocapture",
+        "--test-threads=1",
+    ]);
+    torchrun(torchrun_path, &args)
+        .env(CHILD_VAR, scenario)
+        .output()
+        .expect("run torchrun")
+}
+
+fn text(out: &Output) -> String {
+    format!(
+        "status {:?}\n--- stdout\n{}\n--- stderr\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+#[test]
+fn the_example_under_torchruns_default_launch() {
+    let Some(torchrun_path) = common::launchers::torchrun() else {
+        return;
+    };
+    // What a user types, with the port moved off 29500 so tests can run
+    // side by side: torchrun's agent hosts a TCPStore there.
+    let port = free_port().to_string();
+    let out = torchrun(
+        &torchrun_path,
+        &[
+            "--nproc-per-node",
+            "4",
+            "--master-port",
+            &port,
+            "--no-python",
+        ],
+    )
+    .arg(example())
+    .args(["--bytes", "1M", "--iters", "3"])
+    .output()
+    .unwrap();
+    let all = text(&out);
+    assert!(out.status.success(), "{all}");
+    assert!(all.contains("4 ranks, 1048576 bytes, checked OK"), "{all}");
+}
+
+#[test]
+fn two_torchrun_agents_meet_through_c10d() {
+    let Some(torchrun_path) = common::launchers::torchrun() else {
+        return;
+    };
+    let endpoint = format!("127.0.0.1:{}", free_port());
+    let agents: Vec<_> = (0..2)
+        .map(|_| {
+            torchrun(
+                &torchrun_path,
+                &[
+                    "--nnodes",
+                    "2",
+                    "--nproc-per-node",
+                    "2",
+                    "--rdzv-backend",
+                    "c10d",
+                    "--rdzv-endpoint",
+                    &endpoint,
+                    "--rdzv-id",
+                    "ringwire-two-agents",
+                    "--no-python",
+                ],
+            )
+            .arg(example())
+            .args(["--bytes", "64K", "--iters", "3"])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap()
+        })
+        .collect();
+    let outs: Vec<Output> = agents
+        .into_iter()
+        .map(|a| a.wait_with_output().unwrap())
+        .collect();
+    let all: String = outs.iter().map(text).collect();
+    for out in &outs {
+        assert!(out.status.success(), "{all}");
+    }
+    assert_eq!(
+        all.matches("4 ranks, 65536 bytes, checked OK").count(),
+        1,
+        "{all}"
+    );
+}
+
+#[test]
+fn an_elastic_restart_meets_apart_from_the_failed_attempt() {
+    let Some(torchrun_path) = common::launchers::torchrun() else {
+        return;
+    };
+    let port = free_port().to_string();
+    let out = torchrun_child(
+        &torchrun_path,
+        &[
+            "--nproc-per-node",
+            "3",
+            "--max-restarts",
+            "1",
+            "--master-port",
+            &port,
+        ],
+        "fail-first-attempt",
+    );
+    let all = text(&out);
+    assert!(out.status.success(), "{all}");
+    // Attempt 0 got through rendezvous (its keys are in the agent's store)
+    // before rank 1 failed; attempt 1 claimed the same ranks again.
+    assert!(all.contains("attempt 0: rank 1 fails on purpose"), "{all}");
+    for rank in 0..3 {
+        assert!(
+            all.contains(&format!("attempt 1: rank {rank} done")),
+            "{all}"
+        );
+    }
+}
+
+#[test]
+fn torchruns_failure_report_shows_ringwires_error() {
+    let Some(torchrun_path) = common::launchers::torchrun() else {
+        return;
+    };
+    let port = free_port().to_string();
+    let out = torchrun_child(
+        &torchrun_path,
+        &["--nproc-per-node", "2", "--master-port", &port],
+        "mismatch",
+    );
+    let all = text(&out);
+    assert!(!out.status.success(), "{all}");
+    // The root cause is ringwire's message (op, sequence number, peer),
+    // read from the error file, not torchrun's "<N/A>".
+    let report = all.split("Root Cause").nth(1).expect("a failure report");
+    assert!(report.contains("error_file: /"), "{report}");
+    assert!(!report.contains("<N/A>"), "{report}");
+    assert!(report.contains("all_reduce"), "{report}");
+    assert!(
+        report.contains("rank 1") || report.contains("rank 0"),
+        "{report}"
+    );
+}
+
+#[test]
+fn the_error_file_reads_back_in_torchs_own_parser() {
+    let Some(python) = common::launchers::python_with(&["torch.distributed.elastic"]) else {
+        return;
+    };
+    let dir = std::env::temp_dir().join(format!("ringwire-error-file-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("error.json");
+    let exe = std::env::current_exe().unwrap();
+    let out = Command::new(exe)
+        .args(["child", "--exact", "--nocapture", "--test-threads=1"])
+        .env(CHILD_VAR, "record-error")
+        .env("TORCHELASTIC_ERROR_FILE", &file)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    let check = r#"
+import sys
+from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
+f = ProcessFailure(local_rank=0, pid=1, exitcode=1, error_file=sys.argv[1])
+print(f.message["message"])
+print(f.timestamp)
+"#;
+    let parsed = Command::new(python)
+        .args(["-c", check, file.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&parsed.stdout);
+    assert!(parsed.status.success(), "{}", text(&parsed));
+    let mut lines = said.lines();
+    assert_eq!(
+        lines.next(),
+        Some("op \"all_reduce\" #7 failed: \"quoted\", back\\slash, tab\tend")
+    );
+    let stamp: u64 = lines.next().unwrap().parse().unwrap();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    assert!(stamp <= now && stamp + 60 > now, "{stamp} vs {now}");
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// What a child started by the tests above does; nothing in a plain run.
+#[test]
+fn child() {
+    let Ok(scenario) = std::env::var(CHILD_VAR) else {
+        return;
+    };
+    let code = match scenario.as_str() {
+        "fail-first-attempt" => fail_first_attempt(),
+        "mismatch" => ringwire::error_file::main(mismatch),
+        "record-error" => {
+            ringwire::error_file::report(
+                &"op \"all_reduce\" #7 failed: \"quoted\", back\\slash, tab\tend",
+            );
+            std::process::exit(0);
+        }
+        other => panic!("unknown {CHILD_VAR}={other}"),
+    };
+    // The libtest harness would print its summary; the exit code is the
+    // child's answer.
+    std::process::exit(if code == std::process::ExitCode::SUCCESS {
+        0
+    } else {
+        1
+    });
+}
+
+fn attempt() -> u64 {
+    std::env::var("TORCHELASTIC_RESTART_COUNT")
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
+fn fail_first_attempt() -> std::process::ExitCode {
+    let comm = Communicator::from_env().wait().expect("rendezvous");
+    let (rank, attempt) = (comm.rank(), attempt());
+    let sum = comm
+        .all_reduce(vec![1.0f32; 100], ReduceOp::Sum)
+        .wait()
+        .unwrap();
+    assert_eq!(sum, vec![3.0f32; 100]);
+    if attempt == 0 {
+        if rank == 1 {
+            println!("attempt 0: rank 1 fails on purpose");
+            std::process::exit(1);
+        }
+        // The others wait to be stopped by the agent.
+        std::thread::sleep(Duration::from_secs(120));
+    }
+    comm.barrier().wait().unwrap();
+    println!("attempt {attempt}: rank {rank} done");
+    std::process::ExitCode::SUCCESS
+}
+
+fn mismatch() -> Result<(), ringwire::Error> {
+    // Lengths differ across ranks: each rank's op fails at once from the
+    // other's frame header, naming both sides.
+    let comm = Communicator::from_env().wait()?;
+    let len = 100 + comm.rank();
+    comm.all_reduce(vec![1.0f32; len], ReduceOp::Sum).wait()?;
+    Ok(())
+}
