@@ -96,6 +96,10 @@ pub struct Builder {
     store_kind: StoreKind,
     /// torchrun's attempt: its keys live under the run id and restart count.
     attempt: Option<ElasticAttempt>,
+    /// What the launch environment filled in for the store address (a
+    /// loopback default, a port derived from the launcher's job id), for
+    /// the error when rank 0 cannot listen there.
+    master_from: Option<String>,
 }
 
 impl Builder {
@@ -123,6 +127,15 @@ impl Builder {
         b.local = cfg.local_rank.zip(cfg.local_world_size);
         b.store_kind = cfg.store;
         b.attempt = cfg.elastic;
+        // A port derived from the launcher's job id may, rarely, be another
+        // job's too: the job id then keeps the two jobs' keys apart, so the
+        // second job fails at rank 0's bind instead of joining the first.
+        if cfg.master_from.is_some()
+            && let Some(job) = cfg.launcher_job_id
+        {
+            b = b.job(job);
+        }
+        b.master_from = cfg.master_from;
         if let Some(job) = lookup("RINGWIRE_JOB_ID") {
             b = b.job(job);
         }
@@ -502,15 +515,21 @@ fn rendezvous(
         match (server, last) {
             (Some(s), _) => Some(s),
             (None, Some(e)) => {
-                return Err(Error::Rendezvous(format!(
-                    "rank 0 could not start the store on {addrs:?}: {e}. Is MASTER_PORT in use by another job? \
-                     Pick a free MASTER_PORT, or point MASTER_ADDR at this host's own address{}",
-                    if b.attempt.is_some() {
-                        " (under torchrun, whose agent hosts a TCPStore on MASTER_PORT, leave \
-                         RINGWIRE_STORE unset or set it to torch to join that store)"
-                    } else {
-                        ""
+                let advice = match (&b.master_from, &b.attempt) {
+                    (Some(from), _) => from.clone(),
+                    (None, Some(_)) => {
+                        "Under torchrun, whose agent hosts a TCPStore on MASTER_PORT, leave \
+                                        RINGWIRE_STORE unset or set it to torch to join that store"
+                            .into()
                     }
+                    (None, None) => {
+                        "Is MASTER_PORT in use by another job? Pick a free MASTER_PORT, or point \
+                                     MASTER_ADDR at this host's own address"
+                            .into()
+                    }
+                };
+                return Err(Error::Rendezvous(format!(
+                    "rank 0 could not start the store on {addrs:?}: {e}. {advice}"
                 )));
             }
             (None, None) => None,

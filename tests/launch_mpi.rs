@@ -373,6 +373,10 @@ fn a_taken_derived_port_is_named_in_the_error() {
         error.contains(&port.to_string()) && error.contains("MASTER_PORT"),
         "the error names neither the port nor MASTER_PORT: {error}"
     );
+    assert!(
+        error.contains("derived from Open MPI's job id"),
+        "the error does not say where the port came from: {error}"
+    );
     // What rendezvous can add to that error (LaunchConfig::master_from).
     for part in [
         format!("MASTER_PORT {port} was derived from Open MPI's job id"),
