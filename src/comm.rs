@@ -72,6 +72,8 @@ struct Inner {
     cells: Arc<CellPool>,
     failed: Arc<Mutex<Option<String>>>,
     stats: Arc<StatsRecorder>,
+    /// Registered for the process's metrics while this lives.
+    metrics: Arc<crate::metrics::Source>,
     recorder: Arc<FlightRecorder>,
     splits: Mutex<u64>,
     executor: Mutex<Option<JoinHandle<()>>>,
@@ -531,6 +533,13 @@ impl Communicator {
             .spawn(move || executor.executor_loop(spin))
             .map_err(|e| Error::io("starting the executor thread", e))?;
         let timeout = tunables.timeout;
+        let metrics = crate::metrics::Source::register(
+            world.clone(),
+            rank,
+            comm_id,
+            members.clone(),
+            stats.clone(),
+        );
         Ok(Communicator {
             inner: Arc::new(Inner {
                 world,
@@ -547,6 +556,7 @@ impl Communicator {
                 }),
                 failed,
                 stats,
+                metrics,
                 recorder,
                 splits: Mutex::new(0),
                 executor: Mutex::new(Some(handle)),
@@ -638,6 +648,17 @@ impl Communicator {
             inboxes: self.inner.world.transport.inboxes() as u64,
             ..self.inner.stats.snapshot()
         }
+    }
+
+    /// This communicator's metrics in the Prometheus text format (version
+    /// 0.0.4, [`crate::metrics::CONTENT_TYPE`]): ops, payload bytes and a
+    /// latency histogram per op kind, failures per kind of error, bytes
+    /// held ahead, inboxes, and each link's kind, every series labelled
+    /// with this `rank` and the communicator id (`comm`). Set
+    /// `RINGWIRE_METRICS_ADDR` to have every live communicator served at
+    /// `/metrics` instead ([`crate::metrics`]).
+    pub fn metrics(&self) -> String {
+        crate::metrics::encode(vec![self.inner.metrics.sample()])
     }
 
     /// Fails this communicator on purpose, here and on every rank: their
@@ -1514,7 +1535,9 @@ fn execute<R>(
             peer,
             Some("not run: communicator failed".into()),
         );
-        return Err(Error::Failed { first });
+        let refused = Error::Failed { first };
+        ex.stats.failed(&refused);
+        return Err(refused);
     }
     ex.recorder.started(plan.kind, seq, peer);
     // Peers' frames for this op stop counting as run ahead (decision 0019).
@@ -1613,13 +1636,15 @@ fn execute<R>(
     );
     match &result {
         Ok(_) => {
-            ex.stats.record(ctx.started.elapsed(), ctx.traffic);
+            ex.stats
+                .record(plan.kind, ctx.started.elapsed(), ctx.traffic);
             tracing::debug!(
                 elapsed_us = ctx.started.elapsed().as_micros() as u64,
                 "done"
             );
         }
         Err(e) => {
+            ex.stats.failed(e);
             tracing::error!(error = %e, "collective failed");
             if e.is_fatal() {
                 lock(&ex.state).get_or_insert_with(|| e.to_string());

@@ -1,6 +1,10 @@
 //! Tunables of a communicator, with their environment variables and
 //! defaults. Precedence: a builder call, then the `RINGWIRE_*` variable, then
 //! the default.
+//!
+//! One variable belongs to the process rather than to a communicator and
+//! has no builder call: [`METRICS_ADDR_VAR`] (`RINGWIRE_METRICS_ADDR`),
+//! read once, when the process's first communicator starts.
 
 use crate::env::{EnvError, SWITCH_WORDS, parse_switch};
 use crate::error::Error;
@@ -211,6 +215,16 @@ pub(crate) const DEFAULT_RUN_AHEAD_BYTES: usize = 4 << 20;
 /// (the slow root of a wide communicator) could hold the per-peer limit
 /// times the peers; this bounds it at 16 peers' worth.
 pub(crate) const DEFAULT_RUN_AHEAD_TOTAL_BYTES: usize = 64 << 20;
+
+/// `RINGWIRE_METRICS_ADDR`: where to serve every live communicator's
+/// Prometheus metrics over HTTP (`GET /metrics`), e.g. `127.0.0.1:9464`,
+/// or `127.0.0.1:0` for a free port (`ringwire::metrics::server_addr`
+/// says which). The server binds exactly this address (`0.0.0.0:9464`
+/// only when given that) and starts with the process's first
+/// communicator; unset or empty, nothing is served. An address that does
+/// not bind is logged as a warning, not an error: the job runs on
+/// without metrics.
+pub(crate) const METRICS_ADDR_VAR: &str = "RINGWIRE_METRICS_ADDR";
 
 /// Optional overrides, as set on the builder.
 #[derive(Clone, Debug, Default)]

@@ -152,6 +152,30 @@ impl Error {
         }
     }
 
+    /// A short, stable name for the kind of error (`timeout`, `peer_lost`,
+    /// `aborted`, `mismatch`, ...): the `kind` label of the
+    /// `ringwire_failures_total` metric, fit for logs and alerts. A
+    /// variant's name never changes once released.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Error::Timeout { .. } => "timeout",
+            Error::PeerLost { .. } => "peer_lost",
+            Error::Aborted { .. } => "aborted",
+            Error::Mismatch { .. } => "mismatch",
+            Error::Internal { .. } => "internal",
+            Error::InvalidArgument { .. } => "invalid_argument",
+            Error::Failed { .. } => "failed",
+            Error::Connect { .. } => "connect",
+            Error::Env(_) => "env",
+            Error::Net(_) => "net",
+            Error::Store(_) => "store",
+            Error::Rendezvous(_) => "rendezvous",
+            Error::Io { .. } => "io",
+            Error::ResultTaken => "result_taken",
+            Error::ShutDown(_) => "shut_down",
+        }
+    }
+
     /// True for errors that leave the communicator failed (peers may be out
     /// of step with this rank).
     pub fn is_fatal(&self) -> bool {

@@ -7,6 +7,7 @@ pub mod testing;
 // helper-owned modules (each line added by whoever owns the module):
 pub mod env;
 pub mod error_file;
+pub mod metrics;
 pub mod net;
 pub mod security;
 pub mod store;
