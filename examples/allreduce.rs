@@ -68,13 +68,9 @@ fn parse_args() -> Result<Args, String> {
 }
 
 fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("RINGWIRE_LOG")
-                .unwrap_or_else(|_| "warn".into()),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    // Warnings on stderr; RINGWIRE_LOG=info (or ringwire=debug, ...) for more.
+    #[cfg(feature = "logging")]
+    ringwire::logging::init_from_env();
     let args = match parse_args() {
         Ok(a) => a,
         Err(e) => {

@@ -525,19 +525,22 @@ fn link_error(
             origin_seq: seq,
             reason,
         },
+        // A connection this process refused meanwhile (another secret,
+        // TLS setting or job) may be why: name it.
         LinkError::Timeout => Error::Timeout {
             ctx: ctx.clone(),
             peer,
             waited: started.elapsed(),
-            detail: String::new(),
+            detail: crate::refusals::suffix_since(started),
         },
         LinkError::Unread => Error::Timeout {
             ctx: ctx.clone(),
             peer,
             waited: started.elapsed(),
             detail: format!(
-                " to read what this rank sends: {}",
-                crate::transport::WHY_A_PEER_STOPS_READING
+                " to read what this rank sends: {}{}",
+                crate::transport::WHY_A_PEER_STOPS_READING,
+                crate::refusals::suffix_since(started)
             ),
         },
         LinkError::Lost(reason) => Error::PeerLost {

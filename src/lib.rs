@@ -7,8 +7,11 @@ pub mod testing;
 // helper-owned modules (each line added by whoever owns the module):
 pub mod env;
 pub mod error_file;
+#[cfg(feature = "logging")]
+pub mod logging;
 pub mod metrics;
 pub mod net;
+pub mod refusals;
 pub mod security;
 pub mod store;
 pub mod wire;

@@ -36,6 +36,8 @@ const BRACKET_FROM: usize = 1 << 20;
 const BRACKET_BYTES: usize = 64 << 20;
 
 fn main() -> ExitCode {
+    // Warnings on stderr (every rank process); RINGWIRE_LOG for more.
+    ringwire::logging::init_from_env();
     let argv: Vec<String> = std::env::args().skip(1).collect();
     if argv.first().map(String::as_str) == Some("core-round-trip") {
         // The launcher's probe on its own, for scripts that time other

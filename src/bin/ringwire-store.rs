@@ -30,7 +30,9 @@ OPTIONS:
 Ranks find the store through MASTER_ADDR and MASTER_PORT (or RINGWIRE_MASTER_ADDR
 and RINGWIRE_MASTER_PORT). The store runs until it is killed. It uses the same
 RINGWIRE_SECRET and RINGWIRE_TLS, RINGWIRE_TLS_CA, RINGWIRE_TLS_CERT and
-RINGWIRE_TLS_KEY settings as the ranks.
+RINGWIRE_TLS_KEY settings as the ranks. It logs warnings to standard error
+(a client refused for another secret or TLS setting, with its address);
+RINGWIRE_LOG=info (or any tracing filter, e.g. ringwire=debug) shows more.
 ";
 
 struct Args {
@@ -40,6 +42,9 @@ struct Args {
 }
 
 fn main() -> ExitCode {
+    // Warnings (a client refused for its secret, ...) on stderr; RINGWIRE_LOG.
+    #[cfg(feature = "logging")]
+    ringwire::logging::init_from_env();
     let args = match parse_args(std::env::args().skip(1)) {
         Ok(Some(args)) => args,
         Ok(None) => {

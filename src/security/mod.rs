@@ -22,6 +22,7 @@ pub(crate) mod tls;
 
 pub use tls::{TlsConfig, TlsMode};
 
+use crate::refusals::Reason;
 use crate::wire::handshake::{SECURITY_MTLS, SECURITY_SECRET, SECURITY_TLS};
 use secret::Secret;
 use std::fmt;
@@ -243,9 +244,8 @@ pub(crate) fn tls_connect(
     who: &str,
 ) -> Result<(ReadHalf, WriteHalf), tls::HandshakeError> {
     let conn = tls.connect(sock, peer, who)?;
-    let (r, w) = tls::split(conn, sock).map_err(|e| tls::HandshakeError {
-        detail: format!("TLS with {who}: {e}"),
-        plaintext: None,
+    let (r, w) = tls::split(conn, sock).map_err(|e| {
+        tls::HandshakeError::plain(Reason::of_io(&e), format!("TLS with {who}: {e}"))
     })?;
     Ok((Box::new(r), Box::new(w)))
 }
@@ -258,9 +258,8 @@ pub(crate) fn tls_accept(
     who: &str,
 ) -> Result<(ReadHalf, WriteHalf), tls::HandshakeError> {
     let conn = tls.accept(sock, peer, who)?;
-    let (r, w) = tls::split(conn, sock).map_err(|e| tls::HandshakeError {
-        detail: format!("TLS with {who}: {e}"),
-        plaintext: None,
+    let (r, w) = tls::split(conn, sock).map_err(|e| {
+        tls::HandshakeError::plain(Reason::of_io(&e), format!("TLS with {who}: {e}"))
     })?;
     Ok((Box::new(r), Box::new(w)))
 }

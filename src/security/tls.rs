@@ -35,6 +35,7 @@ use std::path::Path;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::SecurityError;
+use crate::refusals::Reason;
 
 /// Whether TLS also authenticates the dialing side.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -193,7 +194,9 @@ impl TlsConfig {
     ) -> Result<Connection, HandshakeError> {
         let conn =
             ClientConnection::new(self.client.clone(), ServerName::IpAddress(peer_ip.into()))
-                .map_err(|e| HandshakeError::plain(format!("TLS setup for {who}: {e}")))?;
+                .map_err(|e| {
+                    HandshakeError::plain(Reason::Tls, format!("TLS setup for {who}: {e}"))
+                })?;
         drive(Connection::Client(conn), sock, peer_ip, who)
     }
 
@@ -205,20 +208,24 @@ impl TlsConfig {
         who: &str,
     ) -> Result<Connection, HandshakeError> {
         let conn = ServerConnection::new(self.server.clone())
-            .map_err(|e| HandshakeError::plain(format!("TLS setup for {who}: {e}")))?;
+            .map_err(|e| HandshakeError::plain(Reason::Tls, format!("TLS setup for {who}: {e}")))?;
         let conn = drive(Connection::Server(conn), sock, peer_ip, who)?;
         if self.mode == TlsMode::Mutual {
             // The client verifier checked the chain; apply the IP rule too.
             let leaf = conn.peer_certificates().and_then(|c| c.first());
             match leaf {
                 None => {
-                    return Err(HandshakeError::plain(format!(
-                        "{who} showed no client certificate, but this job uses mutual TLS"
-                    )));
+                    return Err(HandshakeError::plain(
+                        Reason::Certificate,
+                        format!("{who} showed no client certificate, but this job uses mutual TLS"),
+                    ));
                 }
                 Some(leaf) => {
                     if let Err(e) = check_ip(leaf, peer_ip) {
-                        return Err(HandshakeError::plain(describe(&e, who)));
+                        return Err(HandshakeError::plain(
+                            Reason::Certificate,
+                            describe(&e, who),
+                        ));
                     }
                 }
             }
@@ -227,17 +234,20 @@ impl TlsConfig {
     }
 }
 
-/// A failed handshake: what went wrong, and the first bytes the peer sent if
-/// they were not TLS (a plaintext peer's refusal, for the caller to decode).
+/// A failed handshake: what went wrong (and its kind, for the refusal
+/// ledger), and the first bytes the peer sent if they were not TLS (a
+/// plaintext peer's refusal, for the caller to decode).
 #[derive(Debug)]
 pub(crate) struct HandshakeError {
+    pub(crate) reason: Reason,
     pub(crate) detail: String,
     pub(crate) plaintext: Option<Vec<u8>>,
 }
 
 impl HandshakeError {
-    fn plain(detail: String) -> HandshakeError {
+    pub(crate) fn plain(reason: Reason, detail: String) -> HandshakeError {
         HandshakeError {
+            reason,
             detail,
             plaintext: None,
         }
@@ -310,12 +320,23 @@ fn drive(
                     }
                     seen
                 });
-            let detail = if plaintext.is_some() {
-                format!("{who} answered in plaintext, not TLS: it does not use TLS")
+            let (reason, detail) = if plaintext.is_some() {
+                (
+                    Reason::TlsUnexpected,
+                    format!("{who} answered in plaintext, not TLS: it does not use TLS"),
+                )
             } else {
-                describe_io(&e, who)
+                let reason = match Reason::of_io(&e) {
+                    Reason::HungUp => Reason::TlsHungUp,
+                    other => other,
+                };
+                (reason, describe_io(&e, who))
             };
-            Err(HandshakeError { detail, plaintext })
+            Err(HandshakeError {
+                reason,
+                detail,
+                plaintext,
+            })
         }
     }
 }
@@ -340,6 +361,28 @@ pub(crate) fn describe_io(e: &io::Error, who: &str) -> String {
             _ => format!("TLS with {who} failed: {e}"),
         },
     }
+}
+
+/// What kind of refusal an I/O error carrying a TLS failure is: a
+/// certificate this side or the peer did not accept, or another TLS error;
+/// `None` if it carries none.
+pub(crate) fn refusal_reason(e: &io::Error) -> Option<Reason> {
+    use rustls::AlertDescription as A;
+    let tls = e.get_ref()?.downcast_ref::<rustls::Error>()?;
+    Some(match tls {
+        rustls::Error::InvalidCertificate(_)
+        | rustls::Error::NoCertificatesPresented
+        | rustls::Error::AlertReceived(
+            A::UnknownCA
+            | A::CertificateExpired
+            | A::CertificateRequired
+            | A::BadCertificate
+            | A::UnsupportedCertificate
+            | A::CertificateUnknown
+            | A::CertificateRevoked,
+        ) => Reason::Certificate,
+        _ => Reason::Tls,
+    })
 }
 
 /// A readable message for a TLS failure with `who`.

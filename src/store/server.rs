@@ -23,6 +23,7 @@ use tracing::{debug, warn};
 use super::error::StoreError;
 use super::protocol::{self, Request, Response};
 use super::table::Table;
+use crate::refusals::{self, Peer, Place, Reason};
 use crate::security::secret::{self, NONCE_LEN, PROOF_LEN, Role};
 use crate::security::{self, Opening, ReadHalf, Security, WriteHalf};
 
@@ -285,38 +286,37 @@ fn is_timeout(e: &io::Error) -> bool {
 }
 
 /// Runs TLS and the job-secret check (whichever are configured) on a new
-/// client; `Err` says why it was refused.
+/// client; `Err` says why it was refused, and whether the client was sent
+/// an error (then the connection is closed with `close_after_error`).
 fn secure_accept(
     stream: &mut TcpStream,
     peer: SocketAddr,
     sec: &Security,
-    shared: &Shared,
-) -> Result<(ReadHalf, WriteHalf), String> {
-    let io = |e: io::Error| e.to_string();
+) -> Result<(ReadHalf, WriteHalf), (Reason, String, bool)> {
+    let io = |e: io::Error| (Reason::of_io(&e), e.to_string(), false);
     stream
         .set_read_timeout(Some(HANDSHAKE_TIMEOUT))
         .map_err(io)?;
     let mut out = Vec::new();
     let (mut reader, mut writer) = match (&sec.tls, security::peek_opening(stream)) {
-        (_, Opening::Nothing) => return Err("it sent nothing".into()),
+        (_, Opening::Nothing) => return Err((Reason::Timeout, "it sent nothing".into(), false)),
         (Some(_), Opening::Plain) => {
             let reason =
                 "this store requires TLS (RINGWIRE_TLS), but the client connected in plaintext";
             let _ = send(stream, &mut out, &Response::Error(reason.into()));
-            close_after_error(stream, shared);
-            return Err(reason.into());
+            return Err((Reason::TlsRequired, reason.into(), true));
         }
         (None, Opening::Tls) => {
             let reason =
                 "this store has TLS off (RINGWIRE_TLS), but the client started a TLS handshake";
             let _ = stream.read(&mut [0u8; 4096]);
             let _ = send(stream, &mut out, &Response::Error(reason.into()));
-            close_after_error(stream, shared);
-            return Err(reason.into());
+            return Err((Reason::TlsUnexpected, reason.into(), true));
         }
         (Some(tls), Opening::Tls) => {
             let who = format!("the store client at {peer}");
-            security::tls_accept(tls, stream, peer.ip(), &who).map_err(|e| e.detail)?
+            security::tls_accept(tls, stream, peer.ip(), &who)
+                .map_err(|e| (e.reason, e.detail, false))?
         }
         (None, Opening::Plain) => security::plain_halves(stream).map_err(io)?,
     };
@@ -329,15 +329,18 @@ fn secure_accept(
         while got < first.len() {
             let n = reader.read(&mut first[got..]).map_err(io)?;
             if n == 0 {
-                return Err("it closed the connection during the job-secret check".into());
+                return Err((
+                    Reason::HungUp,
+                    "it closed the connection during the job-secret check".into(),
+                    false,
+                ));
             }
             got += n;
             let magic = got.min(AUTH_MAGIC.len());
             if first[..magic] != AUTH_MAGIC[..magic] {
                 let reason = "this store requires the job secret (RINGWIRE_SECRET), but the client did not authenticate";
                 let _ = send(&mut *writer, &mut out, &Response::Error(reason.into()));
-                close_after_error(stream, shared);
-                return Err(reason.into());
+                return Err((Reason::MissingSecret, reason.into(), true));
             }
         }
         let client_nonce = &first[AUTH_MAGIC.len()..];
@@ -357,8 +360,7 @@ fn secure_accept(
         ) {
             let reason = "job-secret check failed: the client does not know this store's secret (RINGWIRE_SECRET)";
             let _ = send(&mut *writer, &mut out, &Response::Error(reason.into()));
-            close_after_error(stream, shared);
-            return Err(reason.into());
+            return Err((Reason::WrongSecret, reason.into(), true));
         }
         send(&mut *writer, &mut out, &Response::Done).map_err(io)?;
     }
@@ -369,11 +371,15 @@ fn secure_accept(
 /// Reads requests and answers them until the client leaves, misbehaves, or
 /// the server stops.
 fn serve_client(mut stream: TcpStream, peer: SocketAddr, shared: &Shared) {
-    let (mut reader, mut writer) = match secure_accept(&mut stream, peer, &shared.security, shared)
-    {
+    let (mut reader, mut writer) = match secure_accept(&mut stream, peer, &shared.security) {
         Ok(halves) => halves,
-        Err(reason) => {
-            warn!(%peer, %reason, "rendezvous store: refused a connection");
+        Err((reason, detail, answered)) => {
+            // Recorded (and logged) before the wait for the client to
+            // read its answer and close.
+            refusals::record(Peer::Tcp(peer), Place::Store, reason, &detail);
+            if answered {
+                close_after_error(&mut stream, shared);
+            }
             return;
         }
     };
@@ -387,7 +393,15 @@ fn serve_client(mut stream: TcpStream, peer: SocketAddr, shared: &Shared) {
                 Ok(Some(decoded)) => decoded,
                 Ok(None) => break,
                 Err(e) => {
-                    warn!(%peer, error = %e, "rendezvous store: bad request; closing connection");
+                    // A client with a job secret at a store without one
+                    // opens with the exchange's magic.
+                    let reason = if buf.starts_with(&AUTH_MAGIC) {
+                        Reason::UnexpectedSecret
+                    } else {
+                        Reason::Malformed
+                    };
+                    let detail = format!("bad request: {e}; closing the connection");
+                    refusals::record(Peer::Tcp(peer), Place::Store, reason, &detail);
                     let _ = send(&mut *writer, &mut out, &Response::Error(e.to_string()));
                     close_after_error(&mut stream, shared);
                     return;
@@ -433,7 +447,9 @@ fn serve_client(mut stream: TcpStream, peer: SocketAddr, shared: &Shared) {
 fn close_after_error(stream: &mut TcpStream, shared: &Shared) {
     const LINGER: Duration = Duration::from_secs(1);
     const MAX_DISCARD: usize = 1024 * 1024;
-    if stream.shutdown(Shutdown::Write).is_err() {
+    // Reads wake up often enough to keep to LINGER (a refused client's
+    // socket still has the handshake's long timeout).
+    if stream.shutdown(Shutdown::Write).is_err() || stream.set_read_timeout(Some(POLL)).is_err() {
         return;
     }
     let start = Instant::now();

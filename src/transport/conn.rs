@@ -141,6 +141,23 @@ impl Conn {
         }
     }
 
+    /// Who is at the other end, for the refusal ledger.
+    pub(crate) fn refusal_peer(&self) -> crate::refusals::Peer {
+        use crate::refusals::Peer;
+        match self {
+            Conn::Tcp(s) => s.peer_addr().map_or(Peer::Unknown, Peer::Tcp),
+            Conn::Unix(s) => {
+                match nix::sys::socket::getsockopt(s, nix::sys::socket::sockopt::PeerCredentials) {
+                    Ok(c) => Peer::Local {
+                        pid: c.pid(),
+                        uid: c.uid(),
+                    },
+                    Err(_) => Peer::Unknown,
+                }
+            }
+        }
+    }
+
     /// The TCP peer address, if this is TCP (TLS checks certificates
     /// against it).
     pub(crate) fn tcp(&self) -> Option<(&TcpStream, SocketAddr)> {

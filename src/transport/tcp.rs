@@ -20,6 +20,7 @@ use super::open_files;
 use super::run_ahead::RunAhead;
 use super::{AlignedBuf, Incoming, LinkError, PostedRecvs, Received, Transport};
 use crate::error::Error;
+use crate::refusals::{self, Place, Reason};
 use crate::security::secret::{self, NONCE_LEN, Role};
 use crate::security::{self, Opening, Security};
 use crate::wire::handshake::security_mismatch;
@@ -210,8 +211,6 @@ struct Shared {
     /// Handshakes in progress; capped so a flood of connections cannot
     /// spawn unbounded threads.
     handshakes: AtomicUsize,
-    /// The last few refused connections: (who, reason).
-    refusals: Mutex<Vec<(String, String)>>,
     /// Peers on this host (same kernel and network namespace) that accept
     /// on a Unix socket: its address, dialed instead of TCP (decision 0009).
     local_peers: Vec<Option<UnixAddr>>,
@@ -363,7 +362,6 @@ impl TcpTransport {
             last_recv: (0..world).map(|_| AtomicU64::new(0)).collect(),
             epoch: Instant::now(),
             handshakes: AtomicUsize::new(0),
-            refusals: Mutex::new(Vec::new()),
             local_peers,
             engine,
             pending_lanes: Mutex::new(HashMap::new()),
@@ -480,29 +478,12 @@ impl Shared {
             })
     }
 
-    /// Remembers why a connection was refused, for the error of an op that
-    /// then waits in vain for that peer (a refused dialer is usually it).
-    fn note_refusal(&self, from: String, reason: String) {
-        let mut r = lock(&self.refusals);
-        if r.len() == 4 {
-            r.remove(0);
+    /// This rank's listeners in the refusal ledger.
+    fn place(&self) -> Place {
+        Place::Link {
+            rank: self.me,
+            port: self.addrs.get(self.me).map_or(0, SocketAddr::port),
         }
-        r.push((from, reason));
-    }
-
-    fn recent_refusals(&self) -> String {
-        let r = lock(&self.refusals);
-        if r.is_empty() {
-            return String::new();
-        }
-        let list: Vec<String> = r
-            .iter()
-            .map(|(a, why)| format!("from {a}: {why}"))
-            .collect();
-        format!(
-            " Meanwhile this rank refused connections {}",
-            list.join("; ")
-        )
     }
 
     /// Every established link, with its peer.
@@ -1098,9 +1079,10 @@ impl Shared {
                         return Err(LinkError::Connect {
                             addr,
                             detail: format!(
-                                "rank {peer} did not connect to this rank (rank {}) in time; is it running and calling the same collectives?{}",
+                                "rank {peer} did not connect to this rank (rank {}) in time (is it running and calling the same collectives?){}",
                                 self.me,
-                                self.recent_refusals()
+                                // A refused dialer is usually that peer.
+                                refusals::suffix_since_at(self.epoch, self.place())
                             ),
                         });
                     }
@@ -1220,7 +1202,8 @@ impl Shared {
                 Err(e) => {
                     return Err(LinkError::Connect {
                         addr: shown,
-                        detail: open_files::describe(&e),
+                        detail: open_files::describe(&e)
+                            + &refusals::suffix_since_at(self.epoch, self.place()),
                     });
                 }
             }
@@ -1370,13 +1353,13 @@ impl Shared {
 
     /// Runs the accepting side of a handshake (TLS if configured, hello,
     /// secret check); returns the peer's rank and the link's byte streams,
-    /// or why the dialer was refused.
+    /// or why the dialer was refused (its kind, and the words it was told).
     /// `Channel::MainWithLanes` comes back only if this side takes the
     /// lanes (it then waits for them, `await_lanes`).
     fn accept_hello(
         &self,
         stream: &mut Conn,
-    ) -> io::Result<Result<(usize, Channel, LinkHalves), String>> {
+    ) -> io::Result<Result<(usize, Channel, LinkHalves), Refused>> {
         self.configure(stream)?;
         stream.set_read_timeout(Some(self.config.handshake_timeout))?;
         let who = format!("the dialer at {}", stream.describe_peer());
@@ -1388,7 +1371,10 @@ impl Shared {
         };
         let (mut reader, mut writer) = match (&sec.tls, opening) {
             (_, Opening::Nothing) => {
-                return Ok(Err("it sent nothing before the handshake timeout".into()));
+                return Ok(Err((
+                    Reason::Timeout,
+                    "it sent nothing before the handshake timeout".into(),
+                )));
             }
             (Some(_), Opening::Plain) => {
                 // A plaintext dialer at a TLS job: say so in its own language.
@@ -1404,7 +1390,7 @@ impl Shared {
                     &control_header(FrameKind::HandshakeAck, ack.len()),
                     &ack,
                 );
-                return Ok(Err(reason));
+                return Ok(Err((Reason::TlsRequired, reason)));
             }
             (None, Opening::Tls) => {
                 // A TLS dialer at a plaintext job: take its ClientHello (so
@@ -1422,14 +1408,14 @@ impl Shared {
                     &ack,
                 );
                 let _ = stream.shutdown(Shutdown::Write);
-                return Ok(Err(reason));
+                return Ok(Err((Reason::TlsUnexpected, reason)));
             }
             (Some(tls), Opening::Tls) => match stream.tcp() {
                 Some((tcp, from)) => match security::tls_accept(tls, tcp, from.ip(), &who) {
                     Ok(halves) => halves,
-                    Err(e) => return Ok(Err(e.detail)),
+                    Err(e) => return Ok(Err((e.reason, e.detail))),
                 },
-                None => return Ok(Err("TLS runs over TCP links only".into())),
+                None => return Ok(Err((Reason::Tls, "TLS runs over TCP links only".into()))),
             },
             (None, Opening::Plain) => plain_halves(stream)?,
         };
@@ -1437,36 +1423,41 @@ impl Shared {
         let can_take_lanes = self.engine.is_some() && matches!(stream, Conn::Tcp(_));
         let mut channel = Channel::Main;
         let mut awaiting = None;
-        let exchange = (|| -> io::Result<Result<usize, String>> {
+        let exchange = (|| -> io::Result<Result<usize, Refused>> {
             let (header, payload) = read_control(&mut *reader)?;
             let mut client_nonce: &[u8] = &[];
             let verdict = if header.kind != FrameKind::Handshake {
-                Err(format!(
-                    "expected a handshake, got a {} frame",
-                    header.kind.name()
+                Err((
+                    Reason::Malformed,
+                    format!("expected a handshake, got a {} frame", header.kind.name()),
                 ))
             } else {
                 match Hello::decode(&payload) {
-                    Err(e) => Err(e.to_string()),
+                    Err(e) => Err((Reason::of_hello(&e), e.to_string())),
                     Ok(hello) => match wire::validate_hello(
                         &hello,
                         self.job_id,
                         self.world as u32,
                         self.me as u32,
                     ) {
-                        Err(e) => Err(e.to_string()),
+                        Err(e) => Err((Reason::of_hello(&e), e.to_string())),
                         Ok(()) => {
                             let peer = hello.rank as usize;
+                            let unexpected = |why| Err((Reason::UnexpectedRank, why));
                             let checked = if let Some(why) = security_mismatch(hello.security, mine)
                             {
-                                Err(why)
+                                let reason = Reason::of_security(hello.security, mine);
+                                Err((reason.unwrap_or(Reason::Malformed), why))
                             } else if sec.secret.is_some() && hello.auth.len() != NONCE_LEN {
-                                Err(format!(
-                                    "expected a {NONCE_LEN}-byte nonce in the hello, got {} bytes",
-                                    hello.auth.len()
+                                Err((
+                                    Reason::Malformed,
+                                    format!(
+                                        "expected a {NONCE_LEN}-byte nonce in the hello, got {} bytes",
+                                        hello.auth.len()
+                                    ),
                                 ))
                             } else if peer > self.me {
-                                Err(format!(
+                                unexpected(format!(
                                     "rank {peer} dialed rank {}, but only lower ranks dial",
                                     self.me
                                 ))
@@ -1475,7 +1466,7 @@ impl Shared {
                                     Some(slots) if slots[lane_slot(hello.channel)].is_none() => {
                                         Ok(peer)
                                     }
-                                    _ => Err(format!(
+                                    _ => unexpected(format!(
                                         "rank {peer} opened a lane ({:?}) that rank {} is not \
                                          waiting for",
                                         hello.channel, self.me
@@ -1484,7 +1475,7 @@ impl Shared {
                             } else if lock(&self.pending_lanes).contains_key(&peer)
                                 || !matches!(lock(&self.peers).get(peer), Some(PeerState::Absent))
                             {
-                                Err(format!(
+                                unexpected(format!(
                                     "rank {peer} is already connected to rank {}",
                                     self.me
                                 ))
@@ -1505,7 +1496,7 @@ impl Shared {
             };
             let mut ack = match &verdict {
                 Ok(_) => HelloAck::accept(),
-                Err(reason) => HelloAck::reject(reason.clone()),
+                Err((_, reason)) => HelloAck::reject(reason.clone()),
             }
             .with_security(mine);
             if let (Ok(peer), Channel::MainWithLanes) = (&verdict, channel) {
@@ -1547,11 +1538,11 @@ impl Shared {
             let verdict = if proven {
                 verdict
             } else {
-                Err("job-secret check failed: the peer does not know this job's secret (RINGWIRE_SECRET)".to_string())
+                Err((Reason::WrongSecret, "job-secret check failed: the peer does not know this job's secret (RINGWIRE_SECRET)".to_string()))
             };
             let last = match &verdict {
                 Ok(_) => HelloAck::accept(),
-                Err(reason) => HelloAck::reject(reason.clone()),
+                Err((_, reason)) => HelloAck::reject(reason.clone()),
             }
             .with_security(mine)
             .encode();
@@ -1569,11 +1560,17 @@ impl Shared {
         match exchange {
             Ok(Ok(peer)) => Ok(Ok((peer, channel, (reader, writer)))),
             Ok(Err(reason)) => Ok(Err(reason)),
-            Err(e) if security::is_tls_error(&e) => Ok(Err(security::describe_io(&e, &who))),
+            Err(e) if security::is_tls_error(&e) => {
+                Ok(Err((Reason::of_io(&e), security::describe_io(&e, &who))))
+            }
             Err(e) => Err(e),
         }
     }
 }
+
+/// Why a dialer was refused: the kind (for the refusal ledger) and the
+/// words it was told.
+type Refused = (Reason, String);
 
 /// Where a lane waits in `Shared::pending_lanes`.
 fn lane_slot(channel: Channel) -> usize {
@@ -1792,7 +1789,8 @@ fn accept_loop(s: &Arc<Shared>, accept: impl Fn() -> io::Result<Conn>) {
             .name(format!("ringwire-hello-{}", s.me))
             .spawn(move || {
                 let _pending = PendingHandshake(&s2.handshakes);
-                let from = stream.describe_peer();
+                let from = stream.refusal_peer();
+                let place = s2.place();
                 let deadline = HandshakeDeadline::arm(&stream, s2.config.handshake_timeout);
                 let hello = s2.accept_hello(&mut stream);
                 let hello = match deadline.map(HandshakeDeadline::disarm) {
@@ -1811,25 +1809,24 @@ fn accept_loop(s: &Arc<Shared>, accept: impl Fn() -> io::Result<Conn>) {
                     }
                     Ok(Ok((peer, channel, halves))) => match s2
                         .await_lanes(peer, channel)
+                        .map_err(|e| (Reason::Timeout, e))
                         .and_then(|lanes| {
                             s2.install(peer, stream, halves, lanes)
-                                .map_err(|e| e.to_string())
+                                .map_err(|e| (Reason::of_io(&e), e.to_string()))
                         }) {
                         Ok(link) => {
                             s2.register(peer, &link);
                         }
-                        Err(e) => {
-                            tracing::warn!(rank = s2.me, peer, error = %e, "could not start link");
-                            s2.note_refusal(from, e);
+                        // The lanes did not come in time, or a local error.
+                        Err((reason, e)) => {
+                            let detail = format!("could not start the link with rank {peer}: {e}");
+                            refusals::record(from, place, reason, &detail);
                         }
                     },
-                    Ok(Err(reason)) => {
-                        tracing::warn!(rank = s2.me, %from, %reason, "refused a connection");
-                        s2.note_refusal(from, reason);
-                    }
+                    Ok(Err((reason, detail))) => refusals::record(from, place, reason, &detail),
                     Err(e) => {
-                        tracing::warn!(rank = s2.me, %from, error = %e, "handshake failed");
-                        s2.note_refusal(from, format!("handshake failed: {e}"));
+                        let detail = format!("handshake failed: {e}");
+                        refusals::record(from, place, Reason::of_io(&e), &detail);
                     }
                 }
             });
