@@ -472,6 +472,8 @@ fn rendezvous(
     t: &Tunables,
     sec: &Security,
 ) -> Result<World, Error> {
+    // Connections refused from now on are named in a timeout's error.
+    let started = std::time::Instant::now();
     let addrs = match &b.store {
         Some(StoreAddr::Resolved(a)) => vec![*a],
         Some(StoreAddr::HostPort(host, port)) => net::resolve(host, *port)?,
@@ -615,9 +617,10 @@ fn rendezvous(
         let raw = client.get(&key(&format!("addr/{q}")), t.connect_timeout).map_err(|e| match e {
             StoreError::Timeout { .. } => Error::Rendezvous(format!(
                 "rank {q} did not join within {:?}: it never published its address to the store at {}. \
-                 Check that it started, and that it uses the same MASTER_ADDR, MASTER_PORT and WORLD_SIZE",
+                 Check that it started, and that it uses the same MASTER_ADDR, MASTER_PORT and WORLD_SIZE{}",
                 t.connect_timeout,
-                client.server_addr()
+                client.server_addr(),
+                crate::refusals::suffix_since(started)
             )),
             other => Error::Store(other),
         })?;
@@ -676,8 +679,9 @@ fn rendezvous(
             .collect();
         return Err(match e {
             StoreError::Timeout { .. } => Error::Rendezvous(format!(
-                "ranks {missing:?} did not finish setup within {:?}",
-                t.connect_timeout
+                "ranks {missing:?} did not finish setup within {:?}{}",
+                t.connect_timeout,
+                crate::refusals::suffix_since(started)
             )),
             other => Error::Store(other),
         });
