@@ -301,7 +301,9 @@ fn env_seconds(
 ) -> Result<Option<Duration>, Error> {
     let seconds = |v: &str| {
         let s = v.parse::<f64>().ok()?;
-        (s.is_finite() && s > 0.0).then(|| Duration::from_secs_f64(s))
+        (s.is_finite() && s > 0.0)
+            .then(|| Duration::try_from_secs_f64(s).ok())
+            .flatten()
     };
     env_parsed(lookup, var, seconds, "a positive number of seconds")
 }

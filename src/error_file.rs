@@ -69,16 +69,10 @@ pub fn report(error: &dyn Display) {
                 .map(|f| f.to_string_lossy().into_owned())
         })
         .unwrap_or_else(|| "ringwire".into());
-    let rank = [
-        "RINGWIRE_RANK",
-        "RANK",
-        "OMPI_COMM_WORLD_RANK",
-        "SLURM_PROCID",
-        "PMI_RANK",
-    ]
-    .iter()
-    .find_map(|v| std::env::var(v).ok())
-    .map_or_else(String::new, |r| format!(" rank {r}"));
+    // The rank as setup reads it; none where the environment gives none
+    // (or is what failed).
+    let rank = crate::env::discover_from_process()
+        .map_or_else(|_| String::new(), |c| format!(" rank {}", c.rank));
     eprintln!("{program}{rank}: {error}");
     if let Err(e) = record_error(error) {
         eprintln!(

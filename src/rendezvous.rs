@@ -553,8 +553,11 @@ fn rendezvous(
     };
     let mut prefix = format!("ringwire/{}/", b.job.as_deref().unwrap_or("default"));
     if let Some(attempt) = &b.attempt {
+        // The world size too: torchrun restarts every worker when nodes
+        // join or leave without counting a restart, and such a round has
+        // another world size.
         prefix.push_str(&format!(
-            "{}/attempt_{}/",
+            "{}/attempt_{}/world_{size}/",
             attempt.run_id, attempt.restart_count
         ));
     }
@@ -565,9 +568,15 @@ fn rendezvous(
     let claim = nonce.to_le_bytes();
     let owner = client.compare_set(&key(&format!("rank/{rank}")), b"", &claim)?;
     if owner != claim {
+        let elastic = if b.attempt.is_some() {
+            " Under torchrun this is also what a new round after a membership change sees when it \
+             keeps the last round's restart count and world size: set RINGWIRE_JOB_ID per round"
+        } else {
+            ""
+        };
         return Err(Error::Rendezvous(format!(
             "two processes claim rank {rank}: give each process a distinct RANK (or RINGWIRE_RANK / \
-             OMPI_COMM_WORLD_RANK / SLURM_PROCID), or use a fresh RINGWIRE_JOB_ID when reusing a store"
+             OMPI_COMM_WORLD_RANK / SLURM_PROCID), or use a fresh RINGWIRE_JOB_ID when reusing a store.{elastic}"
         )));
     }
     // A rank that cannot join publishes why in place of its address, so

@@ -264,6 +264,42 @@ fn hostile_replies_are_typed_errors() {
     assert!(matches!(err, StoreError::ServerGone { .. }), "{err:?}");
 }
 
+/// torch's cancel race: the keys appear just as the wait times out, so a
+/// STOP_WAITING is on its way when CANCEL_WAIT goes out and the cancel's
+/// own WAIT_CANCELED follows it. The wait succeeds (the keys are there),
+/// and the next request reads its own reply, not a stale wait byte.
+#[test]
+fn a_wait_answered_as_it_is_cancelled_succeeds_and_stays_in_step() {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let server = std::thread::spawn(move || {
+        let (mut s, _) = listener.accept().unwrap();
+        let mut hello = [0u8; 14]; // VALIDATE, CHECK of no keys
+        s.read_exact(&mut hello).unwrap();
+        s.write_all(&[0]).unwrap();
+        // WAIT of one key "/k": command, count, length, 2 bytes. No answer.
+        let mut wait = [0u8; 1 + 8 + 8 + 2];
+        s.read_exact(&mut wait).unwrap();
+        assert_eq!(wait[0], 6, "a WAIT");
+        let mut cancel = [0u8; 1];
+        s.read_exact(&mut cancel).unwrap();
+        assert_eq!(cancel[0], 12, "a CANCEL_WAIT");
+        // STOP_WAITING (late), then WAIT_CANCELED.
+        s.write_all(&[0, 1]).unwrap();
+        // ADD "/n" 1: command, length, 2 bytes, delta.
+        let mut add = [0u8; 1 + 8 + 2 + 8];
+        s.read_exact(&mut add).unwrap();
+        assert_eq!(add[0], 4, "an ADD");
+        s.write_all(&41i64.to_le_bytes()).unwrap();
+        std::thread::sleep(Duration::from_millis(200));
+    });
+    let c = torch_client_for(addr);
+    c.wait(&["k"], Duration::from_millis(200))
+        .expect("the keys came as the wait was cancelled");
+    assert_eq!(c.add("n", 1).unwrap(), 41);
+    server.join().unwrap();
+}
+
 /// `world` ranks (threads) meet at the TCPStore as attempt `attempt` of run
 /// "run", all-reduce and broadcast, and check the results.
 fn ranks_meet(addr: SocketAddr, world: usize, attempt: u64) {
@@ -312,14 +348,14 @@ fn ranks_meet_at_a_torch_store_once_per_attempt() {
     ranks_meet(torch.addr, 3, 0);
     // The keys are where torch's own client sees them.
     assert_eq!(
-        torch.py("check ringwire/default/run/attempt_0/addr/2"),
+        torch.py("check ringwire/default/run/attempt_0/world_3/addr/2"),
         "True"
     );
     // A second attempt in the same store claims the same ranks again: it
     // works only because its keys are apart from the first attempt's.
     ranks_meet(torch.addr, 3, 1);
     assert_eq!(
-        torch.py("check ringwire/default/run/attempt_1/addr/2"),
+        torch.py("check ringwire/default/run/attempt_1/world_3/addr/2"),
         "True"
     );
 }

@@ -47,11 +47,15 @@ fn torchrun(torchrun: &PathBuf, args: &[&str]) -> Command {
     for var in [
         "MASTER_ADDR",
         "MASTER_PORT",
+        "RINGWIRE_MASTER_ADDR",
+        "RINGWIRE_MASTER_PORT",
         "RANK",
         "WORLD_SIZE",
         "RINGWIRE_RANK",
         "RINGWIRE_WORLD_SIZE",
         "RINGWIRE_STORE",
+        "RINGWIRE_JOB_ID",
+        "TORCHELASTIC_USE_AGENT_STORE",
         "TORCHELASTIC_ERROR_FILE",
     ] {
         cmd.env_remove(var);

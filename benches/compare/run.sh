@@ -37,7 +37,8 @@
 #                   (on a noisy VM one sweep's ratios swing 2x); the table shows
 #                   per-size medians over the rounds, and the median and range
 #                   of the per-round ratios [ROUNDS]
-# Also: VENV (torch venv, default benches/compare/.venv), TORCH_SPEC (pip
+# Also: VENV (torch venv, default the one .ci/setup-launchers makes:
+# $RINGWIRE_PY_VENV or ~/.cache/ringwire/torch-venv), TORCH_SPEC (pip
 # requirement, default torch), PYTHON (for the venv, default python3).
 set -euo pipefail
 
@@ -53,7 +54,7 @@ ITERS=${ITERS:-200}
 MAX_SECONDS=${MAX_SECONDS:-1}
 PEERS=${PEERS:-"ringwire mpi gloo"}
 NO_INSTALL=${NO_INSTALL:-0}
-VENV=${VENV:-$HERE/.venv}
+VENV=${VENV:-${RINGWIRE_PY_VENV:-$HOME/.cache/ringwire/torch-venv}}
 TORCH_SPEC=${TORCH_SPEC:-torch}
 PYTHON=${PYTHON:-python3}
 OUT=${OUT:-}

@@ -24,9 +24,13 @@ fn the_bench_under_torchruns_default_launch() {
     for var in [
         "MASTER_ADDR",
         "MASTER_PORT",
+        "RINGWIRE_MASTER_ADDR",
+        "RINGWIRE_MASTER_PORT",
         "RANK",
         "WORLD_SIZE",
         "RINGWIRE_STORE",
+        "RINGWIRE_JOB_ID",
+        "TORCHELASTIC_USE_AGENT_STORE",
     ] {
         cmd.env_remove(var);
     }

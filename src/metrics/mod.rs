@@ -77,6 +77,7 @@ impl Source {
         members: Arc<Vec<usize>>,
         stats: Arc<StatsRecorder>,
     ) -> Arc<Source> {
+        let local_rank = world.local.map(|(local_rank, _)| local_rank);
         let source = Arc::new(Source {
             world,
             rank,
@@ -89,7 +90,7 @@ impl Source {
             live.retain(|w| w.strong_count() > 0);
             live.push(Arc::downgrade(&source));
         }
-        server::start_once();
+        server::start_once(local_rank);
         source
     }
 

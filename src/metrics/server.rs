@@ -49,15 +49,39 @@ pub fn server_addr() -> Option<SocketAddr> {
 
 /// Starts the server if `RINGWIRE_METRICS_ADDR` is set, the first time
 /// this is called in the process (each communicator's start calls it).
-pub(super) fn start_once() {
+/// A launcher's ranks on one host share the variable, so a rank whose
+/// local rank is known binds the port plus its local rank (port 0 stays 0):
+/// every process of the host is served, at ports a scrape config can list.
+pub(super) fn start_once(local_rank: Option<usize>) {
     SERVER.get_or_init(|| {
         let addr = std::env::var(METRICS_ADDR_VAR).ok()?;
         let addr = addr.trim();
         if addr.is_empty() {
             return None;
         }
-        start(addr)
+        start(&offset_port(addr, local_rank.unwrap_or(0)))
     });
+}
+
+/// `addr` with its port moved up by `by`, when it is an `ip:port` with a
+/// nonzero port that has room; else `addr` as given (a host name, port 0,
+/// or an address that will fail to bind and be named in the warning).
+fn offset_port(addr: &str, by: usize) -> String {
+    match addr.parse::<SocketAddr>() {
+        Ok(mut a) if a.port() != 0 => {
+            match u16::try_from(by)
+                .ok()
+                .and_then(|by| a.port().checked_add(by))
+            {
+                Some(port) => {
+                    a.set_port(port);
+                    a.to_string()
+                }
+                None => addr.to_owned(),
+            }
+        }
+        _ => addr.to_owned(),
+    }
 }
 
 fn start(addr: &str) -> Option<SocketAddr> {
@@ -147,13 +171,55 @@ fn serve(mut stream: TcpStream) {
     if send_body {
         response.push_str(&body);
     }
-    if stream.write_all(response.as_bytes()).is_ok() {
+    if write_until(&mut stream, response.as_bytes(), deadline).is_ok() {
         // Close gently: stop sending, and take what the client still sends
         // (a body we did not read) for a moment, so the close does not
         // reset the connection before the client has read the response.
         let _ = stream.shutdown(Shutdown::Write);
-        let _ = stream.set_read_timeout(Some(Duration::from_millis(100)));
-        let _ = std::io::copy(&mut (&stream).take(64 << 10), &mut std::io::sink());
+        drain_until(
+            &mut stream,
+            Instant::now() + Duration::from_millis(200),
+            64 << 10,
+        );
+    }
+}
+
+/// Writes all of `bytes` unless `deadline` passes first (a socket's write
+/// timeout bounds each call, not the whole: a client reading a byte at a
+/// time must not hold its slot past the request's deadline).
+fn write_until(stream: &mut TcpStream, mut bytes: &[u8], deadline: Instant) -> std::io::Result<()> {
+    while !bytes.is_empty() {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(ErrorKind::TimedOut.into());
+        }
+        stream.set_write_timeout(Some(left))?;
+        match stream.write(bytes) {
+            Ok(0) => return Err(ErrorKind::WriteZero.into()),
+            Ok(n) => bytes = &bytes[n..],
+            Err(e) if e.kind() == ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// Reads and drops what the client still sends, until it closes, `limit`
+/// bytes came, or `deadline` passes, whichever is first.
+fn drain_until(stream: &mut TcpStream, deadline: Instant, limit: usize) {
+    let mut chunk = [0u8; 4096];
+    let mut taken = 0;
+    while taken < limit {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() || stream.set_read_timeout(Some(left)).is_err() {
+            return;
+        }
+        match stream.read(&mut chunk) {
+            Ok(0) => return,
+            Ok(n) => taken += n,
+            Err(e) if e.kind() == ErrorKind::Interrupted => {}
+            Err(_) => return,
+        }
     }
 }
 
@@ -233,6 +299,17 @@ fn reason(status: u16) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_local_rank_moves_the_port_up() {
+        assert_eq!(offset_port("127.0.0.1:9464", 0), "127.0.0.1:9464");
+        assert_eq!(offset_port("127.0.0.1:9464", 3), "127.0.0.1:9467");
+        assert_eq!(offset_port("[::1]:9464", 1), "[::1]:9465");
+        // Port 0 (the system picks), no room, or not an ip:port: as given.
+        assert_eq!(offset_port("127.0.0.1:0", 3), "127.0.0.1:0");
+        assert_eq!(offset_port("127.0.0.1:65535", 1), "127.0.0.1:65535");
+        assert_eq!(offset_port("localhost:9464", 2), "localhost:9464");
+    }
 
     #[test]
     fn routes() {

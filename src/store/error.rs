@@ -16,8 +16,8 @@ pub enum StoreError {
     /// No connection to the store could be made before the timeout.
     #[error(
         "could not connect to the rendezvous store at {} within {timeout:?} (last error: \
-         {last_error}); check that rank 0 is running and that MASTER_ADDR/MASTER_PORT \
-         point at it",
+         {last_error}); check that its host is running (rank 0, a ringwire-store, or \
+         torchrun's agent) and that MASTER_ADDR/MASTER_PORT point at it",
         AddrList(addrs)
     )]
     Connect {
@@ -49,18 +49,21 @@ pub enum StoreError {
     )]
     Timeout { keys: Vec<String>, waited: Duration },
     /// The server closed the connection.
-    #[error("rendezvous store at {addr} closed the connection (did rank 0 exit or crash?)")]
+    #[error(
+        "rendezvous store at {addr} closed the connection (did its host, rank 0, a \
+         ringwire-store or torchrun's agent, exit or crash?)"
+    )]
     ServerGone { addr: SocketAddr },
     /// The server did not answer in time.
     #[error(
-        "rendezvous store at {addr} did not answer within {waited:?} (is rank 0 hung, or the \
-         network between the hosts down?)"
+        "rendezvous store at {addr} did not answer within {waited:?} (is its host, rank 0, a \
+         ringwire-store or torchrun's agent, hung, or the network between the hosts down?)"
     )]
     NoReply { addr: SocketAddr, waited: Duration },
     /// An earlier error left the connection in an unknown state.
     #[error(
         "connection to the rendezvous store at {addr} is unusable after an earlier error \
-         ({cause}); connect a new StoreClient"
+         ({cause}); connect a new client"
     )]
     Broken { addr: SocketAddr, cause: String },
     /// The peer sent bytes that are not a valid store message.
@@ -83,7 +86,8 @@ pub enum StoreError {
     /// `RINGWIRE_STORE=torch` or torchrun's agent store).
     #[error(
         "no PyTorch TCPStore answers at {addr} ({detail}); torchrun's agent hosts one at \
-         MASTER_ADDR:MASTER_PORT when it sets TORCHELASTIC_USE_AGENT_STORE=True. If rank 0 \
+         MASTER_ADDR:MASTER_PORT when it sets TORCHELASTIC_USE_AGENT_STORE=True (torch 2.2 or \
+         newer: older servers speak an older protocol). If rank 0 \
          should host ringwire's own store there instead, set RINGWIRE_STORE=ringwire"
     )]
     NotTcpStore { addr: SocketAddr, detail: String },
@@ -155,7 +159,8 @@ mod tests {
         let e = StoreError::ServerGone { addr };
         assert_eq!(
             e.to_string(),
-            "rendezvous store at 10.0.0.1:29500 closed the connection (did rank 0 exit or crash?)"
+            "rendezvous store at 10.0.0.1:29500 closed the connection (did its host, rank 0, a \
+             ringwire-store or torchrun's agent, exit or crash?)"
         );
         let e = StoreError::Connect {
             addrs: vec![addr, "[::1]:29500".parse().unwrap()],

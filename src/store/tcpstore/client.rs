@@ -171,6 +171,10 @@ impl TcpStoreClient {
                 missing.push((*name).to_owned());
             }
         }
+        // The keys may have come just after the wait was cancelled.
+        if missing.is_empty() {
+            return Ok(());
+        }
         Err(StoreError::Timeout {
             keys: missing,
             waited: timeout,
@@ -201,7 +205,7 @@ impl TcpStoreClient {
     /// passed first (the server's wait then cancelled).
     fn wait_for(&self, keys: &[&str], timeout: Duration) -> Result<bool, StoreError> {
         let mut conn = self.lock()?;
-        let deadline = Instant::now() + timeout;
+        let deadline = far_deadline(timeout);
         match self.exchange(&mut conn, &Request::Wait { keys }, Some(deadline))? {
             Outcome::Reply(reply) => return self.stop_waiting(&mut conn, reply, "WAIT"),
             Outcome::Sent => return Err(self.unexpected_silence("WAIT")),
@@ -339,7 +343,7 @@ impl TcpStoreClient {
         deadline: Option<Instant>,
         request: &'static str,
     ) -> Result<Outcome, StoreError> {
-        let deadline = deadline.unwrap_or_else(|| Instant::now() + self.reply_timeout);
+        let deadline = deadline.unwrap_or_else(|| far_deadline(self.reply_timeout));
         let mut chunk = [0u8; 16 * 1024];
         loop {
             match protocol::decode_reply(shape, &conn.inbox) {
@@ -415,6 +419,14 @@ impl TcpStoreClient {
             reply: format!("{reply:?}").chars().take(80).collect(),
         })
     }
+}
+
+/// Now plus `timeout`, or a day from now where that overflows (a timeout
+/// of "forever" from a setting).
+fn far_deadline(timeout: Duration) -> Instant {
+    let now = Instant::now();
+    now.checked_add(timeout)
+        .unwrap_or_else(|| now + Duration::from_secs(86_400))
 }
 
 /// torch's client puts `/` before every key (`TCPStore::keyPrefix_`).

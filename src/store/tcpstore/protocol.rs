@@ -10,8 +10,11 @@
 //!
 //! Only the commands ringwire uses are here, all from the part of torch's
 //! `QueryType` enum that has kept its numbers since `VALIDATE` was added
-//! (torch 2.0 to 2.15 at least): later additions (`PING`, the queue commands)
-//! are not sent, so the client works with every server in that range.
+//! (pytorch#107607, August 2023; tested here with torch 2.15): later
+//! additions (`PING`, the queue commands) are not sent, so the client works
+//! with every server since. Servers from before it (around torch 2.1 and
+//! older) number their commands from `SET = 0` and would read `VALIDATE` as
+//! a `SET` of a huge key: ringwire asks for torch 2.2 or newer.
 //!
 //! Decoding is total: any bytes give a reply, "need more bytes" or a
 //! [`TcpStoreError`], never a panic; a declared length over the caps below is
