@@ -266,6 +266,41 @@ print(f.timestamp)
     std::fs::remove_dir_all(&dir).ok();
 }
 
+#[test]
+fn each_rank_of_a_host_serves_metrics_at_its_own_port() {
+    let Some(torchrun_path) = common::launchers::torchrun() else {
+        return;
+    };
+    let port = free_port().to_string();
+    let base = free_port();
+    let exe = std::env::current_exe().unwrap();
+    let out = torchrun(
+        &torchrun_path,
+        &[
+            "--nproc-per-node",
+            "3",
+            "--master-port",
+            &port,
+            "--no-python",
+        ],
+    )
+    .arg(exe)
+    .args(["child", "--exact", "--nocapture", "--test-threads=1"])
+    .env(CHILD_VAR, "metrics-port")
+    .env("RINGWIRE_METRICS_ADDR", format!("127.0.0.1:{base}"))
+    .output()
+    .unwrap();
+    let all = text(&out);
+    assert!(out.status.success(), "{all}");
+    for local in 0..3u16 {
+        let want = format!(
+            "local rank {local} serves metrics at 127.0.0.1:{}",
+            base + local
+        );
+        assert!(all.contains(&want), "{want:?} not in {all}");
+    }
+}
+
 /// What a child started by the tests above does; nothing in a plain run.
 #[test]
 fn child() {
@@ -275,6 +310,7 @@ fn child() {
     let code = match scenario.as_str() {
         "fail-first-attempt" => fail_first_attempt(),
         "mismatch" => ringwire::error_file::main(mismatch),
+        "metrics-port" => ringwire::error_file::main(metrics_port),
         "record-error" => {
             ringwire::error_file::report(
                 &"op \"all_reduce\" #7 failed: \"quoted\", back\\slash, tab\tend",
@@ -318,6 +354,31 @@ fn fail_first_attempt() -> std::process::ExitCode {
     comm.barrier().wait().unwrap();
     println!("attempt {attempt}: rank {rank} done");
     std::process::ExitCode::SUCCESS
+}
+
+/// Each rank scrapes its own server (every rank's is up once the barrier
+/// passes) and says where it serves.
+fn metrics_port() -> Result<(), ringwire::Error> {
+    let comm = Communicator::from_env().wait()?;
+    comm.all_reduce(vec![1.0f32; 8], ReduceOp::Sum).wait()?;
+    comm.barrier().wait()?;
+    let addr = ringwire::metrics::server_addr().expect("a metrics server");
+    let mut stream = std::net::TcpStream::connect(addr).unwrap();
+    use std::io::{Read, Write};
+    stream
+        .write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        .unwrap();
+    let mut page = String::new();
+    stream.read_to_string(&mut page).unwrap();
+    let rank = comm.rank();
+    assert!(
+        page.contains(&format!("rank=\"{rank}\"")),
+        "rank {rank}'s page: {page}"
+    );
+    let local = std::env::var("LOCAL_RANK").unwrap();
+    println!("local rank {local} serves metrics at {addr}");
+    comm.barrier().wait()?;
+    Ok(())
 }
 
 fn mismatch() -> Result<(), ringwire::Error> {
