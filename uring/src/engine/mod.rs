@@ -284,6 +284,69 @@ pub(crate) fn tail_len(len: usize, align: usize) -> usize {
     (align - len % align) % align
 }
 
+/// How long an unwinding caller waits for the kernel to let go of its
+/// request's memory before the process aborts instead.
+const UNWIND_LIMIT: Duration = Duration::from_secs(30);
+
+/// A request whose memory (a send's payload, a placement's destination) the
+/// kernel may still read or write. Disarmed by [`InFlight::done`] once its
+/// outcome is taken; dropped armed (only by a panic unwinding past the
+/// caller: a `stop` or `on_stall` closure, a sink, the driver), it
+/// withdraws the request and drives the engine until the kernel is done
+/// with it, so the caller's buffer is never freed under the kernel. If that
+/// does not happen within [`UNWIND_LIMIT`] the process aborts: memory the
+/// kernel may still write must not be handed back.
+struct InFlight<'a> {
+    engine: &'a FrameEngine,
+    id: u64,
+    sink: &'a dyn FrameSink,
+    armed: bool,
+}
+
+impl<'a> InFlight<'a> {
+    fn new(engine: &'a FrameEngine, id: u64, sink: &'a dyn FrameSink) -> InFlight<'a> {
+        InFlight {
+            engine,
+            id,
+            sink,
+            armed: true,
+        }
+    }
+
+    /// The request's outcome was taken: the kernel is done with its memory.
+    fn done(mut self) {
+        self.armed = false;
+    }
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        {
+            let mut st = lock(&self.engine.state);
+            st.queued.withdrawals.push(self.id);
+            self.engine.poke_if_driving(&st);
+        }
+        let limit = Instant::now() + UNWIND_LIMIT;
+        // Withdrawn, finished or failed: whichever, the kernel is done with
+        // the memory once the outcome is in.
+        while let Err(seen) = self.engine.take_done(self.id) {
+            if Instant::now() >= limit {
+                eprintln!(
+                    "ringwire-uring: a panic left request {} with the kernel for {UNWIND_LIMIT:?}; \
+                     aborting rather than freeing memory the kernel may still use",
+                    self.id
+                );
+                std::process::abort();
+            }
+            self.engine
+                .progress(seen, Instant::now() + MAX_TURN, self.sink);
+        }
+    }
+}
+
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
@@ -543,7 +606,7 @@ impl FrameEngine {
         link: usize,
         header: &[u8],
         payload: &[u8],
-        mut give_up: Instant,
+        give_up: Instant,
         on_stall: &mut dyn FnMut(),
         sink: &dyn FrameSink,
         stop_by: Instant,
@@ -571,10 +634,14 @@ impl FrameEngine {
             Some(_) => Some(Sent::Failed("the engine mixed up its work".into())),
             None => None,
         };
+        // Declared before the state lock, so that an unwind drops the lock
+        // first and the guard can take it.
+        let in_flight;
         let id = {
             let mut st = lock(&self.state);
             let id = st.next_id;
             st.next_id += 1;
+            in_flight = InFlight::new(self, id, sink);
             // A small frame with nothing queued before it and no turn
             // running goes out from here, without the queue and a turn.
             let small = header.len() + payload.len() + tail <= DIRECT_SEND_BYTES;
@@ -582,6 +649,7 @@ impl FrameEngine {
                 let mut outcome = None;
                 self.drive(st, |driver| outcome = driver.send_now(request(id), sink));
                 if let Some(done) = sent(outcome) {
+                    in_flight.done();
                     return done; // else it waits on its link's queue for the next turn
                 }
             } else {
@@ -590,6 +658,23 @@ impl FrameEngine {
             }
             id
         };
+        let result = self.await_send(id, give_up, on_stall, sink, stop_by, stop, sent);
+        in_flight.done();
+        result
+    }
+
+    /// The rest of [`FrameEngine::send`]: waits for send `id`'s outcome.
+    #[allow(clippy::too_many_arguments)]
+    fn await_send<S>(
+        &self,
+        id: u64,
+        mut give_up: Instant,
+        on_stall: &mut dyn FnMut(),
+        sink: &dyn FrameSink,
+        stop_by: Instant,
+        stop: &mut dyn FnMut() -> Option<S>,
+        sent: impl Fn(Option<Outcome>) -> Option<Sent<S>>,
+    ) -> Sent<S> {
         let mut stalled = false;
         let mut stopped = None;
         loop {
@@ -661,6 +746,20 @@ impl FrameEngine {
     /// describes; returns only once the kernel no longer writes to its
     /// memory.
     fn await_placement<S>(
+        &self,
+        id: u64,
+        until: Instant,
+        sink: &dyn FrameSink,
+        stop: &mut dyn FnMut() -> Option<S>,
+    ) -> Placement<S> {
+        let in_flight = InFlight::new(self, id, sink);
+        let placed = self.placement_outcome(id, until, sink, stop);
+        in_flight.done();
+        placed
+    }
+
+    /// The loop of [`FrameEngine::await_placement`].
+    fn placement_outcome<S>(
         &self,
         id: u64,
         until: Instant,

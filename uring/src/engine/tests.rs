@@ -1240,3 +1240,82 @@ fn a_send_waiting_on_a_full_socket_is_cancelled_when_stopped() {
     assert!(drained(&mut b));
     assert!(lock(&sink.failed).is_empty());
 }
+
+#[test]
+fn a_send_unwound_by_a_panic_is_withdrawn_before_its_payload_goes() {
+    // As above, the socket is full and the send's ring entry waits; then
+    // its `stop` panics. The unwind must not leave the entry with the
+    // kernel (it would read the caller's freed payload once the peer
+    // reads): it is cancelled before the panic leaves `send`, no byte of it
+    // ever reaches the peer, and the link works on.
+    let (a, mut b) = UnixStream::pair().unwrap();
+    let mut fill = a.try_clone().unwrap();
+    fill.set_nonblocking(true).unwrap();
+    let mut filler_frame = 56u64.to_le_bytes().to_vec();
+    filler_frame.resize(64, 9);
+    let mut fillers = 0;
+    loop {
+        match std::io::Write::write(&mut fill, &filler_frame) {
+            Ok(64) => fillers += 1,
+            Ok(n) => panic!("a partial write of {n} bytes"),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+            Err(e) => panic!("{e}"),
+        }
+    }
+    let e = engine(1);
+    e.add_link(0, shared(a));
+    let sink = Sink::default();
+    let unwound = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let payload = b"freed by the unwind".to_vec();
+        let head = (payload.len() as u64).to_le_bytes();
+        let panic_at = Instant::now() + Duration::from_millis(200);
+        let far = Instant::now() + Duration::from_secs(30);
+        let mut stop = || -> Option<()> {
+            assert!(Instant::now() < panic_at, "a panic in stop");
+            None
+        };
+        e.send(0, &head, &payload, far, &mut || {}, &sink, far, &mut stop)
+    }));
+    assert!(unwound.is_err(), "the stop closure panics");
+    for _ in 0..fillers {
+        assert_eq!(read_frame(&mut b), &filler_frame[8..]);
+    }
+    std::thread::sleep(Duration::from_millis(100)); // time for a kernel retry
+    assert!(drained(&mut b), "bytes after the {fillers} fillers");
+    send_one(&e, 0, b"next", &sink);
+    assert_eq!(read_frame(&mut b), b"next");
+    assert!(drained(&mut b));
+    assert!(lock(&sink.failed).is_empty());
+}
+
+#[test]
+fn a_placement_unwound_by_a_panic_is_withdrawn_and_its_memory_left_alone() {
+    // A receive posted into the caller's memory, then the caller's `stop`
+    // panics before the frame comes. The unwind withdraws it: the frame,
+    // sent afterwards, goes to the sink, and the memory (which a real
+    // caller would have freed) is never written.
+    let (a, b) = UnixStream::pair().unwrap();
+    let (ea, eb) = (engine(1), engine(1));
+    ea.add_link(0, shared(a));
+    eb.add_link(0, shared(b));
+    let sink = Sink::default();
+    let p = payload(3);
+    let mut dest = vec![0u8; p.len()];
+    let unwound = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let panic_at = Instant::now() + Duration::from_millis(100);
+        let far = Instant::now() + Duration::from_secs(30);
+        let mut stop = || -> Option<()> {
+            assert!(Instant::now() < panic_at, "a panic in stop");
+            None
+        };
+        eb.receive_in_place(0, [p.len() as u64, 0, 0], &mut dest, far, &sink, &mut stop)
+    }));
+    assert!(unwound.is_err(), "the stop closure panics");
+    send_one(&ea, 0, &p, &sink);
+    wait_for(&eb, &sink, |s| lock(&s.frames).len() == 1);
+    assert!(lock(&sink.frames)[0].1 == p);
+    assert!(
+        dest.iter().all(|b| *b == 0),
+        "the kernel wrote into memory an unwind handed back"
+    );
+}
