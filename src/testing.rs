@@ -151,8 +151,14 @@ pub fn env_lookup(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> + u
 /// open files): the test checks `marker` and does that work only in the
 /// child.
 pub fn in_a_child(name: &str, marker: &str) {
+    in_a_child_with(name, marker, &[]);
+}
+
+/// [`in_a_child`] with the variables `env` set in the child too.
+pub fn in_a_child_with(name: &str, marker: &str, env: &[(&str, &str)]) {
     let out = std::process::Command::new(std::env::current_exe().expect("the test binary"))
         .env(marker, "1")
+        .envs(env.iter().copied())
         .args(["--exact", name, "--nocapture", "--test-threads", "1"])
         .output()
         .expect("start the test binary again");

@@ -277,19 +277,7 @@ fn communicator_metrics_count_each_op_kind_failures_and_links() {
 /// Runs test `name` in a child of this binary with
 /// `RINGWIRE_METRICS_ADDR=addr`, and asserts that it passed there.
 fn in_child_with_metrics_addr(name: &str, addr: &str) {
-    let out = Command::new(std::env::current_exe().expect("the test binary"))
-        .env(CHILD, "1")
-        .env("RINGWIRE_METRICS_ADDR", addr)
-        .args(["--exact", name, "--nocapture", "--test-threads", "1"])
-        .output()
-        .expect("start the test binary again");
-    let text = format!(
-        "{}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(out.status.success(), "{text}");
-    assert!(text.contains("1 passed"), "{text}");
+    ringwire::testing::in_a_child_with(name, CHILD, &[("RINGWIRE_METRICS_ADDR", addr)]);
 }
 
 /// Scrapes `base`/metrics with urllib and parses it with

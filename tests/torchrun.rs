@@ -27,6 +27,24 @@ fn free_port() -> u16 {
         .port()
 }
 
+/// The first of `n` consecutive ports nothing listens on now, from
+/// 10000-19999: below the ephemeral range (where `free_port` and every
+/// outgoing connection take theirs) and below the ports mpirun jobs
+/// derive, so no other test of the run picks one of them meanwhile.
+fn free_ports(n: u16) -> u16 {
+    let start = 10_000 + (std::process::id() % 9_000) as u16;
+    for k in 0..9_000u16 {
+        let base = 10_000 + (start - 10_000 + k * 7) % 9_000;
+        let all: Vec<_> = (base..base + n)
+            .map_while(|p| TcpListener::bind(("127.0.0.1", p)).ok())
+            .collect();
+        if all.len() == usize::from(n) {
+            return base;
+        }
+    }
+    panic!("no {n} consecutive free ports in 10000-19999");
+}
+
 /// The `allreduce` example `cargo test` built beside this test binary.
 fn example() -> PathBuf {
     let exe = std::env::current_exe().unwrap();
@@ -40,29 +58,11 @@ fn example() -> PathBuf {
     path
 }
 
-/// A torchrun command with the environment cleared of launch variables
-/// this test process may have.
+/// A torchrun command (launch variables of this process cleared) with
+/// `args`, giving setup a minute on a loaded machine.
 fn torchrun(torchrun: &PathBuf, args: &[&str]) -> Command {
-    let mut cmd = Command::new(torchrun);
-    for var in [
-        "MASTER_ADDR",
-        "MASTER_PORT",
-        "RINGWIRE_MASTER_ADDR",
-        "RINGWIRE_MASTER_PORT",
-        "RANK",
-        "WORLD_SIZE",
-        "RINGWIRE_RANK",
-        "RINGWIRE_WORLD_SIZE",
-        "RINGWIRE_STORE",
-        "RINGWIRE_JOB_ID",
-        "TORCHELASTIC_USE_AGENT_STORE",
-        "TORCHELASTIC_ERROR_FILE",
-    ] {
-        cmd.env_remove(var);
-    }
-    cmd.env("OMP_NUM_THREADS", "1")
-        .env("RINGWIRE_CONNECT_TIMEOUT", "60")
-        .args(args);
+    let mut cmd = common::launchers::torchrun_command(torchrun);
+    cmd.env("RINGWIRE_CONNECT_TIMEOUT", "60").args(args);
     cmd
 }
 
@@ -271,8 +271,8 @@ fn each_rank_of_a_host_serves_metrics_at_its_own_port() {
     let Some(torchrun_path) = common::launchers::torchrun() else {
         return;
     };
+    let base = free_ports(3);
     let port = free_port().to_string();
-    let base = free_port();
     let exe = std::env::current_exe().unwrap();
     let out = torchrun(
         &torchrun_path,

@@ -6,7 +6,6 @@
 mod launchers;
 
 use std::net::TcpListener;
-use std::process::Command;
 
 #[test]
 fn the_bench_under_torchruns_default_launch() {
@@ -20,22 +19,8 @@ fn the_bench_under_torchruns_default_launch() {
         .unwrap()
         .port()
         .to_string();
-    let mut cmd = Command::new(torchrun);
-    for var in [
-        "MASTER_ADDR",
-        "MASTER_PORT",
-        "RINGWIRE_MASTER_ADDR",
-        "RINGWIRE_MASTER_PORT",
-        "RANK",
-        "WORLD_SIZE",
-        "RINGWIRE_STORE",
-        "RINGWIRE_JOB_ID",
-        "TORCHELASTIC_USE_AGENT_STORE",
-    ] {
-        cmd.env_remove(var);
-    }
+    let mut cmd = launchers::torchrun_command(&torchrun);
     let out = cmd
-        .env("OMP_NUM_THREADS", "1")
         .args([
             "--nproc-per-node",
             "4",

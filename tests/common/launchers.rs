@@ -7,7 +7,7 @@
 //! `CI=true`: there a missing launcher fails the test, so CI never passes
 //! without running it.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 /// The virtual environment `.ci/run` fills: RINGWIRE_PY_VENV, else
@@ -83,4 +83,28 @@ pub(crate) fn mpirun() -> Option<PathBuf> {
             "apt-get install openmpi-bin (or run `bash .ci/setup-launchers`)",
         )
     }
+}
+
+/// A command running `torchrun` with the launch variables this test
+/// process may have removed (torchrun sets its own), and one OpenMP thread.
+pub(crate) fn torchrun_command(torchrun: &Path) -> Command {
+    let mut cmd = Command::new(torchrun);
+    for var in [
+        "MASTER_ADDR",
+        "MASTER_PORT",
+        "RINGWIRE_MASTER_ADDR",
+        "RINGWIRE_MASTER_PORT",
+        "RANK",
+        "WORLD_SIZE",
+        "RINGWIRE_RANK",
+        "RINGWIRE_WORLD_SIZE",
+        "RINGWIRE_STORE",
+        "RINGWIRE_JOB_ID",
+        "TORCHELASTIC_USE_AGENT_STORE",
+        "TORCHELASTIC_ERROR_FILE",
+    ] {
+        cmd.env_remove(var);
+    }
+    cmd.env("OMP_NUM_THREADS", "1");
+    cmd
 }

@@ -1173,6 +1173,27 @@ fn read_frame(b: &mut UnixStream) -> Vec<u8> {
     p
 }
 
+/// A socket pair whose first end is full of whole 64-byte frames (8-byte
+/// header, 56 bytes of 9s) before any engine has it: the pair, the frame,
+/// and how many went in.
+fn full_socket_pair() -> (UnixStream, UnixStream, Vec<u8>, usize) {
+    let (a, b) = UnixStream::pair().unwrap();
+    let mut fill = a.try_clone().unwrap();
+    fill.set_nonblocking(true).unwrap();
+    let mut filler_frame = 56u64.to_le_bytes().to_vec();
+    filler_frame.resize(64, 9);
+    let mut fillers = 0;
+    loop {
+        match std::io::Write::write(&mut fill, &filler_frame) {
+            Ok(64) => fillers += 1,
+            Ok(n) => panic!("a partial write of {n} bytes"),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+            Err(e) => panic!("{e}"),
+        }
+    }
+    (a, b, filler_frame, fillers)
+}
+
 /// Whether `b` has nothing left to read.
 fn drained(b: &mut UnixStream) -> bool {
     use std::io::Read;
@@ -1213,20 +1234,7 @@ fn a_send_waiting_on_a_full_socket_is_cancelled_when_stopped() {
     // send's first attempt moves nothing and its ring entry waits: stopped,
     // the engine cancels it and reports it withdrawn, and no byte of it
     // reaches the peer.
-    let (a, mut b) = UnixStream::pair().unwrap();
-    let mut fill = a.try_clone().unwrap();
-    fill.set_nonblocking(true).unwrap();
-    let mut filler_frame = 56u64.to_le_bytes().to_vec();
-    filler_frame.resize(64, 9);
-    let mut fillers = 0;
-    loop {
-        match std::io::Write::write(&mut fill, &filler_frame) {
-            Ok(64) => fillers += 1,
-            Ok(n) => panic!("a partial write of {n} bytes"),
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
-            Err(e) => panic!("{e}"),
-        }
-    }
+    let (a, mut b, filler_frame, fillers) = full_socket_pair();
     let e = engine(1);
     e.add_link(0, shared(a));
     let sink = Sink::default();
@@ -1248,20 +1256,7 @@ fn a_send_unwound_by_a_panic_is_withdrawn_before_its_payload_goes() {
     // kernel (it would read the caller's freed payload once the peer
     // reads): it is cancelled before the panic leaves `send`, no byte of it
     // ever reaches the peer, and the link works on.
-    let (a, mut b) = UnixStream::pair().unwrap();
-    let mut fill = a.try_clone().unwrap();
-    fill.set_nonblocking(true).unwrap();
-    let mut filler_frame = 56u64.to_le_bytes().to_vec();
-    filler_frame.resize(64, 9);
-    let mut fillers = 0;
-    loop {
-        match std::io::Write::write(&mut fill, &filler_frame) {
-            Ok(64) => fillers += 1,
-            Ok(n) => panic!("a partial write of {n} bytes"),
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
-            Err(e) => panic!("{e}"),
-        }
-    }
+    let (a, mut b, filler_frame, fillers) = full_socket_pair();
     let e = engine(1);
     e.add_link(0, shared(a));
     let sink = Sink::default();
