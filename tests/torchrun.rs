@@ -10,7 +10,7 @@
 mod common;
 
 use std::net::TcpListener;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::Duration;
 
@@ -60,14 +60,14 @@ fn example() -> PathBuf {
 
 /// A torchrun command (launch variables of this process cleared) with
 /// `args`, giving setup a minute on a loaded machine.
-fn torchrun(torchrun: &PathBuf, args: &[&str]) -> Command {
+fn torchrun(torchrun: &Path, args: &[&str]) -> Command {
     let mut cmd = common::launchers::torchrun_command(torchrun);
     cmd.env("RINGWIRE_CONNECT_TIMEOUT", "60").args(args);
     cmd
 }
 
 /// torchrun running this test binary's `child` test, doing `scenario`.
-fn torchrun_child(torchrun_path: &PathBuf, launch: &[&str], scenario: &str) -> Output {
+fn torchrun_child(torchrun_path: &Path, launch: &[&str], scenario: &str) -> Output {
     let exe = std::env::current_exe().unwrap();
     let mut args = launch.to_vec();
     args.extend([
