@@ -252,6 +252,8 @@ struct Entry {
     place: Place,
     reason: Reason,
     count: u64,
+    /// When the first and the last of its refusals happened.
+    began: Instant,
     last: Instant,
 }
 
@@ -259,9 +261,10 @@ struct Entry {
 #[derive(Debug)]
 pub(crate) struct Ledger {
     entries: [Option<Entry>; MAX_ENTRIES],
-    /// Refusals whose entries were given up for room, and when the last of
-    /// them happened.
+    /// Refusals whose entries were given up for room, and when the first
+    /// and the last of them happened.
     dropped: u64,
+    dropped_began: Option<Instant>,
     dropped_last: Option<Instant>,
 }
 
@@ -270,6 +273,7 @@ impl Ledger {
         Ledger {
             entries: [None; MAX_ENTRIES],
             dropped: 0,
+            dropped_began: None,
             dropped_last: None,
         }
     }
@@ -289,6 +293,7 @@ impl Ledger {
             place,
             reason,
             count: 1,
+            began: now,
             last: now,
         };
         // A free slot, else the one refused longest ago.
@@ -303,6 +308,10 @@ impl Ledger {
                     .min_by_key(|(_, e)| e.last)
                     .expect("the ledger is full");
                 self.dropped += oldest.count;
+                self.dropped_began = Some(
+                    self.dropped_began
+                        .map_or(oldest.began, |d| d.min(oldest.began)),
+                );
                 self.dropped_last = Some(
                     self.dropped_last
                         .map_or(oldest.last, |d| d.max(oldest.last)),
@@ -329,17 +338,34 @@ impl Ledger {
             .flatten()
             .filter(|e| e.last >= since)
             .collect();
-        let dropped = match self.dropped_last {
-            Some(t) if t >= since => self.dropped,
+        // An entry or the dropped ones that began before `since` hold
+        // refusals from before it too, how many is not kept: those count
+        // as one, and the total is then a lower bound.
+        let mut exact = true;
+        let mut in_window = |began: Instant, count: u64| {
+            if began >= since {
+                count
+            } else {
+                exact = false;
+                1
+            }
+        };
+        let dropped = match (self.dropped_began, self.dropped_last) {
+            (Some(began), Some(last)) if last >= since => in_window(began, self.dropped),
             _ => 0,
         };
         if recent.is_empty() && dropped == 0 {
             return None;
         }
         recent.sort_by_key(|e| (Some(e.place) != first, std::cmp::Reverse(e.last)));
-        let total: u64 = recent.iter().map(|e| e.count).sum::<u64>() + dropped;
+        let total: u64 = recent
+            .iter()
+            .map(|e| in_window(e.began, e.count))
+            .sum::<u64>()
+            + dropped;
         let mut text = format!(
-            "meanwhile {total} connection{} {} refused: ",
+            "meanwhile {}{total} connection{} {} refused: ",
+            if exact { "" } else { "at least " },
             if total == 1 { "" } else { "s" },
             if total == 1 { "was" } else { "were" },
         );
@@ -350,14 +376,23 @@ impl Ledger {
             let ago = now.saturating_duration_since(e.last).as_secs_f64();
             let times = match e.count {
                 1 => String::new(),
-                n => format!("{n} times, last "),
+                n if e.began >= since => format!("{n} times, last "),
+                n => format!(
+                    "{n} times since {:.1} s ago, last ",
+                    now.saturating_duration_since(e.began).as_secs_f64()
+                ),
             };
             text.push_str(&format!(
                 "{} at {} ({times}{ago:.1} s ago): {}",
                 e.peer, e.place, e.reason
             ));
         }
-        let unlisted: u64 = recent.iter().skip(LISTED).map(|e| e.count).sum::<u64>() + dropped;
+        let unlisted: u64 = recent
+            .iter()
+            .skip(LISTED)
+            .map(|e| if e.began >= since { e.count } else { 1 })
+            .sum::<u64>()
+            + dropped;
         if unlisted > 0 {
             text.push_str(&format!("; and {unlisted} more"));
         }
@@ -479,9 +514,18 @@ mod tests {
             "{text}"
         );
         assert!(!text.contains("40000"), "{text}");
-        // Only what happened since: the entry last refused at t1 or later.
+        // Only what happened since: the entries last refused at t1 or later.
+        // The retrying peer's began before t1: of its 2, only the one at t1
+        // is known to be in the window, so the total is a lower bound.
         let text = l.describe_since(t1, now, None).unwrap();
-        assert!(text.starts_with("meanwhile 4 connections"), "{text}");
+        assert!(
+            text.starts_with("meanwhile at least 3 connections were refused: "),
+            "{text}"
+        );
+        assert!(
+            text.contains("10.0.0.1:40001 at the store (2 times since 2.0 s ago, last 1.5 s ago)"),
+            "{text}"
+        );
         assert_eq!(
             l.describe_since(t1 + Duration::from_millis(1), now, None),
             None

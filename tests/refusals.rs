@@ -83,7 +83,8 @@ fn the_store_names_clients_it_refused_and_why() {
         &text,
         &[
             &format!("{me} at the store ("),
-            " times, last ",
+            " times",
+            "last ",
             "wrong job secret",
             "RINGWIRE_SECRET",
         ],
