@@ -22,6 +22,19 @@ store = dist.TCPStore(
     use_libuv=(backend == "libuv"),
 )
 print(store.port, flush=True)
+
+
+def check(key):
+    """Whether `key` exists (torch before 2.3 has no TCPStore.check in Python)."""
+    if hasattr(store, "check"):
+        return store.check([key])
+    try:
+        store.wait([key], datetime.timedelta(milliseconds=10))
+        return True
+    except Exception:
+        return False
+
+
 for line in sys.stdin:
     cmd, *args = line.split()
     if cmd == "set":
@@ -32,6 +45,6 @@ for line in sys.stdin:
     elif cmd == "add":
         print(store.add(args[0], int(args[1])), flush=True)
     elif cmd == "check":
-        print(store.check([args[0]]), flush=True)
+        print(check(args[0]), flush=True)
     elif cmd == "quit":
         break

@@ -10,7 +10,7 @@
 //!
 //! Only the commands ringwire uses are here, all from the part of torch's
 //! `QueryType` enum that has kept its numbers since `VALIDATE` was added
-//! (pytorch#107607, August 2023; tested here with torch 2.15): later
+//! (pytorch#107607, August 2023; tested here with torch 2.2.2 and 2.15.0): later
 //! additions (`PING`, the queue commands) are not sent, so the client works
 //! with every server since. Servers from before it (around torch 2.1 and
 //! older) number their commands from `SET = 0` and would read `VALIDATE` as
