@@ -690,9 +690,27 @@ impl Communicator {
         self.inner.recorder.dump(self.inner.rank, self.inner.size)
     }
 
-    /// The error that failed this communicator, if one did.
+    /// The error that failed this communicator, if one did: this rank's
+    /// own, or else an abort another rank sent (which fails this rank's
+    /// next op), as "aborted by world rank R at its op #S: reason". Cheap
+    /// enough to poll: a GPU communicator's watchdog does.
     pub fn failure(&self) -> Option<String> {
-        lock(&self.inner.failed).clone()
+        if let Some(own) = lock(&self.inner.failed).clone() {
+            return Some(own);
+        }
+        self.inner
+            .world
+            .transport
+            .abort_notice(self.inner.comm_id)
+            .map(|(origin, seq, reason)| {
+                format!("aborted by world rank {origin} at its op #{seq}: {reason}")
+            })
+    }
+
+    /// Whether RINGWIRE_DEBUG=detail (or `Builder::debug_checks`) is on:
+    /// ops check that every rank called the same collective first.
+    pub fn debug_checks(&self) -> bool {
+        self.inner.tunables.debug_checks
     }
 
     /// Stops taking ops and lets the queued ones finish, like torch's

@@ -209,6 +209,12 @@ pub(crate) trait Transport: Send + Sync {
     fn begin(&self, comm_id: u64, seq: u64, from: Option<usize>) {
         let _ = (comm_id, seq, from);
     }
+    /// Whether some rank aborted communicator `comm_id`: its world rank,
+    /// op number and reason, as the abort frame said.
+    fn abort_notice(&self, comm_id: u64) -> Option<(usize, u64, String)> {
+        let _ = comm_id;
+        None
+    }
     /// Bytes peers have delivered for ops this rank has not started, now
     /// and at most so far (decision 0019).
     fn held_ahead(&self) -> (usize, usize) {

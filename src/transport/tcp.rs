@@ -2454,6 +2454,17 @@ fn describe_read_error(peer: usize, e: &io::Error) -> String {
 }
 
 impl Transport for TcpTransport {
+    fn abort_notice(&self, comm_id: u64) -> Option<(usize, u64, String)> {
+        match self.shared.aborted_error(comm_id)? {
+            LinkError::Aborted {
+                origin,
+                seq,
+                reason,
+            } => Some((origin, seq, reason)),
+            _ => None,
+        }
+    }
+
     fn send(
         &self,
         peer: usize,

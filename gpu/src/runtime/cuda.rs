@@ -1,0 +1,143 @@
+//! CUDA through cudarc's driver API (feature `cuda`), dlopened at run time
+//! so the crate builds where no CUDA is installed. cudarc panics when
+//! `libcuda` is missing, so [`CudaDevice::open`] checks for it first and
+//! returns [`Unavailable::NoDriver`] instead.
+
+#![allow(unsafe_code)]
+
+use super::{DeviceImpl, DeviceMemory, EventImpl, Stream, StreamImpl};
+use crate::Unavailable;
+use crate::buffer::{DeviceBuffer, DeviceElement, Memory};
+use crate::nccl::library::RawStream;
+use cudarc::driver::{CudaContext, CudaEvent, CudaSlice, CudaStream, DevicePtr, DeviceRepr};
+use std::any::Any;
+use std::sync::Arc;
+
+pub(crate) struct CudaDevice {
+    context: Arc<CudaContext>,
+}
+
+impl CudaDevice {
+    pub(crate) fn open(ordinal: usize) -> Result<CudaDevice, Unavailable> {
+        // SAFETY: only tries to dlopen the driver's candidate names.
+        if !unsafe { cudarc::driver::sys::is_culib_present() } {
+            return Err(Unavailable::NoDriver {
+                detail: "libcuda.so.1 could not be loaded (is an NVIDIA driver installed?)".into(),
+            });
+        }
+        let count = CudaContext::device_count().map_err(|e| Unavailable::NoDriver {
+            detail: format!("cuInit/cuDeviceGetCount failed: {e:?}"),
+        })?;
+        if ordinal >= count.max(0) as usize {
+            return Err(Unavailable::NoDevice {
+                ordinal,
+                detail: format!("the driver sees {count} device(s)"),
+            });
+        }
+        let context = CudaContext::new(ordinal).map_err(|e| Unavailable::NoDevice {
+            ordinal,
+            detail: format!("could not make its context: {e:?}"),
+        })?;
+        Ok(CudaDevice { context })
+    }
+
+    pub(crate) fn from_context(context: Arc<CudaContext>) -> CudaDevice {
+        CudaDevice { context }
+    }
+}
+
+impl DeviceImpl for CudaDevice {
+    fn describe(&self) -> String {
+        let name = self.context.name().unwrap_or_else(|_| "?".into());
+        format!("cuda:{} ({name})", self.context.ordinal())
+    }
+    fn memory(&self) -> Memory {
+        Memory::Cuda {
+            ordinal: self.context.ordinal(),
+        }
+    }
+    fn bind(&self) -> Result<(), String> {
+        self.context.bind_to_thread().map_err(|e| format!("{e:?}"))
+    }
+    fn new_stream(&self) -> Result<Stream, String> {
+        let stream = self.context.new_stream().map_err(|e| format!("{e:?}"))?;
+        Ok(Stream(Arc::new(CudaStreamHandle(stream))))
+    }
+    fn default_stream(&self) -> Stream {
+        Stream(Arc::new(CudaStreamHandle(self.context.default_stream())))
+    }
+    fn alloc(&self, bytes: usize) -> Result<Box<dyn DeviceMemory>, String> {
+        let stream = self.context.default_stream();
+        let slice = stream
+            .alloc_zeros::<u8>(bytes.max(1))
+            .map_err(|e| format!("{e:?}"))?;
+        stream.synchronize().map_err(|e| format!("{e:?}"))?;
+        Ok(Box::new(CudaMemory(slice)))
+    }
+}
+
+struct CudaMemory(CudaSlice<u8>);
+
+impl DeviceMemory for CudaMemory {
+    fn ptr(&self) -> u64 {
+        let (ptr, _sync) = DevicePtr::device_ptr(&self.0, self.0.stream());
+        ptr
+    }
+}
+
+pub(crate) struct CudaStreamHandle(pub(crate) Arc<CudaStream>);
+
+impl StreamImpl for CudaStreamHandle {
+    fn raw(&self) -> RawStream {
+        RawStream(self.0.cu_stream() as usize)
+    }
+    fn record(&self) -> Result<Arc<dyn EventImpl>, String> {
+        let event = self.0.record_event(None).map_err(|e| format!("{e:?}"))?;
+        Ok(Arc::new(CudaEventHandle(event)))
+    }
+    fn wait_event(&self, event: &dyn EventImpl) -> Result<(), String> {
+        let event = event
+            .as_any()
+            .downcast_ref::<CudaEventHandle>()
+            .ok_or("a stand-in event cannot order a CUDA stream")?;
+        self.0.wait(&event.0).map_err(|e| format!("{e:?}"))
+    }
+    fn synchronize(&self) -> Result<(), String> {
+        self.0.synchronize().map_err(|e| format!("{e:?}"))
+    }
+}
+
+struct CudaEventHandle(CudaEvent);
+
+impl EventImpl for CudaEventHandle {
+    fn query(&self) -> Result<bool, String> {
+        self.0.try_is_complete().map_err(|e| format!("{e:?}"))
+    }
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
+// SAFETY: a CudaSlice owns its allocation (freed on drop, stream-ordered
+// on its own stream, which ops wait for and which `PendingCollective`
+// makes wait for them), and its pointer does not change when it moves.
+unsafe impl<T: DeviceElement + DeviceRepr> DeviceBuffer for CudaSlice<T> {
+    type Elem = T;
+    fn len(&self) -> usize {
+        cudarc::driver::DeviceSlice::len(self)
+    }
+    fn device_ptr(&self) -> u64 {
+        let (ptr, _sync) = DevicePtr::device_ptr(self, self.stream());
+        ptr
+    }
+    fn memory(&self) -> Memory {
+        Memory::Cuda {
+            ordinal: self.ordinal(),
+        }
+    }
+    fn stream(&self) -> Option<Stream> {
+        Some(Stream(Arc::new(CudaStreamHandle(
+            cudarc::driver::DeviceSlice::stream(self).clone(),
+        ))))
+    }
+}

@@ -1,0 +1,130 @@
+//! Devices, streams and events: CUDA through cudarc ([`cuda`], feature
+//! `cuda`), or the stand-in NCCL's host streams ([`host`]) for tests
+//! without a GPU. The communicator sees only the traits here, as PyTorch's
+//! `NcclApi`/`CudaApi` seams let its tests run without hardware.
+
+pub(crate) mod host;
+
+#[cfg(feature = "cuda")]
+pub(crate) mod cuda;
+
+use crate::buffer::Memory;
+use crate::nccl::library::RawStream;
+use std::any::Any;
+use std::sync::Arc;
+
+/// A device's side of the runtime.
+pub(crate) trait DeviceImpl: Send + Sync {
+    fn describe(&self) -> String;
+    fn memory(&self) -> Memory;
+    /// Makes the device current on this thread (NCCL finds its device
+    /// that way).
+    fn bind(&self) -> Result<(), String>;
+    fn new_stream(&self) -> Result<Stream, String>;
+    /// The stream ops follow when a buffer names none.
+    fn default_stream(&self) -> Stream;
+    /// `bytes` of device memory, zeroed, owned by the returned value.
+    fn alloc(&self, bytes: usize) -> Result<Box<dyn DeviceMemory>, String>;
+}
+
+/// Device memory the crate owns (the barrier's element).
+pub(crate) trait DeviceMemory: Send + Sync {
+    fn ptr(&self) -> u64;
+}
+
+pub(crate) trait StreamImpl: Send + Sync {
+    fn raw(&self) -> RawStream;
+    fn record(&self) -> Result<Arc<dyn EventImpl>, String>;
+    fn wait_event(&self, event: &dyn EventImpl) -> Result<(), String>;
+    fn synchronize(&self) -> Result<(), String>;
+}
+
+pub(crate) trait EventImpl: Send + Sync {
+    /// Whether the work recorded has run.
+    fn query(&self) -> Result<bool, String>;
+    fn as_any(&self) -> &dyn Any;
+}
+
+/// A GPU (or the stand-in's host device): where a communicator's buffers
+/// live and its streams run.
+#[derive(Clone)]
+pub struct Device(pub(crate) Arc<dyn DeviceImpl>);
+
+impl std::fmt::Debug for Device {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0.describe())
+    }
+}
+
+impl Device {
+    /// CUDA device `ordinal` (its primary context), through cudarc. An
+    /// error, never a panic, when the driver or the device is missing, or
+    /// when the crate was built without its `cuda` feature.
+    pub fn cuda(ordinal: usize) -> Result<Device, crate::Unavailable> {
+        #[cfg(feature = "cuda")]
+        {
+            cuda::CudaDevice::open(ordinal).map(|d| Device(Arc::new(d)))
+        }
+        #[cfg(not(feature = "cuda"))]
+        {
+            let _ = ordinal;
+            Err(crate::Unavailable::NoCudaFeature)
+        }
+    }
+
+    /// The device of an existing cudarc context (candle's and burn's).
+    #[cfg(feature = "cuda")]
+    pub fn from_cuda_context(context: Arc<cudarc::driver::CudaContext>) -> Device {
+        Device(Arc::new(cuda::CudaDevice::from_context(context)))
+    }
+
+    /// The stand-in NCCL's host "device": host memory ([`crate::HostBuffer`])
+    /// and host streams that `library` (which must be the stand-in)
+    /// exports. For tests without a GPU.
+    pub fn standin_host(library: &crate::NcclLibrary) -> Result<Device, crate::Unavailable> {
+        host::HostDevice::open(library).map(|d| Device(Arc::new(d)))
+    }
+
+    /// Where this device's buffers live.
+    pub fn memory(&self) -> Memory {
+        self.0.memory()
+    }
+
+    /// A new stream on the device.
+    pub fn new_stream(&self) -> Result<Stream, String> {
+        self.0.new_stream()
+    }
+
+    /// The stream ops follow when a buffer names none: CUDA's default
+    /// (legacy) stream, or the stand-in's default.
+    pub fn default_stream(&self) -> Stream {
+        self.0.default_stream()
+    }
+}
+
+/// A stream of device work (CUDA's, or the stand-in's).
+#[derive(Clone)]
+pub struct Stream(pub(crate) Arc<dyn StreamImpl>);
+
+impl std::fmt::Debug for Stream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Stream({:#x})", self.0.raw().0)
+    }
+}
+
+impl Stream {
+    /// A cudarc stream.
+    #[cfg(feature = "cuda")]
+    pub fn from_cuda(stream: Arc<cudarc::driver::CudaStream>) -> Stream {
+        Stream(Arc::new(cuda::CudaStreamHandle(stream)))
+    }
+
+    /// Blocks until the stream's work so far has run.
+    pub fn synchronize(&self) -> Result<(), String> {
+        self.0.synchronize()
+    }
+
+    pub(crate) fn same(&self, other: &Stream) -> bool {
+        self.0.raw().0 == other.0.raw().0
+    }
+}
