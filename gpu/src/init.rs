@@ -220,3 +220,35 @@ fn abort_bounded(lib: &Arc<NcclLibrary>, device: &Device, comm: RawComm, rank: u
         );
     }
 }
+
+#[cfg(all(test, feature = "cuda"))]
+mod gpu_tests {
+    use super::*;
+
+    /// On a GPU: NCCL's non-blocking init of a two-rank communicator whose
+    /// peer never joins stays in progress, and abort ends it within its
+    /// deadline (the path a stuck init takes).
+    #[test]
+    #[ignore = "needs a GPU: run gpu/scripts/gpu-test.sh"]
+    fn an_init_whose_peer_never_joins_stays_in_progress_until_aborted() {
+        let lib = NcclLibrary::global().expect("NCCL");
+        let device = Device::cuda(0).expect("CUDA device 0");
+        device.0.bind().expect("bind");
+        let id = lib.unique_id().expect("unique id");
+        let (comm, result) = lib.init_rank_non_blocking(2, id, 0);
+        let comm = comm.expect("a non-blocking init returns its comm at once");
+        assert!(
+            result == NcclResult::IN_PROGRESS || result == NcclResult::SUCCESS,
+            "{result}"
+        );
+        let until = Instant::now() + Duration::from_secs(2);
+        while Instant::now() < until {
+            assert_eq!(lib.async_error(&comm), NcclResult::IN_PROGRESS);
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let started = Instant::now();
+        abort_bounded(&lib, &device, comm, 0);
+        eprintln!("ncclCommAbort of a stuck init took {:?}", started.elapsed());
+        assert!(started.elapsed() < ABORT_DEADLINE);
+    }
+}
