@@ -646,7 +646,9 @@ fn find() -> Result<Arc<NcclLibrary>, Unavailable> {
         return NcclLibrary::open(PathBuf::from(path));
     }
     let mut candidates: Vec<PathBuf> = vec!["libnccl.so.2".into(), "libnccl.so".into()];
-    candidates.extend(wheel_candidates());
+    if let Some(path) = std::env::var_os("PATH") {
+        candidates.extend(NcclLibrary::wheel_libraries(&path));
+    }
     let mut tried = Vec::new();
     let mut last_error = String::new();
     for candidate in candidates {
@@ -666,37 +668,37 @@ fn find() -> Result<Arc<NcclLibrary>, Unavailable> {
     Err(Unavailable::NoLibrary { tried, last_error })
 }
 
-/// `libnccl.so.2` inside the `nvidia-nccl-cu*` wheel of each `python3` or
-/// `python` on `PATH` (a venv's or conda's `bin/`).
-fn wheel_candidates() -> Vec<PathBuf> {
-    let mut found = Vec::new();
-    let Some(path) = std::env::var_os("PATH") else {
-        return found;
-    };
-    for dir in std::env::split_paths(&path) {
-        if !["python3", "python"].iter().any(|p| dir.join(p).exists()) {
-            continue;
-        }
-        let Some(prefix) = dir.parent() else { continue };
-        let Ok(entries) = std::fs::read_dir(prefix.join("lib")) else {
-            continue;
-        };
-        for entry in entries.flatten() {
-            if !entry.file_name().to_string_lossy().starts_with("python3") {
+impl NcclLibrary {
+    /// `libnccl.so.2` inside the `nvidia-nccl-cu*` wheel of each `python3`
+    /// or `python` that the `PATH`-style list `path` leads to (a venv's or
+    /// conda's `bin/`): the last places [`NcclLibrary::global`] looks.
+    pub fn wheel_libraries(path: &std::ffi::OsStr) -> Vec<PathBuf> {
+        let mut found = Vec::new();
+        for dir in std::env::split_paths(path) {
+            if !["python3", "python"].iter().any(|p| dir.join(p).exists()) {
                 continue;
             }
-            for packages in ["site-packages", "dist-packages"] {
-                let lib = entry
-                    .path()
-                    .join(packages)
-                    .join("nvidia/nccl/lib/libnccl.so.2");
-                if lib.exists() && !found.contains(&lib) {
-                    found.push(lib);
+            let Some(prefix) = dir.parent() else { continue };
+            let Ok(entries) = std::fs::read_dir(prefix.join("lib")) else {
+                continue;
+            };
+            for entry in entries.flatten() {
+                if !entry.file_name().to_string_lossy().starts_with("python3") {
+                    continue;
+                }
+                for packages in ["site-packages", "dist-packages"] {
+                    let lib = entry
+                        .path()
+                        .join(packages)
+                        .join("nvidia/nccl/lib/libnccl.so.2");
+                    if lib.exists() && !found.contains(&lib) {
+                        found.push(lib);
+                    }
                 }
             }
         }
+        found
     }
-    found
 }
 
 #[cfg(test)]
