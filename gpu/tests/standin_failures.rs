@@ -345,6 +345,9 @@ fn no_cuda_here_is_an_error_not_a_panic() {
         ),
         Err(err) => assert!(matches!(err, Unavailable::NoCudaFeature), "{err}"),
         // A machine with a GPU (gpu/scripts/gpu-test.sh runs this there).
-        Ok(device) => assert!(cfg!(feature = "cuda"), "{device:?}"),
+        Ok(device) => {
+            let built_with_cuda = cfg!(feature = "cuda");
+            assert!(built_with_cuda, "{device:?}");
+        }
     }
 }
