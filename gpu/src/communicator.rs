@@ -274,6 +274,17 @@ impl GpuCommunicator {
         self.shared.launch(op, value, streams, calls)
     }
 
+    /// Queues planned calls that own no buffer (the hierarchical
+    /// all-reduce's phases, whose buffer its own op holds).
+    pub(crate) fn launch_calls(
+        &self,
+        op: GpuOp,
+        streams: Vec<Stream>,
+        calls: Vec<Call>,
+    ) -> PendingCollective<()> {
+        self.shared.launch(op, (), streams, calls)
+    }
+
     /// Reduces `buf` across ranks in place; every rank gets the result.
     pub fn all_reduce<B: DeviceBuffer>(&self, buf: B, op: ReduceOp) -> PendingCollective<B> {
         if let Err(d) = self.check_memory(buf.memory(), "buffer") {

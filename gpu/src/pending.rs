@@ -36,6 +36,13 @@ pub(crate) trait Completion: Send + Sync {
 }
 
 impl<R> Slot<R> {
+    /// Takes the value back out (a failed op's buffers, to free or leak).
+    pub(crate) fn take_value(&self) -> Option<R> {
+        self.lock().value.take()
+    }
+}
+
+impl<R> Slot<R> {
     pub(crate) fn new(value: R) -> Slot<R> {
         Slot {
             state: Mutex::new(SlotState {
@@ -94,6 +101,17 @@ impl<R: Send + 'static> PendingCollective<R> {
             comm: Some(comm),
             end: Some(end),
             streams,
+        }
+    }
+
+    /// A handle completed by another thread (the hierarchical all-reduce's
+    /// worker), which holds the slot until it is done.
+    pub(crate) fn worker(slot: Arc<Slot<R>>) -> PendingCollective<R> {
+        PendingCollective {
+            slot,
+            comm: None,
+            end: None,
+            streams: Vec::new(),
         }
     }
 
@@ -176,7 +194,9 @@ impl<R: Send + 'static> PendingCollective<R> {
             return outcome;
         }
         let (Some(end), Some(comm)) = (&self.end, &self.comm) else {
-            return Err(unreachable_taken());
+            // Not one NCCL launch (a hierarchical all-reduce): no single
+            // event to wait for, so the host waits.
+            return self.wait();
         };
         let mut waiting = vec![stream.clone()];
         for s in &self.streams {

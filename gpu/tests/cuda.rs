@@ -314,3 +314,40 @@ fn the_gpu_is_available() {
     eprintln!("{lib:?}");
     let _ = GPU;
 }
+
+#[test]
+#[ignore = "needs a GPU: run gpu/scripts/gpu-test.sh"]
+fn hierarchical_all_reduce_across_two_hosts_on_one_gpu() {
+    // Two "hosts" of one rank each: NCCL within each (one rank), ringwire
+    // across, through pinned staging in 1 MiB chunks.
+    let ctx = context();
+    let (_store, cpu) = cpu_group(2);
+    let device = Device::from_cuda_context(ctx.clone());
+    let hier = on_all(&cpu, |c| {
+        ringwire_gpu::HierarchicalAllReduce::builder(c, &device)
+            .host(format!("host-{}", c.rank()))
+            .chunk_bytes(1 << 20)
+            .build()
+            .expect("hierarchical")
+    });
+    let stream = ctx.default_stream();
+    let mut rng = Rng::new(Rng::fresh_seed());
+    for op in ReduceOp::ALL {
+        for len in [1usize, 1000, (3 << 20) + 5] {
+            let data: Vec<Vec<f32>> = (0..2).map(|_| random_data(&mut rng, len, op)).collect();
+            let reference = reference_reduce(&data, op);
+            let got = on_all(&hier, |h| {
+                let rank = h.cross().rank();
+                down(
+                    &stream,
+                    &h.all_reduce(up(&stream, &data[rank]), op)
+                        .wait()
+                        .expect("all_reduce"),
+                )
+            });
+            for out in &got {
+                check_close(out, &reference, 2).unwrap_or_else(|e| panic!("{op:?} {len}: {e}"));
+            }
+        }
+    }
+}

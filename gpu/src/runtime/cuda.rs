@@ -5,7 +5,7 @@
 
 #![allow(unsafe_code)]
 
-use super::{DeviceImpl, DeviceMemory, EventImpl, Stream, StreamImpl};
+use super::{DeviceImpl, DeviceMemory, EventImpl, HostStaging, Stream, StreamImpl, staging_range};
 use crate::Unavailable;
 use crate::buffer::{DeviceBuffer, DeviceElement, Memory};
 use crate::nccl::library::RawStream;
@@ -74,6 +74,48 @@ impl DeviceImpl for CudaDevice {
         stream.synchronize().map_err(|e| format!("{e:?}"))?;
         Ok(Box::new(CudaMemory(slice)))
     }
+    fn alloc_staging(&self, bytes: usize) -> Result<Box<dyn HostStaging>, String> {
+        self.context
+            .bind_to_thread()
+            .map_err(|e| format!("{e:?}"))?;
+        // SAFETY: allocates page-locked host memory; freed in Drop.
+        let ptr = unsafe { cudarc::driver::result::malloc_host(bytes.max(1), 0) }
+            .map_err(|e| format!("cuMemHostAlloc of {bytes} bytes: {e:?}"))?;
+        Ok(Box::new(PinnedStaging {
+            ptr: ptr.cast(),
+            len: bytes.max(1),
+        }))
+    }
+}
+
+/// Page-locked host memory from `cuMemHostAlloc`.
+struct PinnedStaging {
+    ptr: *mut u8,
+    len: usize,
+}
+
+// SAFETY: the block is owned by the value; its owner orders access.
+unsafe impl Send for PinnedStaging {}
+// SAFETY: as for Send; `&self` hands out only the address.
+unsafe impl Sync for PinnedStaging {}
+
+impl HostStaging for PinnedStaging {
+    fn ptr(&self) -> *mut u8 {
+        self.ptr
+    }
+    fn len(&self) -> usize {
+        self.len
+    }
+}
+
+impl Drop for PinnedStaging {
+    fn drop(&mut self) {
+        // SAFETY: from malloc_host, freed once; the owner waited for every
+        // copy that used it.
+        if let Err(e) = unsafe { cudarc::driver::result::free_host(self.ptr.cast()) } {
+            tracing::warn!(error = ?e, "cuMemFreeHost failed");
+        }
+    }
 }
 
 struct CudaMemory(CudaSlice<u8>);
@@ -104,6 +146,46 @@ impl StreamImpl for CudaStreamHandle {
     }
     fn synchronize(&self) -> Result<(), String> {
         self.0.synchronize().map_err(|e| format!("{e:?}"))
+    }
+    unsafe fn copy_to_host(
+        &self,
+        dst: &dyn HostStaging,
+        offset: usize,
+        src: u64,
+        bytes: usize,
+    ) -> Result<(), String> {
+        staging_range(dst, offset, bytes)?;
+        self.0
+            .context()
+            .bind_to_thread()
+            .map_err(|e| format!("{e:?}"))?;
+        // SAFETY: the range is inside `dst` (checked) and nothing else
+        // touches it until the copy has run; `src` is live device memory
+        // (the caller's contract).
+        unsafe {
+            let dst = std::slice::from_raw_parts_mut(dst.ptr().add(offset), bytes);
+            cudarc::driver::result::memcpy_dtoh_async(dst, src, self.0.cu_stream())
+        }
+        .map_err(|e| format!("cuMemcpyDtoHAsync: {e:?}"))
+    }
+    unsafe fn copy_to_device(
+        &self,
+        dst: u64,
+        src: &dyn HostStaging,
+        offset: usize,
+        bytes: usize,
+    ) -> Result<(), String> {
+        staging_range(src, offset, bytes)?;
+        self.0
+            .context()
+            .bind_to_thread()
+            .map_err(|e| format!("{e:?}"))?;
+        // SAFETY: as in copy_to_host, the other way round.
+        unsafe {
+            let src = std::slice::from_raw_parts(src.ptr().add(offset).cast_const(), bytes);
+            cudarc::driver::result::memcpy_htod_async(dst, src, self.0.cu_stream())
+        }
+        .map_err(|e| format!("cuMemcpyHtoDAsync: {e:?}"))
     }
 }
 

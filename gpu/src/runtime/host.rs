@@ -6,7 +6,7 @@
 
 #![allow(unsafe_code)]
 
-use super::{DeviceImpl, DeviceMemory, EventImpl, Stream, StreamImpl};
+use super::{DeviceImpl, DeviceMemory, EventImpl, HostStaging, Stream, StreamImpl, staging_range};
 use crate::Unavailable;
 use crate::buffer::Memory;
 use crate::nccl::library::{NcclLibrary, RawStream, symbol};
@@ -17,6 +17,7 @@ use std::sync::Arc;
 type Create = unsafe extern "C" fn(*mut *mut c_void) -> c_int;
 type Handle = unsafe extern "C" fn(*mut c_void) -> c_int;
 type Pair = unsafe extern "C" fn(*mut c_void, *mut c_void) -> c_int;
+type Memcpy = unsafe extern "C" fn(*mut c_void, *const c_void, usize, *mut c_void) -> c_int;
 
 /// `cudaErrorNotReady`, which the stand-in's event query also returns.
 const NOT_READY: c_int = 600;
@@ -30,6 +31,7 @@ struct Api {
     event_destroy: Handle,
     event_record: Pair,
     event_query: Handle,
+    memcpy_async: Memcpy,
 }
 
 pub(crate) struct HostDevice {
@@ -56,6 +58,7 @@ impl HostDevice {
                 event_destroy: symbol(lib, "standinEventDestroy").map_err(not_standin)?,
                 event_record: symbol(lib, "standinEventRecord").map_err(not_standin)?,
                 event_query: symbol(lib, "standinEventQuery").map_err(not_standin)?,
+                memcpy_async: symbol(lib, "standinMemcpyAsync").map_err(not_standin)?,
             }
         };
         let api = Arc::new(api);
@@ -100,6 +103,50 @@ impl DeviceImpl for HostDevice {
         Ok(Box::new(HostMemory(
             vec![0u8; bytes.max(1)].into_boxed_slice(),
         )))
+    }
+    fn alloc_staging(&self, bytes: usize) -> Result<Box<dyn HostStaging>, String> {
+        Ok(Box::new(PlainStaging::new(bytes)))
+    }
+}
+
+/// Page-aligned plain host memory.
+struct PlainStaging {
+    ptr: *mut u8,
+    layout: std::alloc::Layout,
+}
+
+// SAFETY: the block is owned by the value; access is coordinated by its
+// owner (copies are queued on streams and waited for).
+unsafe impl Send for PlainStaging {}
+// SAFETY: as for Send; `&self` hands out only the address.
+unsafe impl Sync for PlainStaging {}
+
+impl PlainStaging {
+    fn new(bytes: usize) -> PlainStaging {
+        let layout =
+            std::alloc::Layout::from_size_align(bytes.max(1), 4096).expect("a valid layout");
+        // SAFETY: the layout has a non-zero size.
+        let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
+        if ptr.is_null() {
+            std::alloc::handle_alloc_error(layout);
+        }
+        PlainStaging { ptr, layout }
+    }
+}
+
+impl Drop for PlainStaging {
+    fn drop(&mut self) {
+        // SAFETY: allocated in `new` with this layout, freed once.
+        unsafe { std::alloc::dealloc(self.ptr, self.layout) };
+    }
+}
+
+impl HostStaging for PlainStaging {
+    fn ptr(&self) -> *mut u8 {
+        self.ptr
+    }
+    fn len(&self) -> usize {
+        self.layout.size()
     }
 }
 
@@ -156,6 +203,51 @@ impl StreamImpl for HostStream {
         let code = unsafe { (self.api.stream_synchronize)(self.raw as _) };
         if code != 0 {
             return Err(format!("standinStreamSynchronize returned {code}"));
+        }
+        Ok(())
+    }
+    unsafe fn copy_to_host(
+        &self,
+        dst: &dyn HostStaging,
+        offset: usize,
+        src: u64,
+        bytes: usize,
+    ) -> Result<(), String> {
+        staging_range(dst, offset, bytes)?;
+        // SAFETY: the range is inside `dst` (checked); the caller keeps
+        // both ends alive and untouched until the stream has run the copy.
+        let code = unsafe {
+            (self.api.memcpy_async)(
+                dst.ptr().add(offset).cast(),
+                src as *const c_void,
+                bytes,
+                self.raw as _,
+            )
+        };
+        if code != 0 {
+            return Err(format!("standinMemcpyAsync returned {code}"));
+        }
+        Ok(())
+    }
+    unsafe fn copy_to_device(
+        &self,
+        dst: u64,
+        src: &dyn HostStaging,
+        offset: usize,
+        bytes: usize,
+    ) -> Result<(), String> {
+        staging_range(src, offset, bytes)?;
+        // SAFETY: as in copy_to_host.
+        let code = unsafe {
+            (self.api.memcpy_async)(
+                dst as *mut c_void,
+                src.ptr().add(offset).cast_const().cast(),
+                bytes,
+                self.raw as _,
+            )
+        };
+        if code != 0 {
+            return Err(format!("standinMemcpyAsync returned {code}"));
         }
         Ok(())
     }

@@ -25,6 +25,17 @@ pub(crate) trait DeviceImpl: Send + Sync {
     fn default_stream(&self) -> Stream;
     /// `bytes` of device memory, zeroed, owned by the returned value.
     fn alloc(&self, bytes: usize) -> Result<Box<dyn DeviceMemory>, String>;
+    /// `bytes` of host memory for staging device data, page-aligned:
+    /// pinned for CUDA (asynchronous copies at full speed), plain for the
+    /// stand-in.
+    fn alloc_staging(&self, bytes: usize) -> Result<Box<dyn HostStaging>, String>;
+}
+
+/// Host memory the crate owns for staging. Freed only when no copy into
+/// or out of it can still be queued (its owner synchronises first).
+pub(crate) trait HostStaging: Send + Sync {
+    fn ptr(&self) -> *mut u8;
+    fn len(&self) -> usize;
 }
 
 /// Device memory the crate owns (the barrier's element).
@@ -37,6 +48,49 @@ pub(crate) trait StreamImpl: Send + Sync {
     fn record(&self) -> Result<Arc<dyn EventImpl>, String>;
     fn wait_event(&self, event: &dyn EventImpl) -> Result<(), String>;
     fn synchronize(&self) -> Result<(), String>;
+    /// Queues a copy of `bytes` from device address `src` into
+    /// `dst[offset..]`.
+    ///
+    /// # Safety
+    /// `src` addresses `bytes` of device memory that stays allocated until
+    /// the stream has run the copy, and `dst` is not read, written or
+    /// freed by anyone else until then. (The range in `dst` is checked.)
+    #[allow(unsafe_code)]
+    unsafe fn copy_to_host(
+        &self,
+        dst: &dyn HostStaging,
+        offset: usize,
+        src: u64,
+        bytes: usize,
+    ) -> Result<(), String>;
+    /// Queues a copy of `src[offset..offset + bytes]` to device address
+    /// `dst`.
+    ///
+    /// # Safety
+    /// As [`StreamImpl::copy_to_host`], the other way round.
+    #[allow(unsafe_code)]
+    unsafe fn copy_to_device(
+        &self,
+        dst: u64,
+        src: &dyn HostStaging,
+        offset: usize,
+        bytes: usize,
+    ) -> Result<(), String>;
+}
+
+/// Checks that `offset..offset + bytes` lies inside `staging`.
+pub(crate) fn staging_range(
+    staging: &dyn HostStaging,
+    offset: usize,
+    bytes: usize,
+) -> Result<(), String> {
+    match offset.checked_add(bytes) {
+        Some(end) if end <= staging.len() => Ok(()),
+        _ => Err(format!(
+            "a copy of {bytes} bytes at offset {offset} does not fit a staging buffer of {}",
+            staging.len()
+        )),
+    }
 }
 
 pub(crate) trait EventImpl: Send + Sync {
