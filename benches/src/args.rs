@@ -12,6 +12,28 @@ pub(crate) enum LinksChoice {
     All,
 }
 
+/// Where the op's buffers live and what moves them (`--device`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum DeviceChoice {
+    /// Host buffers, moved by ringwire's transports.
+    Cpu,
+    /// CUDA device buffers (the rank's local rank's GPU), moved by NCCL.
+    Cuda,
+    /// The stand-in NCCL (`RINGWIRE_NCCL_LIB`) on its host "device":
+    /// the device path without a GPU, for tests.
+    Standin,
+}
+
+impl DeviceChoice {
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            DeviceChoice::Cpu => "cpu",
+            DeviceChoice::Cuda => "cuda",
+            DeviceChoice::Standin => "standin",
+        }
+    }
+}
+
 /// Which transports a run measures.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum TransportChoice {
@@ -63,6 +85,8 @@ pub(crate) struct Args {
     pub(crate) tls: bool,
     /// Job secret for every link and the store.
     pub(crate) secret: Option<String>,
+    /// Where the op's buffers live (`--device`).
+    pub(crate) device: DeviceChoice,
 }
 
 pub(crate) const USAGE: &str = "\
@@ -111,7 +135,22 @@ ops: all_reduce broadcast reduce all_gather reduce_scatter all_to_all gather sca
       --tls          mutual TLS on every link and the store; with --ranks, a throwaway
                      CA and certificates are generated (else RINGWIRE_TLS_CA/CERT/KEY)
       --secret S     job secret on every link and the store (or RINGWIRE_SECRET)
+      --device D     cpu, cuda or standin (default cpu: host buffers over ringwire's
+                     transports). cuda: buffers on the GPU of each rank's local rank,
+                     moved by NCCL (found as ringwire-gpu finds it: RINGWIRE_NCCL_LIB,
+                     libnccl.so.2, ...); needs a build with --features cuda and one GPU
+                     per local rank. standin: the stand-in NCCL named by RINGWIRE_NCCL_LIB
+                     (libringwire_nccl_standin.so) on host memory, for tests. The same
+                     sweep, columns and checks; each op is timed from its submission to
+                     its wait() returning (the device done). The transport and link
+                     options then only choose the CPU communicator NCCL starts from
+                     (the first of them); --link-limit and --buffer-offset are refused
 ";
+
+/// `--device cuda` in a build without CUDA support.
+pub(crate) const CUDA_FEATURE_MISSING: &str = "--device cuda: this ringwire-bench was built \
+without CUDA support; rebuild it with `--features cuda` (cargo build --release -p ringwire-bench \
+--features cuda)";
 
 /// The page size `--buffer-offset` counts within.
 pub(crate) const PAGE: usize = 4096;
@@ -159,6 +198,7 @@ pub(crate) fn parse(args: &[String]) -> Result<Args, String> {
         inject_wrong: false,
         tls: false,
         secret: None,
+        device: DeviceChoice::Cpu,
     };
     while let Some(flag) = it.next() {
         let (flag, inline) = match flag.split_once('=') {
@@ -265,6 +305,18 @@ pub(crate) fn parse(args: &[String]) -> Result<Args, String> {
             "--inject-wrong" => a.inject_wrong = true,
             "--tls" => a.tls = true,
             "--secret" => a.secret = Some(value()?),
+            "--device" => {
+                a.device = match value()?.as_str() {
+                    "cpu" => DeviceChoice::Cpu,
+                    "cuda" => DeviceChoice::Cuda,
+                    "standin" | "stand-in" => DeviceChoice::Standin,
+                    v => {
+                        return Err(format!(
+                            "--device: expected cpu, cuda or standin, got {v:?}"
+                        ));
+                    }
+                }
+            }
             "-h" | "--help" => return Err(USAGE.to_string()),
             other => return Err(format!("unknown option {other:?} (try --help)")),
         }
@@ -289,6 +341,25 @@ pub(crate) fn parse(args: &[String]) -> Result<Args, String> {
     }
     if a.ranks == Some(0) {
         return Err("--ranks must be at least 1".into());
+    }
+    if a.device != DeviceChoice::Cpu {
+        // Both measure host sockets and host pages, which device buffers
+        // moved by NCCL never touch.
+        if a.link_limit {
+            return Err(format!(
+                "--link-limit measures ringwire's host links; it has no meaning with --device {}",
+                a.device.name()
+            ));
+        }
+        if a.buffer_offset.is_some() {
+            return Err(format!(
+                "--buffer-offset places host buffers in a page; it has no meaning with --device {}",
+                a.device.name()
+            ));
+        }
+    }
+    if a.device == DeviceChoice::Cuda && !cfg!(feature = "cuda") {
+        return Err(CUDA_FEATURE_MISSING.into());
     }
     Ok(a)
 }
@@ -472,6 +543,28 @@ mod tests {
                 .contains("twice")
         );
         assert!(args(&["all_reduce,"]).is_err());
+    }
+
+    #[test]
+    fn device_parses_and_refuses_host_only_options() {
+        assert_eq!(args(&["all_reduce"]).unwrap().device, DeviceChoice::Cpu);
+        let s = args(&["all_reduce", "--device", "standin"]).unwrap();
+        assert_eq!(s.device, DeviceChoice::Standin);
+        assert!(
+            args(&["all_reduce", "--device=gpu"])
+                .unwrap_err()
+                .contains("cuda")
+        );
+        let limit = args(&["all_reduce", "--device", "standin", "--link-limit"]).unwrap_err();
+        assert!(limit.contains("--link-limit"), "{limit}");
+        let placed = ["all_reduce", "--device", "standin", "--buffer-offset", "64"];
+        assert!(args(&placed).unwrap_err().contains("--buffer-offset"));
+        let cuda = args(&["all_reduce", "--device", "cuda"]);
+        if cfg!(feature = "cuda") {
+            assert_eq!(cuda.unwrap().device, DeviceChoice::Cuda);
+        } else {
+            assert!(cuda.unwrap_err().contains("--features cuda"));
+        }
     }
 
     #[test]

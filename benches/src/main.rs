@@ -6,21 +6,26 @@
 //! `--ranks N` starts N local rank processes (this binary again) and hosts
 //! their rendezvous store; without it the process is one rank of a job
 //! described by the launch environment (torchrun, mpirun, srun, by hand).
+//!
+//! `--device cuda|standin` runs the same sweep on device buffers through
+//! NCCL (ringwire-gpu; see `device`).
 
 #![forbid(unsafe_code)]
 
 mod args;
 mod certs;
+mod check;
 mod cores;
+mod device;
 mod linklimit;
 use linklimit::LinkLimit;
 mod ops;
 mod plot;
 mod report;
 
-use args::{Args, LinksChoice, TransportChoice};
+use args::{Args, DeviceChoice, LinksChoice, TransportChoice};
 use hdrhistogram::Histogram;
-use ops::{BenchOp, Runner};
+use ops::{Bench, BenchOp, CpuBench, Runner};
 use report::Row;
 use ringwire::{Communicator, DType, Element, LocalLinks, ReduceOp, TransportKind};
 use std::io::IsTerminal;
@@ -260,23 +265,23 @@ struct Measured {
     shape: ops::Shape,
 }
 
-fn measure<T: Element>(
-    comm: &Communicator,
+/// Checks (with `-c 1`), warms up and times `runner`, one op at a time,
+/// each from its submission until its wait returns.
+fn measure(
+    runner: &mut dyn Bench,
     ctrl: &Communicator,
     a: &Args,
-    size: usize,
+    shape: ops::Shape,
 ) -> Result<Measured, String> {
     let e = |e: ringwire::Error| e.to_string();
-    let shape = a.op.shape(size, size_of::<T>(), comm.world_size());
-    let mut runner = Runner::<T>::new(a.op, a.redop, a.root, shape, a.buffer_offset);
     let wrong = if a.check {
-        runner.check(comm, a.inject_wrong).map_err(e)?
+        runner.check(a.inject_wrong)?
     } else {
         0
     };
     let warm_start = Instant::now();
     for _ in 0..a.warmup {
-        runner.iterate(comm).map_err(e)?;
+        runner.iterate()?;
     }
     // Every rank must run the same number of iterations: agree on the
     // slowest rank's warm-up estimate.
@@ -290,12 +295,12 @@ fn measure<T: Element>(
     } else {
         a.iters.max(1)
     };
-    comm.barrier().wait().map_err(e)?;
+    runner.barrier()?;
     let (cpu0, _) = cpu_and_rss();
     let mut times = Vec::with_capacity(iters);
     for _ in 0..iters {
         let t = Instant::now();
-        runner.iterate(comm).map_err(e)?;
+        runner.iterate()?;
         times.push(t.elapsed().as_secs_f64());
     }
     let (cpu1, _) = cpu_and_rss();
@@ -305,6 +310,16 @@ fn measure<T: Element>(
         wrong,
         shape,
     })
+}
+
+/// The host runner of `a.op` at `shape` on `comm`.
+fn cpu_bench<'c, T: Element>(
+    comm: &'c Communicator,
+    a: &Args,
+    shape: ops::Shape,
+) -> Box<dyn Bench + 'c> {
+    let runner = Runner::<T>::new(a.op, a.redop, a.root, shape, a.buffer_offset);
+    Box::new(CpuBench { runner, comm })
 }
 
 macro_rules! with_dtype {
@@ -370,7 +385,7 @@ fn run_rank(a: &Args) -> Result<bool, String> {
         LinksChoice::All => &[LocalLinks::Unix, LocalLinks::Tcp],
     };
     // Rows of forced TCP links are labelled `<transport>-tcp`.
-    let variants: Vec<(String, TransportKind, LocalLinks)> = transports
+    let mut variants: Vec<(String, TransportKind, LocalLinks)> = transports
         .iter()
         .flat_map(|&(name, kind)| {
             links.iter().map(move |&l| {
@@ -382,6 +397,12 @@ fn run_rank(a: &Args) -> Result<bool, String> {
             })
         })
         .collect();
+    // On a device, NCCL moves the data: one CPU communicator (the first
+    // variant) starts it and gathers the results.
+    let on_device = a.device != DeviceChoice::Cpu;
+    if on_device {
+        variants.truncate(1);
+    }
     let mut comms: Vec<(String, Communicator)> = Vec::new();
     for (i, (name, kind, local_links)) in variants.iter().enumerate() {
         let mut b = ringwire::Builder::from_env()
@@ -406,6 +427,12 @@ fn run_rank(a: &Args) -> Result<bool, String> {
     }
     let ctrl = comms[0].1.clone();
     let (rank, world) = (ctrl.rank(), ctrl.world_size());
+    let gpu = device::open(a, &ctrl)?;
+    // Device rows are labelled by what moves their data.
+    let control = comms[0].0.clone();
+    if gpu.is_some() {
+        comms[0].0 = "nccl".into();
+    }
     if let [op] = a.ops[..] {
         if op.point_to_point() && world < 2 {
             return Err(format!("{} needs at least 2 ranks", op.name()));
@@ -429,13 +456,20 @@ fn run_rank(a: &Args) -> Result<bool, String> {
                 .join(","),
             a.dtype,
             a.redop,
-            variants
+            comms
                 .iter()
                 .map(|t| t.0.as_str())
                 .collect::<Vec<_>>()
                 .join(", ")
         );
-        if a.transport == TransportChoice::All {
+        if let Some(g) = &gpu {
+            println!(
+                "# device: {} (rank 0), {}; ringwire's {control} transport only starts NCCL and gathers the results",
+                g.device(),
+                g.library()
+            );
+        }
+        if a.transport == TransportChoice::All && !on_device {
             println!(
                 "# (uring: {}; comparing the available transports only)",
                 ringwire::uring_status()
@@ -467,8 +501,8 @@ fn run_rank(a: &Args) -> Result<bool, String> {
     for (name, comm) in &comms {
         comm.barrier().wait().map_err(|e| e.to_string())?;
         let kind = comm.link_kind((rank + 1) % world).unwrap_or("none");
-        kinds.push(kind);
-        if lead && world > 1 {
+        kinds.push(if on_device { "nccl" } else { kind });
+        if lead && world > 1 && !on_device {
             let lanes = if comm.link_has_lanes((rank + 1) % world) {
                 " with lanes for large payloads (RINGWIRE_TCP_LANES)"
             } else {
@@ -583,7 +617,15 @@ fn run_rank(a: &Args) -> Result<bool, String> {
                 if progress {
                     eprint!("\r[{name}] {} {size} B ...        ", a.op.name());
                 }
-                let m = with_dtype!(a.dtype, T => measure::<T>(comm, &ctrl, a, size))?;
+                let shape = a.op.shape(size, elem, world);
+                let mut runner = match &gpu {
+                    None => with_dtype!(a.dtype, T => cpu_bench::<T>(comm, a, shape)),
+                    Some(g) => with_dtype!(a.dtype, T => g.bench::<T>(a, shape)?),
+                };
+                let m = measure(runner.as_mut(), &ctrl, a, shape);
+                // Device buffers freed before the next size's are made.
+                drop(runner);
+                let m = m?;
                 let e = |e: ringwire::Error| e.to_string();
                 let iters = m.times.len();
                 let all = ctrl
@@ -725,6 +767,8 @@ fn run_rank(a: &Args) -> Result<bool, String> {
             if let Some(path) = &a.json {
                 let doc = serde_json::json!({
                     "op": a.op.name(), "ranks": world, "dtype": a.dtype.name(), "redop": a.redop.name(),
+                    "device": gpu.as_ref().map_or_else(|| "cpu".to_string(), |g| g.device()),
+                    "nccl": gpu.as_ref().map(|g| g.library()),
                     "machine": machine_line(), "link_limit_gbps": link_limit,
                     "link_limit_unix_gbps": link_limit_unix,
                     "link_buffer_bytes": a.link_limit.then_some(a.link_buffer),

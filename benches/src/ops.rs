@@ -1,12 +1,10 @@
 //! What each benchmarked op moves, its bus-bandwidth factor (nccl-tests'
-//! formulas), one timed iteration, and the result check.
-//!
-//! Check data is a deterministic function of (rank, index), so every rank
-//! can compute the expected result for its own elements without holding
-//! the other ranks' inputs (at 256 MiB per rank that matters).
+//! formulas), the [`Bench`] the sweep times, and its host form: one timed
+//! iteration over host buffers and ringwire's transports, and the result
+//! check (whose data and reference are in `check`).
 
-use ringwire::testing::{count_wrong, reference_reduce};
-use ringwire::{CollectiveBuffer, Communicator, DType, Element, ReduceOp};
+use crate::check::{Check, fill};
+use ringwire::{CollectiveBuffer, Communicator, Element, ReduceOp};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum BenchOp {
@@ -165,56 +163,6 @@ impl BenchOp {
     }
 }
 
-/// The check value of element `i` of rank `rank`'s input, in the ranges that
-/// keep the f64 reference exact enough (see ringwire::testing).
-pub(crate) fn value(dtype: DType, op: ReduceOp, rank: usize, i: usize) -> f64 {
-    let mut z = ((rank as u64) << 40 ^ i as u64).wrapping_add(0x9E37_79B9_7F4A_7C15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^= z >> 31;
-    let unit = (z >> 11) as f64 / (1u64 << 53) as f64;
-    match (dtype, op) {
-        (DType::U8, _) => (z % 4) as f64,
-        (DType::I32 | DType::I64, ReduceOp::Prod) => (z % 7) as f64 - 3.0,
-        (DType::I32 | DType::I64, _) => (z % 2001) as f64 - 1000.0,
-        (_, ReduceOp::Prod) => 0.5 + unit,
-        _ => unit * 2.0 - 1.0,
-    }
-}
-
-fn fill<T: Element>(op: ReduceOp, rank: usize, offset: usize, out: &mut [T]) {
-    for (i, v) in out.iter_mut().enumerate() {
-        *v = T::from_f64(value(T::DTYPE, op, rank, offset + i));
-    }
-}
-
-/// Counts elements of `got` (rank-order elements `offset..`) that differ from
-/// the reduction over all ranks, computed in slices to bound memory.
-fn wrong_reduced<T: Element>(got: &[T], offset: usize, ranks: usize, op: ReduceOp) -> usize {
-    const SLICE: usize = 1 << 16;
-    let mut wrong = 0;
-    for (k, part) in got.chunks(SLICE).enumerate() {
-        let start = offset + k * SLICE;
-        let inputs: Vec<Vec<T>> = (0..ranks)
-            .map(|r| {
-                let mut v = vec![T::default(); part.len()];
-                fill(op, r, start, &mut v);
-                v
-            })
-            .collect();
-        wrong += count_wrong(part, &reference_reduce(&inputs, op), ranks);
-    }
-    wrong
-}
-
-/// Counts elements of `got` that differ from rank `rank`'s input at `offset..`.
-fn wrong_copied<T: Element>(got: &[T], rank: usize, offset: usize, op: ReduceOp) -> usize {
-    got.iter()
-        .enumerate()
-        .filter(|(i, g)| **g != T::from_f64(value(T::DTYPE, op, rank, offset + i)))
-        .count()
-}
-
 /// A buffer of `len` elements starting at a chosen offset within a 4 KiB
 /// page (`--buffer-offset`): a window into a larger `Vec`. The kernel's
 /// copies into and out of socket buffers run at very different speeds
@@ -359,57 +307,55 @@ impl<T: Element> Runner<T> {
         comm: &Communicator,
         corrupt: bool,
     ) -> Result<usize, ringwire::Error> {
-        let (rank, ranks, redop, root) = (comm.rank(), comm.world_size(), self.redop, self.root);
-        // All-to-all: block j of rank r's input goes to rank j; all-gather:
-        // each rank contributes its whole input.
-        let block = self.input.len() / ranks.max(1);
-        let input_len = self.input.len();
-        fill(redop, rank, 0, &mut self.input);
-        self.iterate(comm)?;
-        let result: &mut [T] = match self.op {
-            BenchOp::AllGather
-            | BenchOp::ReduceScatter
-            | BenchOp::AllToAll
-            | BenchOp::Gather
-            | BenchOp::Scatter
-            | BenchOp::SendRecv => &mut self.output,
-            _ => &mut self.input,
+        let check = Check {
+            op: self.op,
+            redop: self.redop,
+            root: self.root,
+            rank: comm.rank(),
+            ranks: comm.world_size(),
+            input_len: self.input.len(),
         };
-        if corrupt {
-            if let Some(first) = result.first_mut() {
-                *first = T::from_f64(first.to_f64() + 1.0);
-            }
-        }
-        let result: &[T] = result;
-        Ok(match self.op {
-            BenchOp::AllReduce => wrong_reduced(result, 0, ranks, redop),
-            BenchOp::Reduce if rank == root => wrong_reduced(result, 0, ranks, redop),
-            BenchOp::Reduce => wrong_copied(result, rank, 0, redop),
-            BenchOp::Broadcast => wrong_copied(result, root, 0, redop),
-            BenchOp::ReduceScatter => wrong_reduced(result, rank * result.len(), ranks, redop),
-            BenchOp::AllGather => (0..ranks)
-                .map(|r| wrong_copied(&result[r * input_len..(r + 1) * input_len], r, 0, redop))
-                .sum(),
-            BenchOp::Gather if rank == root => (0..ranks)
-                .map(|r| wrong_copied(&result[r * input_len..(r + 1) * input_len], r, 0, redop))
-                .sum(),
-            // Not the root: its output must stay as it was (zeros).
-            BenchOp::Gather => result.iter().filter(|x| **x != T::default()).count(),
-            BenchOp::Scatter => wrong_copied(result, root, rank * result.len(), redop),
-            BenchOp::AllToAll => (0..ranks)
-                .map(|j| wrong_copied(&result[j * block..(j + 1) * block], j, rank * block, redop))
-                .sum(),
-            BenchOp::SendRecv => {
-                let prev = (rank + ranks - 1) % ranks;
-                wrong_copied(result, prev, 0, redop)
-            }
-            BenchOp::PingPong => match rank {
-                // Rank 1 got rank 0's data and sent it back.
-                0 | 1 => wrong_copied(result, 0, 0, redop),
-                _ => 0,
-            },
-            BenchOp::Barrier => 0,
-        })
+        fill(self.redop, check.rank, 0, &mut self.input);
+        self.iterate(comm)?;
+        let result: &mut [T] = if check.reads_output() {
+            &mut self.output
+        } else {
+            &mut self.input
+        };
+        Ok(check.wrong(result, corrupt))
+    }
+}
+
+/// One size's op, ready to run on some rank: what the sweep times,
+/// whatever holds the buffers (host memory and ringwire's transports, or
+/// device memory and NCCL).
+pub(crate) trait Bench {
+    /// Fills the inputs with check data, runs the op once and counts the
+    /// wrong elements of this rank's result (`corrupt`: one on purpose).
+    fn check(&mut self, corrupt: bool) -> Result<usize, String>;
+    /// Runs the op once, from submission until its `wait` returns.
+    fn iterate(&mut self) -> Result<(), String>;
+    /// Waits for every rank (before the timed iterations).
+    fn barrier(&mut self) -> Result<(), String>;
+}
+
+/// [`Runner`] on a CPU communicator.
+pub(crate) struct CpuBench<'a, T: Element> {
+    pub(crate) runner: Runner<T>,
+    pub(crate) comm: &'a Communicator,
+}
+
+impl<T: Element> Bench for CpuBench<'_, T> {
+    fn check(&mut self, corrupt: bool) -> Result<usize, String> {
+        self.runner
+            .check(self.comm, corrupt)
+            .map_err(|e| e.to_string())
+    }
+    fn iterate(&mut self) -> Result<(), String> {
+        self.runner.iterate(self.comm).map_err(|e| e.to_string())
+    }
+    fn barrier(&mut self) -> Result<(), String> {
+        self.comm.barrier().wait().map_err(|e| e.to_string())
     }
 }
 
