@@ -25,7 +25,8 @@ build() {
 import json, shutil, sys
 for line in sys.stdin:
     m = json.loads(line)
-    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] != "build-script-build":
+    kinds = m.get("target", {}).get("kind", [])
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m.get("profile", {}).get("test") and "example" not in kinds:
         shutil.copy(m["executable"], sys.argv[1] + "/" + m["target"]["name"])
         print("built", m["target"]["name"])
 ' "$BIN"
