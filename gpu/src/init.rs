@@ -33,7 +33,7 @@ pub(crate) struct Options {
 pub(crate) fn init(
     cpu: &Communicator,
     device: &Device,
-    lib: Arc<NcclLibrary>,
+    lib: Result<Arc<NcclLibrary>, crate::Unavailable>,
     options: Options,
 ) -> Result<Arc<CommShared>, GpuError> {
     let (rank, size) = (cpu.rank(), cpu.world_size());
@@ -52,6 +52,19 @@ pub(crate) fn init(
         .map_err(cpu_error)?
         .expect("every rank passes a color, so each gets a communicator");
     let twin = twin.with_timeout(options.init_timeout.max(cpu.timeout()));
+
+    // Every rank says whether it has NCCL before anyone waits on NCCL.
+    let mut loaded = vec![0u8; size];
+    twin.all_gather_slice(&[u8::from(lib.is_ok())], &mut loaded)
+        .map_err(cpu_error)?;
+    let lib = lib?;
+    let missing: Vec<usize> = (0..size).filter(|&r| loaded[r] == 0).collect();
+    if !missing.is_empty() {
+        return Err(GpuError::Aborted {
+            at,
+            reason: format!("rank(s) {missing:?} could not load NCCL (their errors say why)"),
+        });
+    }
 
     // [0]: ncclGetUniqueId's result on rank 0; [1..129]: the id.
     let mut message = vec![0u8; 129];
