@@ -39,8 +39,14 @@ pub(crate) enum Gpu {
 
 /// Opens the device `choice` names (`None` for `cpu`) and makes the GPU
 /// communicator over `cpu`'s ranks (collective: every rank calls it).
-/// Every failure is an error saying why, never a panic.
+/// Every failure is an error saying why, never a panic; it also aborts
+/// `cpu`, so ranks that opened their device do not wait for this one in
+/// NCCL's init until their timeout.
 pub(crate) fn open(a: &Args, cpu: &Communicator) -> Result<Option<Gpu>, String> {
+    open_on_this_rank(a, cpu).inspect_err(|e| cpu.abort(e))
+}
+
+fn open_on_this_rank(a: &Args, cpu: &Communicator) -> Result<Option<Gpu>, String> {
     let build = |device: &Device, lib: Arc<NcclLibrary>| {
         GpuCommunicator::builder(cpu, device)
             .library(lib)
