@@ -4,6 +4,7 @@
 //! number on the communicator and the peer involved, because "which rank and
 //! which op" is what a user debugging a stuck job needs first.
 
+pub use crate::transport::failure::LinkFailure;
 use crate::wire::OpKind;
 use std::fmt;
 use std::time::Duration;
@@ -57,8 +58,10 @@ pub enum Error {
         /// The rank (of this communicator) whose link broke.
         peer: usize,
         /// What happened to the link (closed, reset, silent past the
-        /// heartbeat timeout, a bad frame).
+        /// heartbeat timeout, a bad frame), in words.
         reason: String,
+        /// The same as a type to match on.
+        cause: LinkFailure,
     },
 
     /// Another rank aborted the communicator after a failure it saw (or on
@@ -109,6 +112,9 @@ pub enum Error {
         peer: usize,
         addr: String,
         detail: String,
+        /// Why, as a type: refused, the handshake failed, the peer never
+        /// dialed, a socket error.
+        cause: LinkFailure,
     },
 
     /// Launch environment incomplete or inconsistent.

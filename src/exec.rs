@@ -543,15 +543,21 @@ fn link_error(
                 crate::refusals::suffix_since(started)
             ),
         },
-        LinkError::Lost(reason) => Error::PeerLost {
+        LinkError::Lost(loss) => Error::PeerLost {
             ctx: ctx.clone(),
             peer,
-            reason,
+            reason: loss.to_string(),
+            cause: loss.failure,
         },
-        LinkError::Connect { addr, detail } => Error::Connect {
+        LinkError::Connect {
+            addr,
+            detail,
+            failure,
+        } => Error::Connect {
             peer,
             addr,
             detail: format!("during {ctx}: {detail}"),
+            cause: failure,
         },
     }
 }

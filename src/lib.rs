@@ -39,7 +39,7 @@ pub use config::{
     DEFAULT_TIMEOUT, LocalLinks, TransportKind, uring_status,
 };
 pub use dtype::{DType, Element, ReduceOp};
-pub use error::{Error, OpContext, Result};
+pub use error::{Error, LinkFailure, OpContext, Result};
 /// The `half` crate whose `f16` and `bf16` are ringwire's half-precision
 /// element types, so a caller needs no matching dependency of its own.
 pub use half;

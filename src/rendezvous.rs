@@ -17,7 +17,7 @@ use crate::security::secret::Secret;
 use crate::security::{self, Security, TlsConfig};
 use crate::store::{Store, StoreClient, StoreError, StoreServer, TcpStoreClient};
 use crate::transport::Transport;
-use crate::transport::tcp::{LocalPeers, TcpConfig, TcpTransport};
+use crate::transport::mesh::{LocalPeers, Mesh, MeshConfig};
 use crate::wire::OpKind;
 use crate::{env, net};
 use std::net::SocketAddr;
@@ -773,7 +773,7 @@ fn start_transport(
     let (uring, why) = t.transport.choose(sec.tls.is_some())?;
     let name = if uring { "uring" } else { "portable" };
     tracing::info!(rank, transport = name, %why, "transport chosen");
-    let config = TcpConfig {
+    let config = MeshConfig {
         uring,
         uring_required: t.transport == TransportKind::Uring,
         spin: t.spin,
@@ -797,7 +797,7 @@ fn start_transport(
     } else {
         peers
     };
-    TcpTransport::start(listener, local, rank, job_id, peers, config)
+    Mesh::start(listener, local, rank, job_id, peers, config)
         .map(|t| Box::new(t) as Box<dyn Transport>)
         .map_err(|e| Error::io(format!("starting the {name} transport"), e))
         .inspect(|t| {

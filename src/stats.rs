@@ -292,6 +292,7 @@ mod tests {
                 ctx: ctx.clone(),
                 peer: 1,
                 reason: String::new(),
+                cause: crate::LinkFailure::Closed,
             },
             Error::Aborted {
                 ctx: ctx.clone(),
@@ -315,6 +316,7 @@ mod tests {
                 peer: 1,
                 addr: String::new(),
                 detail: String::new(),
+                cause: crate::LinkFailure::NotDialed,
             },
             Error::InvalidArgument {
                 op: OpKind::AllReduce,

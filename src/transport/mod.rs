@@ -3,20 +3,31 @@
 //! buffer what arrives), and receive the next frame a peer sent on a given
 //! communicator, with a deadline.
 //!
-//! `tcp` holds both transports: they share links (dialing, handshakes,
-//! security, heartbeats, aborts, inboxes) and differ in how bytes move. The
-//! portable data plane (a reader thread per link, blocking writes) runs
-//! wherever TCP does and is the baseline; the uring data plane
-//! (`ringwire_uring::FrameEngine`, driven by the waiting executor) is the
-//! default on Linux where io_uring works.
+//! One implementation serves: the [`mesh::Mesh`], a link per peer (TCP, or
+//! a Unix socket to a rank on the same host), each with its data plane
+//! (`plane/`: the portable one, or the io_uring engine). Its rooms, from
+//! the top: `mesh` (the `Transport`: finds or dials a peer's link, picks
+//! its plane), `dispatch` (every arriving frame), `control` (aborts,
+//! heartbeats), `link/` (the peer table; dialing and accepting), `plane/`,
+//! `inbox` (frames kept for ops, run-ahead gating), and below them
+//! `framing`, `conn`, `run_ahead`, `pool` and `failure`.
 
 pub(crate) mod conn;
-pub(crate) mod open_files;
+mod control;
+mod dispatch;
+pub(crate) mod failure;
+mod framing;
+mod inbox;
+pub(crate) mod link;
+pub(crate) mod mesh;
+mod plane;
+mod pool;
 pub(crate) mod run_ahead;
-pub(crate) mod tcp;
 
 use crate::error::Error;
 use crate::wire::Header;
+use failure::{LinkFailure, Loss};
+use std::sync::{Mutex, MutexGuard};
 use std::time::Instant;
 
 pub(crate) use ringwire_uring::AlignedBuf;
@@ -97,8 +108,13 @@ impl<T: Transport + ?Sized> PostedRecvs for InTurn<'_, T> {
     ) -> Result<(Received, &mut [u8]), LinkError> {
         let size = self.region.len();
         let Some(piece) = self.region.get_mut(offset..offset.saturating_add(len)) else {
-            return Err(LinkError::Lost(format!(
-                "a posted receive of {len} bytes at {offset} leaves its {size}-byte region"
+            return Err(LinkError::Lost(Loss::new(
+                self.peer,
+                LinkFailure::Internal {
+                    detail: format!(
+                        "a posted receive of {len} bytes at {offset} leaves its {size}-byte region"
+                    ),
+                },
             )));
         };
         let received =
@@ -120,16 +136,27 @@ pub(crate) enum LinkError {
     /// The peer did not take a frame this rank sends before the deadline
     /// (none of it went out; the link stays).
     Unread,
-    /// The link is gone (closed, reset, or never came up).
-    Lost(String),
-    /// Could not establish the link.
-    Connect { addr: String, detail: String },
+    /// The link is gone (closed, reset, silent, a bad frame), and why.
+    Lost(Loss),
+    /// Could not establish the link: where it was dialed (or waited for),
+    /// the words, and the kind of failure.
+    Connect {
+        addr: String,
+        detail: String,
+        failure: LinkFailure,
+    },
     /// Some rank aborted the communicator (`origin` is its world rank).
     Aborted {
         origin: usize,
         seq: u64,
         reason: String,
     },
+}
+
+/// Locks `m`, whatever a panicking holder left: the transport's state stays
+/// consistent at every unlock (a panic in an op is reported, not spread).
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// What may keep a peer from reading what this rank sends, for errors.

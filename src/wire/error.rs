@@ -61,6 +61,13 @@ pub enum WireError {
     #[error("{kind} frame: payload of {len} bytes exceeds the control-frame limit of {max} bytes")]
     ControlPayloadTooLarge { kind: FrameKind, len: u32, max: u32 },
 
+    /// A frame of a kind that may not come at this point of the stream.
+    #[error("unexpected {kind} frame ({expected})")]
+    UnexpectedKind {
+        kind: FrameKind,
+        expected: &'static str,
+    },
+
     /// A frame kind that has no payload announces one.
     #[error("{kind} frame: announces a {len}-byte payload, but this kind has none")]
     UnexpectedPayload { kind: FrameKind, len: u32 },

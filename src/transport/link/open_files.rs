@@ -162,7 +162,7 @@ mod tests {
             return;
         }
         crate::testing::in_a_child(
-            "transport::open_files::tests::the_soft_limit_rises_only_as_far_as_needed_and_allowed",
+            "transport::link::open_files::tests::the_soft_limit_rises_only_as_far_as_needed_and_allowed",
             CHILD,
         );
     }

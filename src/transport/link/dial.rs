@@ -1,0 +1,246 @@
+//! The dialing side of link making: connect (retried until the deadline),
+//! then the handshake (TLS if configured, hello, job-secret proofs), then
+//! the lanes the acceptor agreed to (decision 0018).
+
+use super::{
+    Established, Halves, LaneConns, Linker, describe_unix, link_context, plain_halves,
+    plaintext_refusal, read_ack,
+};
+use crate::refusals;
+use crate::security;
+use crate::security::secret::{self, NONCE_LEN, Role};
+use crate::transport::LinkError;
+use crate::transport::conn::Conn;
+use crate::transport::failure::LinkFailure;
+use crate::transport::framing::{control_header, write_frame};
+use crate::transport::link::open_files;
+use crate::wire::handshake::security_mismatch;
+use crate::wire::{Channel, FrameKind, Hello, HelloAck};
+use std::io;
+use std::net::TcpStream;
+use std::os::unix::net::{SocketAddr as UnixAddr, UnixStream};
+use std::time::{Duration, Instant};
+
+impl Linker {
+    /// Where `peer` is dialed (its Unix listener when local, else TCP),
+    /// as shown in errors.
+    fn dial_address(&self, peer: usize) -> (Option<&UnixAddr>, String) {
+        let addr = self.addrs[peer];
+        let local = self.local_peers.get(peer).and_then(Option::as_ref);
+        let shown = match local {
+            Some(a) => describe_unix(a),
+            None => addr.to_string(),
+        };
+        (local, shown)
+    }
+
+    /// A connection to `peer`, retried with backoff until `deadline`.
+    fn connect(&self, peer: usize, deadline: Instant) -> Result<Conn, LinkError> {
+        let addr = self.addrs[peer];
+        let (local, shown) = self.dial_address(peer);
+        let mut backoff = Duration::from_millis(10);
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let connected = match local {
+                Some(unix) => UnixStream::connect_addr(unix).map(Conn::Unix),
+                None => TcpStream::connect_timeout(
+                    &addr,
+                    left.clamp(Duration::from_millis(1), Duration::from_secs(5)),
+                )
+                .map(Conn::Tcp),
+            };
+            match connected {
+                Ok(s) => return Ok(s),
+                // Out of descriptors is not a peer that is still starting:
+                // say so now rather than at the deadline.
+                Err(e) if Instant::now() + backoff < deadline && !open_files::ran_out(&e) => {
+                    tracing::debug!(peer, addr = %shown, error = %e, "connect failed, retrying");
+                    std::thread::sleep(backoff);
+                    backoff = (backoff * 2).min(Duration::from_millis(500));
+                }
+                Err(e) => {
+                    return Err(LinkError::Connect {
+                        addr: shown,
+                        detail: open_files::describe(&e)
+                            + &refusals::suffix_since_at(self.epoch, self.place()),
+                        failure: LinkFailure::of_io(&e, false),
+                    });
+                }
+            }
+        }
+    }
+
+    /// Dials `peer` (a higher rank) and runs the handshake, with its lanes
+    /// where the link's plane takes them and the acceptor agrees.
+    pub(crate) fn dial(&self, peer: usize, deadline: Instant) -> Result<Established, LinkError> {
+        let (_, shown) = self.dial_address(peer);
+        let refused = |failure: LinkFailure, prefix: &str| LinkError::Connect {
+            addr: shown.clone(),
+            detail: format!("{prefix}{}", words(&failure)),
+            failure,
+        };
+        let conn = self.connect(peer, deadline)?;
+        let who = format!("rank {peer} ({shown})");
+        let channel = match self.config.lanes && self.plane(conn.kind()).takes_lanes(conn.kind()) {
+            true => Channel::MainWithLanes,
+            false => Channel::Main,
+        };
+        let (halves, lanes) = self
+            .dial_handshake(peer, &conn, &who, channel)
+            .map_err(|f| refused(f, ""))?;
+        let lanes = if lanes {
+            let open = |channel| -> Result<Conn, LinkError> {
+                let lane = self.connect(peer, deadline)?;
+                self.dial_handshake(peer, &lane, &who, channel)
+                    .map_err(|f| refused(f, "opening a lane: "))?;
+                Ok(lane)
+            };
+            Some(LaneConns {
+                send: open(Channel::LaneFromDialer)?,
+                recv: open(Channel::LaneToDialer)?,
+            })
+        } else {
+            None
+        };
+        Ok(Established {
+            conn,
+            halves,
+            lanes,
+        })
+    }
+
+    /// The dialing side of a handshake on `stream` (TLS if configured,
+    /// hello as `channel`, secret check); the link's byte streams, and
+    /// whether the acceptor takes the lanes a main connection asked for.
+    fn dial_handshake(
+        &self,
+        peer: usize,
+        stream: &Conn,
+        who: &str,
+        channel: Channel,
+    ) -> Result<(Halves, bool), LinkFailure> {
+        let addr = self.addrs[peer];
+        let hs = |e: io::Error| handshake_error(&e, who);
+        self.configure(stream).map_err(hs)?;
+        stream
+            .set_read_timeout(Some(self.config.handshake_timeout))
+            .map_err(hs)?;
+        let sec = &self.config.security;
+        let mine = sec.flags();
+        let (mut reader, mut writer) = match (&sec.tls, &stream) {
+            (Some(tls), Conn::Tcp(tcp)) => security::tls_connect(tls, tcp, addr.ip(), who)
+                .map_err(
+                    |e| match e.plaintext.as_deref().and_then(plaintext_refusal) {
+                        Some(reason) => LinkFailure::Refused {
+                            reason: format!("{}; it said: {reason}", e.detail),
+                        },
+                        None => LinkFailure::Handshake { reason: e.detail },
+                    },
+                )?,
+            (Some(_), Conn::Unix(_)) => {
+                return Err(LinkFailure::Handshake {
+                    reason: "TLS runs over TCP links only (unix links are plaintext)".into(),
+                });
+            }
+            (None, _) => plain_halves(stream).map_err(hs)?,
+        };
+        let client_nonce = match &sec.secret {
+            Some(_) => Some(secret::nonce().map_err(hs)?),
+            None => None,
+        };
+        let hello = Hello {
+            security: mine,
+            channel,
+            auth: client_nonce.map(|n| n.to_vec()).unwrap_or_default(),
+            ..Hello::new(self.job_id, self.me as u32, self.world as u32)
+        };
+        let payload = hello.encode().map_err(|e| LinkFailure::Handshake {
+            reason: e.to_string(),
+        })?;
+        write_frame(
+            &mut *writer,
+            &control_header(FrameKind::Handshake, payload.len()),
+            &payload,
+        )
+        .map_err(hs)?;
+        let ack = read_ack(&mut *reader)
+            .map_err(hs)?
+            .map_err(|reason| LinkFailure::Handshake { reason })?;
+        let lanes = ack.lanes && channel == Channel::MainWithLanes;
+        if !ack.accepted {
+            return Err(LinkFailure::Refused {
+                reason: format!("rank {peer} refused the connection: {}", ack.reason),
+            });
+        }
+        if let Some(why) = security_mismatch(ack.security, mine) {
+            return Err(LinkFailure::Refused {
+                reason: format!("rank {peer} answered, but {why}"),
+            });
+        }
+        if let (Some(secret), Some(client_nonce)) = (&sec.secret, client_nonce) {
+            let context = link_context(self.job_id, self.me, peer);
+            let server_ok = ack.auth.len() == 2 * NONCE_LEN && {
+                let (server_nonce, proof) = ack.auth.split_at(NONCE_LEN);
+                secret.verify(Role::Server, &context, &client_nonce, server_nonce, proof)
+            };
+            // Without a valid proof from the acceptor, send none back:
+            // it refuses and logs, and this side reports the mismatch.
+            let proof = if server_ok {
+                secret
+                    .proof(
+                        Role::Client,
+                        &context,
+                        &client_nonce,
+                        &ack.auth[..NONCE_LEN],
+                    )
+                    .to_vec()
+            } else {
+                Vec::new()
+            };
+            let answer = HelloAck::accept()
+                .with_security(mine)
+                .with_auth(proof)
+                .encode();
+            write_frame(
+                &mut *writer,
+                &control_header(FrameKind::HandshakeAck, answer.len()),
+                &answer,
+            )
+            .map_err(hs)?;
+            let verdict = read_ack(&mut *reader)
+                .map_err(hs)?
+                .map_err(|reason| LinkFailure::Handshake { reason })?;
+            if !server_ok {
+                return Err(LinkFailure::Refused {
+                    reason: format!(
+                        "rank {peer} failed the job-secret check: it does not know this job's secret (RINGWIRE_SECRET differs between ranks?)"
+                    ),
+                });
+            }
+            if !verdict.accepted {
+                return Err(LinkFailure::Refused {
+                    reason: format!("rank {peer} refused the connection: {}", verdict.reason),
+                });
+            }
+        }
+        Ok(((reader, writer), lanes))
+    }
+}
+
+/// A dial-side handshake failure, readable.
+fn handshake_error(e: &io::Error, who: &str) -> LinkFailure {
+    let reason = if security::is_tls_error(e) {
+        security::describe_io(e, who)
+    } else {
+        format!("handshake with {who} failed: {e}")
+    };
+    LinkFailure::Handshake { reason }
+}
+
+/// The words of a failure to make a link, as its error's detail.
+fn words(failure: &LinkFailure) -> String {
+    match failure {
+        LinkFailure::Refused { reason } | LinkFailure::Handshake { reason } => reason.clone(),
+        other => format!("{other:?}"),
+    }
+}
