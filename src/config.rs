@@ -122,6 +122,9 @@ pub(crate) struct Tunables {
     pub(crate) run_ahead_total_bytes: usize,
     pub(crate) debug_checks: bool,
     pub(crate) flight_recorder_ops: usize,
+    /// Where a failing rank also writes its flight record
+    /// (RINGWIRE_FLIGHT_RECORDER_DIR; unset: the log only).
+    pub(crate) flight_recorder_dir: Option<std::path::PathBuf>,
 }
 
 impl Tunables {
@@ -422,6 +425,7 @@ impl Overrides {
             run_ahead_total_bytes,
             debug_checks,
             flight_recorder_ops,
+            flight_recorder_dir: lookup("RINGWIRE_FLIGHT_RECORDER_DIR").map(Into::into),
         })
     }
 }

@@ -28,6 +28,7 @@ mod runner;
 mod spin;
 mod stats;
 mod transport;
+mod world;
 
 /// A gather of blocks this large (bytes per rank) to a root of 3+ ranks
 /// goes in turn: each rank sends when the root asks (decision 0023).

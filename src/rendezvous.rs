@@ -19,42 +19,11 @@ use crate::store::{Store, StoreClient, StoreError, StoreServer, TcpStoreClient};
 use crate::transport::Transport;
 use crate::transport::mesh::{LocalPeers, Mesh, MeshConfig};
 use crate::wire::OpKind;
+pub(crate) use crate::world::World;
 use crate::{env, net};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
-
-/// What every communicator of one process shares: its place in the world,
-/// the links, and (on rank 0) the store it hosts.
-pub(crate) struct World {
-    pub(crate) rank: usize,
-    pub(crate) size: usize,
-    pub(crate) job_id: u64,
-    pub(crate) transport: Box<dyn Transport>,
-    /// The rendezvous store, kept for failure reports ("who has not
-    /// arrived"), with this job's key prefix.
-    pub(crate) store: Option<(Box<dyn Store>, String)>,
-    _store: Option<StoreServer>,
-    /// The core index this rank's polling threads move to when they find
-    /// their core shared (`ringwire_uring::poll_yield`): the local rank
-    /// (modulo the usable cores), when the launcher says how many ranks
-    /// share this host.
-    pub(crate) home_core: Option<usize>,
-    /// This process's local rank and local world size, as the launcher or
-    /// `Builder::local_ranks` gave them.
-    pub(crate) local: Option<(usize, usize)>,
-    /// This host's ranks outnumber its usable cores: homes then hold for
-    /// small ops only (see `comm::execute`).
-    pub(crate) crowded: bool,
-    /// Some host of the job is crowded (agreed by every rank at
-    /// rendezvous): small all-reduces then run as a tree reduce and
-    /// broadcast, not recursive doubling (decision 0013).
-    pub(crate) crowded_anywhere: bool,
-    /// Some rank of the job links some peer over TCP (another host, local
-    /// links set to TCP, or TLS; agreed by every rank at rendezvous):
-    /// mid-size all-reduces then run halving-doubling (decision 0022).
-    pub(crate) tcp_anywhere: bool,
-}
 
 /// Where the store is.
 #[derive(Clone, Debug)]
@@ -487,7 +456,7 @@ fn rendezvous(
                 job_id: 0,
                 transport,
                 store: None,
-                _store: None,
+                hosted_store: None,
                 home_core: None,
                 local: None,
                 crowded: false,
@@ -707,7 +676,7 @@ fn rendezvous(
         job_id,
         transport,
         store: Some((client, prefix)),
-        _store: store,
+        hosted_store: store,
         home_core: None,
         local: None,
         crowded,

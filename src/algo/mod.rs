@@ -26,6 +26,7 @@ mod gather;
 mod pacing;
 mod reduce;
 mod ring;
+pub mod select;
 pub mod sim;
 
 pub use alltoall::{all_to_all, all_to_all_v, barrier, exchange, recv, send};

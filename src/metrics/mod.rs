@@ -36,9 +36,9 @@ mod server;
 
 pub use server::server_addr;
 
-use crate::rendezvous::World;
 use crate::stats::{Counters, FAILURE_KINDS, LATENCY_BOUNDS_NS, OpCounters, StatsRecorder};
 use crate::wire::OpKind;
+use crate::world::World;
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, NoLabelSet};
 use prometheus_client::metrics::MetricType;

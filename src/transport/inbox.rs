@@ -456,3 +456,185 @@ impl Drop for Waiting<'_> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dtype::DType;
+    use std::sync::atomic::AtomicUsize;
+
+    /// Inboxes of rank 0 among 3 with a per-peer limit of 100 bytes (no
+    /// total limit), and a count of the wake-ups they asked for.
+    fn inboxes() -> (Inboxes, Arc<AtomicUsize>) {
+        let woken = Arc::new(AtomicUsize::new(0));
+        let count = woken.clone();
+        let wake: Wake = Arc::new(move || {
+            count.fetch_add(1, Ordering::SeqCst);
+        });
+        (Inboxes::new(0, 3, (100, 0), wake), woken)
+    }
+
+    fn frame(comm: u64, seq: u64, op: OpKind, bytes: usize) -> (Header, AlignedBuf) {
+        let header = Header::data(comm, seq, op, DType::U8).with_payload_len(bytes as u32);
+        let mut buf = AlignedBuf::default();
+        buf.prepare(bytes).fill(seq as u8);
+        (header, buf)
+    }
+
+    fn file(inboxes: &Inboxes, peer: usize, comm: u64, seq: u64, bytes: usize) {
+        let (header, payload) = frame(comm, seq, OpKind::AllReduce, bytes);
+        inboxes.file(peer, header, payload, true);
+    }
+
+    #[test]
+    fn frames_of_a_begun_op_hold_nobody_back() {
+        let (inboxes, _) = inboxes();
+        inboxes.begin(7, 3, None);
+        for seq in 1..=3 {
+            file(&inboxes, 1, 7, seq, 80);
+        }
+        assert_eq!(inboxes.held_ahead(), (0, 0));
+        assert!(!inboxes.paused(1));
+        let inbox = inboxes.inbox(7, 1);
+        let seqs: Vec<u64> = std::iter::from_fn(|| inbox.pop().map(|f| f.header.seq)).collect();
+        assert_eq!(seqs, [1, 2, 3], "in arrival order");
+    }
+
+    #[test]
+    fn a_peer_past_its_limit_pauses_until_its_op_begins() {
+        let (inboxes, woken) = inboxes();
+        file(&inboxes, 1, 7, 1, 60);
+        assert_eq!(inboxes.held_ahead(), (60, 60));
+        assert!(!inboxes.paused(1), "60 of 100 bytes");
+        file(&inboxes, 1, 7, 2, 60);
+        assert!(inboxes.paused(1) && inboxes.over(1), "120 of 100 bytes");
+        assert!(!inboxes.paused(2), "only the peer that ran ahead");
+        let before = woken.load(Ordering::SeqCst);
+        inboxes.begin(7, 1, None);
+        assert_eq!(inboxes.held_ahead(), (60, 120));
+        assert!(!inboxes.paused(1), "back under the limit");
+        assert!(woken.load(Ordering::SeqCst) > before, "readers told");
+        // Every frame stays in the inbox whatever it counted as.
+        assert_eq!(inboxes.inbox(7, 1).pop().map(|f| f.header.seq), Some(1));
+    }
+
+    #[test]
+    fn a_waiter_keeps_a_paused_link_read_until_its_frame_is_in() {
+        let (inboxes, _) = inboxes();
+        file(&inboxes, 1, 9, 5, 200);
+        assert!(inboxes.paused(1));
+        // A thread waits for communicator 8's frame from rank 1: it may sit
+        // behind the held ones, so the link is read while its inbox is empty.
+        let inbox = inboxes.inbox(8, 1);
+        {
+            let _waiting = inboxes.waiting_on(&inbox, 1, Await::Inbox);
+            assert!(!inboxes.paused(1) && inboxes.awaited(1));
+            inboxes.begin(8, 1, None);
+            file(&inboxes, 1, 8, 1, 10);
+            assert!(inboxes.paused(1), "its frame is in: paused again");
+        }
+        assert!(!inboxes.awaited(1));
+        // Waiting for a placement keeps it read whatever the inboxes hold.
+        let _placing = inboxes.waiting_on(&inbox, 1, Await::Placement);
+        assert!(!inboxes.paused(1));
+    }
+
+    #[test]
+    fn point_to_point_frames_begin_with_their_receive_from_that_peer() {
+        let (inboxes, _) = inboxes();
+        let (header, payload) = frame(7, 1, OpKind::SendRecv, 150);
+        inboxes.file(2, header, payload, true);
+        assert!(inboxes.paused(2));
+        inboxes.begin(7, 1, None);
+        assert!(inboxes.paused(2), "a collective begins no receive");
+        inboxes.begin(7, 1, Some(1));
+        assert!(inboxes.paused(2), "a receive from another peer neither");
+        inboxes.begin(7, 1, Some(2));
+        assert!(!inboxes.paused(2));
+        assert_eq!(inboxes.held_ahead().0, 0);
+    }
+
+    #[test]
+    fn a_forgotten_communicator_drops_what_it_held_and_what_comes_later() {
+        let (inboxes, _) = inboxes();
+        file(&inboxes, 1, 7, 4, 150);
+        file(&inboxes, 2, 6, 1, 10);
+        assert!(inboxes.paused(1));
+        assert_eq!(inboxes.count(), 2);
+        inboxes.forget(7);
+        assert!(!inboxes.paused(1));
+        assert_eq!(inboxes.held_ahead().0, 10, "communicator 6's frame stays");
+        assert_eq!(inboxes.count(), 1);
+        file(&inboxes, 1, 7, 5, 150);
+        assert_eq!(inboxes.count(), 1, "no inbox made again for a late frame");
+        assert!(!inboxes.paused(1));
+    }
+
+    #[test]
+    fn a_lost_peer_stops_counting_but_its_frames_stay_readable() {
+        let (inboxes, _) = inboxes();
+        file(&inboxes, 1, 7, 4, 150);
+        assert!(inboxes.paused(1));
+        inboxes.peer_lost(1);
+        assert!(!inboxes.paused(1) && !inboxes.over(1));
+        assert_eq!(inboxes.held_ahead().0, 0);
+        // Drained from its socket after the failure: kept, not counted.
+        file(&inboxes, 1, 7, 5, 150);
+        assert_eq!(inboxes.held_ahead().0, 0);
+        let inbox = inboxes.inbox(7, 1);
+        assert_eq!(inbox.pop().map(|f| f.header.seq), Some(4));
+        assert_eq!(inbox.pop().map(|f| f.header.seq), Some(5));
+    }
+
+    #[test]
+    fn a_closing_transport_pauses_nothing() {
+        let (inboxes, _) = inboxes();
+        file(&inboxes, 1, 7, 4, 150);
+        assert!(inboxes.paused(1));
+        inboxes.close();
+        assert!(!inboxes.paused(1));
+        assert!(!inboxes.wait_while_paused(1));
+    }
+
+    #[test]
+    fn a_sleeping_receive_wakes_for_a_frame_or_gives_up_at_its_deadline() {
+        let (inboxes, _) = inboxes();
+        let inboxes = Arc::new(inboxes);
+        inboxes.begin(7, 1, None);
+        let inbox = inboxes.inbox(7, 1);
+        let late = Instant::now() + Duration::from_millis(20);
+        assert!(inbox.wait_until(late, |q| q.pop_front()).is_none());
+        let filer = inboxes.clone();
+        let t = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(20));
+            file(&filer, 1, 7, 1, 8);
+        });
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let got = inbox.wait_until(deadline, |q| q.pop_front());
+        assert_eq!(got.map(|f| f.payload.len()), Some(8));
+        t.join().unwrap();
+        // `wake` makes a sleeper look again (an abort, a failed link).
+        let flag = Arc::new(AtomicBool::new(false));
+        let (waker, seen) = (inboxes.clone(), flag.clone());
+        let t = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(20));
+            seen.store(true, Ordering::SeqCst);
+            waker.wake(|c, p| (c, p) == (7, 1));
+        });
+        let got = inbox.wait_until(deadline, |_| flag.load(Ordering::SeqCst).then_some(()));
+        assert_eq!(got, Some(()));
+        assert!(Instant::now() < deadline);
+        t.join().unwrap();
+    }
+
+    #[test]
+    fn payload_buffers_are_reused() {
+        let (inboxes, _) = inboxes();
+        let mut buf = inboxes.buffer();
+        buf.prepare(4096);
+        let at = buf.bytes().as_ptr();
+        inboxes.recycle(buf);
+        let mut again = inboxes.buffer();
+        assert_eq!(again.prepare(4096).as_ptr(), at as *mut u8);
+    }
+}

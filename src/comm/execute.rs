@@ -1,0 +1,386 @@
+//! How one op runs, whoever runs it (the executor thread, or a caller
+//! running it in place): numbered ([`Ticket`]), wrapped by [`execute`] (the
+//! failed-communicator check, run-ahead `begin`, flight record, span, the
+//! debug signature check, stats, and on failure the diagnosis and the
+//! abort flood), and given a [`Ctx`] to build and run its schedules in.
+
+use super::{diagnose, lock};
+use crate::algo::select::Shape;
+use crate::algo::{self, Step};
+use crate::config::Tunables;
+use crate::error::{Error, OpContext};
+use crate::exec::{self, OpSignature, Traffic};
+use crate::recorder::FlightRecorder;
+use crate::stats::StatsRecorder;
+use crate::wire::OpKind;
+use crate::world::World;
+use crate::{Element, ReduceOp};
+use std::panic::{self, AssertUnwindSafe};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use zerocopy::{FromBytes, IntoBytes};
+
+/// What the executor thread owns.
+pub(super) struct Executor {
+    pub(super) world: Arc<World>,
+    pub(super) rank: usize,
+    pub(super) comm_id: u64,
+    pub(super) members: Arc<Vec<usize>>,
+    pub(super) tunables: Tunables,
+    pub(super) state: Arc<Mutex<Option<String>>>,
+    pub(super) stats: Arc<StatsRecorder>,
+    pub(super) recorder: Arc<FlightRecorder>,
+    pub(super) size: usize,
+    /// The schedule of the op running now, kept between ops (one op runs
+    /// at a time per communicator).
+    pub(super) steps: Mutex<Vec<Step>>,
+    /// Work space of ops that must not touch their input (reduce-scatter,
+    /// reduce on non-roots, all-to-all), kept between ops up to
+    /// `KEPT_SCRATCH_BYTES`; 8-byte words so it can hold any element type.
+    pub(super) scratch: Mutex<Vec<u64>>,
+    /// Per-rank counts of even all-to-alls, reused.
+    pub(super) counts: Mutex<Vec<usize>>,
+    /// Scratch of `algo::pace` (a second step list, a mark per rank),
+    /// reused.
+    pub(super) pacing: Mutex<(Vec<Step>, Vec<u8>)>,
+}
+
+/// Scratch space kept between ops; larger work spaces are freed after use.
+pub(super) const KEPT_SCRATCH_BYTES: usize = 64 << 20;
+
+impl crate::runner::Context for Executor {
+    fn idle(&self) {
+        self.world.transport.release();
+    }
+
+    fn home_core(&self) -> Option<usize> {
+        self.world.home_core
+    }
+}
+
+/// The description of one op, before it runs.
+pub(super) struct OpPlan {
+    pub(super) kind: OpKind,
+    pub(super) dtype: crate::DType,
+    pub(super) count: u64,
+    pub(super) reduce_op: Option<ReduceOp>,
+    pub(super) root: u32,
+    /// Whether every rank passes the same count (then frames check it).
+    pub(super) uniform_count: bool,
+}
+
+/// What a job gets to run its schedule.
+pub(super) struct Ctx<'a> {
+    pub(super) ex: &'a Executor,
+    pub(super) sig: OpSignature,
+    pub(super) op: OpContext,
+    pub(super) started: Instant,
+    pub(super) timeout: Duration,
+    pub(super) traffic: Traffic,
+    /// The op's schedule is paced (decision 0024); its body decides.
+    pub(super) pace: bool,
+}
+
+impl Ctx<'_> {
+    /// Runs `steps` on `input` (read only) followed by `work`; see
+    /// [`exec::run`].
+    pub(super) fn run<T: Element>(
+        &mut self,
+        steps: &[Step],
+        input: &[T],
+        work: &mut [T],
+    ) -> Result<(), Error> {
+        exec::run(
+            &*self.ex.world.transport,
+            &self.ex.members,
+            &self.sig,
+            &self.op,
+            steps,
+            input,
+            work,
+            self.started,
+            self.timeout,
+            &mut self.traffic,
+        )
+    }
+
+    /// Elements per frame for dtype `T`.
+    pub(super) fn chunk<T: Element>(&self) -> usize {
+        (self.ex.tunables.chunk_bytes / size_of::<T>()).max(1)
+    }
+
+    /// Builds the op's schedule (`build` gets an empty step list and the
+    /// chunk length) in the executor's reused list and runs it on `work`:
+    /// no allocation once the list has grown.
+    pub(super) fn run_schedule<T: Element>(
+        &mut self,
+        work: &mut [T],
+        build: impl FnOnce(&mut Vec<Step>, usize),
+    ) -> Result<(), Error> {
+        self.run_schedule_from(&[], work, build)
+    }
+
+    /// [`Ctx::run_schedule`] for a schedule whose first `input.len()`
+    /// elements are `input`, which its sends read in place.
+    pub(super) fn run_schedule_from<T: Element>(
+        &mut self,
+        input: &[T],
+        work: &mut [T],
+        build: impl FnOnce(&mut Vec<Step>, usize),
+    ) -> Result<(), Error> {
+        let ex = self.ex;
+        with_kept(
+            &ex.steps,
+            |_| true,
+            |steps| {
+                steps.clear();
+                build(steps, self.chunk::<T>());
+                if self.pace {
+                    with_kept(
+                        &ex.pacing,
+                        |_| true,
+                        |(spare, marks)| algo::pace(steps, spare, marks, ex.size, input.len()),
+                    );
+                }
+                self.run(steps, input, work)
+            },
+        )
+    }
+
+    /// Runs `f` on a work space of `len` elements (contents unspecified),
+    /// reused between ops.
+    pub(super) fn with_scratch<T: Element, R>(
+        &mut self,
+        len: usize,
+        f: impl FnOnce(&mut Self, &mut [T]) -> R,
+    ) -> R {
+        let ex = self.ex;
+        let small_enough = |words: &Vec<u64>| words.len() * 8 <= KEPT_SCRATCH_BYTES;
+        with_kept(&ex.scratch, small_enough, |words| {
+            let bytes = len * size_of::<T>();
+            if words.len() * 8 < bytes {
+                words.resize(bytes.div_ceil(8), 0);
+            }
+            let work = <[T]>::mut_from_bytes(&mut words.as_mut_bytes()[..bytes])
+                .expect("8-byte words hold any element type");
+            f(self, work)
+        })
+    }
+
+    pub(super) fn rank_and_size(&self) -> (usize, usize) {
+        (self.ex.rank, self.ex.size)
+    }
+
+    /// What this communicator's algorithm choices depend on.
+    pub(super) fn shape(&self) -> Shape {
+        self.ex
+            .world
+            .shape(self.ex.size, self.ex.tunables.small_message_bytes)
+    }
+}
+
+/// Runs `f` on the value kept in `slot` (taken out, so `f` may run ops
+/// that lock nothing of it) and puts it back if `keep` says so; one op runs
+/// at a time per communicator, so the slot is never contended.
+pub(super) fn with_kept<V: Default, R>(
+    slot: &Mutex<V>,
+    keep: impl Fn(&V) -> bool,
+    f: impl FnOnce(&mut V) -> R,
+) -> R {
+    let mut value = std::mem::take(&mut *lock(slot));
+    let result = f(&mut value);
+    if keep(&value) {
+        *lock(slot) = value;
+    }
+    result
+}
+
+/// A numbered op, ready to run.
+pub(super) struct Ticket {
+    pub(super) plan: OpPlan,
+    pub(super) seq: u64,
+    pub(super) peer: Option<usize>,
+    /// A point-to-point receive's source (world rank).
+    pub(super) receives_from: Option<usize>,
+    /// An exchange's send number (its `seq` is its receive's).
+    pub(super) send_seq: Option<u64>,
+    pub(super) timeout: Duration,
+}
+
+/// Whom a point-to-point op sends to and receives from (ranks of the
+/// communicator).
+#[derive(Clone, Copy, Debug)]
+pub(super) enum P2p {
+    Send(usize),
+    Recv(usize),
+    Exchange { to: usize, from: usize },
+}
+
+/// Ops below this many bytes are latency-bound: queued, they do not wake
+/// the executor (their waiter usually runs them, decision 0008), and on a
+/// crowded host they run from a home core. Larger ones wake the executor at
+/// once, so work nobody waits for yet starts before anyone does. (Which
+/// algorithm an op uses is `small_message_bytes`, a separate threshold.)
+pub(super) const LATENCY_BOUND_BYTES: u64 = 64 << 10;
+
+/// The executor polls at most this long after a job for the next one
+/// (`RINGWIRE_SPIN_US` may be longer: it is sized for waits on peers).
+pub(super) const EXECUTOR_SPIN: Duration = Duration::from_micros(200);
+
+/// Restores the thread's home core when an op that cleared it ends.
+pub(super) struct HomeCleared(Option<usize>);
+
+impl Drop for HomeCleared {
+    fn drop(&mut self) {
+        ringwire_uring::set_home_core(self.0);
+    }
+}
+
+/// Runs one op on the calling thread (the executor, or a caller running it
+/// itself) with everything around it: the failed-communicator check, the
+/// flight record, the span, debug signature checks, stats, and on failure
+/// who is missing, the abort flood and the flight-record dump.
+pub(super) fn execute<R>(
+    ex: &Executor,
+    ticket: Ticket,
+    job: impl FnOnce(&mut Ctx<'_>) -> Result<R, Error>,
+) -> Result<R, Error> {
+    let Ticket {
+        plan,
+        seq,
+        peer,
+        receives_from,
+        send_seq,
+        timeout,
+    } = ticket;
+    if let Some(first) = lock(&ex.state).clone() {
+        ex.recorder.ended(
+            plan.kind,
+            seq,
+            peer,
+            Some("not run: communicator failed".into()),
+        );
+        let refused = Error::Failed { first };
+        ex.stats.failed(&refused);
+        return Err(refused);
+    }
+    ex.recorder.started(plan.kind, seq, peer);
+    // Peers' frames for this op stop counting as run ahead (decision 0019).
+    // A send receives nothing, and its number counts sends to one peer, not
+    // collectives: it begins nothing.
+    let sends_only = peer.is_some() && receives_from.is_none();
+    if !sends_only {
+        ex.world.transport.begin(ex.comm_id, seq, receives_from);
+    }
+    // On a crowded host (more local ranks than cores) a home core steadies
+    // latency-bound ops (no two ranks of a recursive-doubling round stacked
+    // on one core), but large ones ran faster where the scheduler put them
+    // (measured, docs/perf.md): drop the home for the op.
+    let bytes = plan.count * plan.dtype.size() as u64;
+    let _placement = (ex.world.crowded && bytes >= LATENCY_BOUND_BYTES)
+        .then(|| HomeCleared(ringwire_uring::set_home_core(None)));
+    let span = tracing::debug_span!(
+        "collective",
+        op = %plan.kind,
+        seq,
+        rank = ex.rank,
+        bytes
+    );
+    let _entered = span.enter();
+    let mut ctx = Ctx {
+        ex,
+        sig: OpSignature {
+            comm_id: ex.comm_id,
+            seq,
+            op: plan.kind,
+            dtype: plan.dtype,
+            reduce_op: plan.reduce_op,
+            root: plan.root,
+            count: plan.uniform_count.then_some(plan.count),
+            send_seq,
+            send_count: None,
+        },
+        op: OpContext {
+            op: plan.kind,
+            seq,
+            dtype: plan.dtype.name(),
+            count: plan.count,
+            rank: ex.rank,
+        },
+        started: Instant::now(),
+        timeout,
+        traffic: Traffic::default(),
+        pace: false,
+    };
+    let mut result = match (ex.tunables.debug_checks && peer.is_none())
+        .then(|| diagnose::check_signature(&mut ctx, &plan))
+    {
+        Some(Err(e)) => Err(e),
+        // A panic (a bug of ringwire's, or of a caller's buffer type) must
+        // not leave the peers waiting in step with an op this rank dropped:
+        // it fails the communicator as an internal error would.
+        _ => panic::catch_unwind(AssertUnwindSafe(|| job(&mut ctx))).unwrap_or_else(|panic| {
+            let what = panic
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "a panic without a message".into());
+            Err(Error::Internal {
+                ctx: ctx.op.clone(),
+                detail: format!(
+                    "the op panicked (in ringwire or in the caller's buffer type): {what}"
+                ),
+            })
+        }),
+    };
+    if let Err(Error::Timeout {
+        ctx: op_ctx,
+        peer,
+        waited,
+        detail,
+    }) = result
+    {
+        // After what the op said (a send's "to take a frame").
+        let detail = detail + &diagnose::who_is_missing(ex, seq);
+        result = Err(Error::Timeout {
+            ctx: op_ctx,
+            peer,
+            waited,
+            detail,
+        });
+    } else if result.as_ref().is_err_and(Error::is_fatal) {
+        // Ranks that failed otherwise did reach the op: say so, for the
+        // ranks that time out.
+        diagnose::report_progress(ex, seq);
+    }
+    ex.recorder.ended(
+        plan.kind,
+        seq,
+        peer,
+        result.as_ref().err().map(ToString::to_string),
+    );
+    match &result {
+        Ok(_) => {
+            ex.stats
+                .record(plan.kind, ctx.started.elapsed(), ctx.traffic);
+            tracing::debug!(
+                elapsed_us = ctx.started.elapsed().as_micros() as u64,
+                "done"
+            );
+        }
+        Err(e) => {
+            ex.stats.failed(e);
+            tracing::error!(error = %e, "collective failed");
+            if e.is_fatal() {
+                lock(&ex.state).get_or_insert_with(|| e.to_string());
+                // Tell every rank, not only the neighbours of the failure,
+                // so none waits for its timeout.
+                ex.world
+                    .transport
+                    .abort(ex.comm_id, seq, &e.to_string(), &ex.members);
+                diagnose::dump_flight_record(ex);
+            }
+        }
+    }
+    result
+}
