@@ -11,24 +11,25 @@ use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::time::Duration;
 
-/// SO_SNDBUF / SO_RCVBUF of the engine's Unix-domain links unless
+/// SO_SNDBUF / SO_RCVBUF of Unix-domain links whose plane asks for large
+/// buffers (the engine's, `PlaneKind::large_unix_buffers`) unless
 /// RINGWIRE_SOCKET_BUFFER_BYTES says otherwise (decision 0015). A Unix
 /// stream socket does not autotune: the kernel's 208 KiB default lets a
 /// 1 MiB chunk through only in pieces, each a wake-up of the receiver on a
 /// shared core. The kernel doubles the value and caps it at wmem_max.
-pub(crate) const ENGINE_UNIX_SOCKET_BUFFER: usize = 1 << 20;
+pub(crate) const LARGE_UNIX_SOCKET_BUFFER: usize = 1 << 20;
 
 /// A link's SO_SNDBUF / SO_RCVBUF: the configured size (0: the kernel's
-/// defaults), else [`ENGINE_UNIX_SOCKET_BUFFER`] on the engine's Unix
-/// links, else `None` (kernel defaults; TCP autotunes, which an explicit
+/// defaults), else [`LARGE_UNIX_SOCKET_BUFFER`] on Unix links that want
+/// large buffers, else `None` (kernel defaults; TCP autotunes, which an explicit
 /// size would stop: 4 MiB on the engine's TCP links measured level with
 /// autotuning once lanes carried only whole chunks, perf.md, thirteenth
 /// session).
-fn socket_buffer_for(configured: Option<usize>, engine: bool, kind: ConnKind) -> Option<usize> {
+fn socket_buffer_for(configured: Option<usize>, large_unix: bool, kind: ConnKind) -> Option<usize> {
     if let Some(size) = configured {
         return (size > 0).then_some(size);
     }
-    (engine && kind == ConnKind::Unix).then_some(ENGINE_UNIX_SOCKET_BUFFER)
+    (large_unix && kind == ConnKind::Unix).then_some(LARGE_UNIX_SOCKET_BUFFER)
 }
 
 /// A link's socket.
@@ -93,11 +94,11 @@ impl Conn {
 
     /// Latency over throughput for TCP (frames are written whole); socket
     /// buffers as [`socket_buffer_for`] says.
-    pub(crate) fn configure(&self, configured: Option<usize>, engine: bool) -> io::Result<()> {
+    pub(crate) fn configure(&self, configured: Option<usize>, large_unix: bool) -> io::Result<()> {
         if let Conn::Tcp(s) = self {
             s.set_nodelay(true)?;
         }
-        if let Some(size) = socket_buffer_for(configured, engine, self.kind()) {
+        if let Some(size) = socket_buffer_for(configured, large_unix, self.kind()) {
             let sock = socket2::SockRef::from(self);
             sock.set_send_buffer_size(size)?;
             sock.set_recv_buffer_size(size)?;
@@ -249,10 +250,7 @@ mod tests {
 
         let engine_link = unix();
         engine_link.configure(None, true).unwrap();
-        assert_eq!(
-            send_buffer(&engine_link),
-            granted(ENGINE_UNIX_SOCKET_BUFFER)
-        );
+        assert_eq!(send_buffer(&engine_link), granted(LARGE_UNIX_SOCKET_BUFFER));
         assert_ne!(send_buffer(&engine_link), kernel_default);
 
         // The portable plane keeps the kernel's default.

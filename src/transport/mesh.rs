@@ -46,7 +46,7 @@ pub(crate) struct MeshConfig {
     pub(crate) write_timeout: Duration,
     /// SO_SNDBUF / SO_RCVBUF; `None` keeps the kernel's autotuning, which
     /// on Linux grows further than an explicit size capped by wmem_max
-    /// (but the engine's Unix links get one: `conn::ENGINE_UNIX_SOCKET_BUFFER`);
+    /// (but the engine's Unix links get one: `conn::LARGE_UNIX_SOCKET_BUFFER`);
     /// `Some(0)` asks for the kernel's defaults there too.
     pub(crate) socket_buffer: Option<usize>,
     /// Idle links carry a heartbeat this often.
