@@ -14,6 +14,7 @@ pub mod net;
 pub mod refusals;
 pub mod security;
 pub mod store;
+pub mod train;
 pub mod wire;
 
 mod buffer;

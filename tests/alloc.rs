@@ -114,6 +114,51 @@ fn owned_buffer_ops_allocate_nothing_per_op() {
     }
 }
 
+thread_local! {
+    /// Each rank's gradient reducer, kept across steps.
+    static REDUCER: RefCell<Option<ringwire::train::GradReducer>> = const { RefCell::new(None) };
+}
+
+#[test]
+fn a_gradient_reducer_allocates_nothing_per_step_after_the_first() {
+    use ringwire::train::{CommHook, GradReducer, Layout, ReducerConfig};
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let (_store, comms) = local_group(2, |b| b.chunk_bytes(1024));
+    let name = comms[0].transport_name();
+    let mut layout = Layout::new();
+    let ids: Vec<_> = (0..6)
+        .map(|i| layout.push(format!("p{i}"), 300 * (i + 1), ringwire::DType::F32))
+        .collect();
+    for hook in [CommHook::Avg, CommHook::Bf16Wire] {
+        let config = ReducerConfig {
+            bucket_cap_bytes: 4096,
+            first_bucket_bytes: 2048,
+            hook,
+            ..ReducerConfig::default()
+        };
+        // A step: backward writes each gradient (last layer first) and
+        // marks it ready; finish; the optimizer reads; zero_grad. The
+        // reducer is made in the first (a warm-up step on each rank's
+        // thread).
+        let n = allocations_per_op(&comms, 1, |c, _, _| {
+            REDUCER.with_borrow_mut(|slot| {
+                let r = slot.get_or_insert_with(|| {
+                    GradReducer::new(c, layout.clone(), config.clone()).unwrap()
+                });
+                for &id in ids.iter().rev() {
+                    r.grad_mut::<f32>(id).unwrap().fill(1.5);
+                    r.mark_ready(id).unwrap();
+                }
+                r.finish().unwrap();
+                assert_eq!(r.grad::<f32>(ids[0]).unwrap()[0], 1.5);
+                r.zero_grads();
+            });
+        });
+        eprintln!("{name}: {n} allocations per reducer step ({hook:?})");
+        assert_eq!(n, 0, "{name}: a reducer step allocates ({hook:?})");
+    }
+}
+
 /// Every other test of this file, again on the portable transport.
 #[test]
 fn on_the_portable_transport_too() {

@@ -89,6 +89,81 @@ fn accepts_vec_buffer_bytesmut_and_slices() {
 }
 
 #[test]
+fn all_gather_v_takes_uneven_blocks_in_place_and_queued_and_checks_its_arguments() {
+    let (_store, comms) = local_group(3, |b| b.chunk_bytes(64));
+    on_all(&comms, |c| {
+        let counts = [2usize, 0, 37];
+        let mine: Vec<i32> = (0..counts[c.rank()])
+            .map(|i| (100 * c.rank() + i) as i32)
+            .collect();
+        let expected: Vec<i32> = (0..3)
+            .flat_map(|r| (0..counts[r]).map(move |i| (100 * r + i) as i32))
+            .collect();
+        // In place (nothing queued), then behind a queued op, on copies.
+        let mut out = vec![0i32; 39];
+        c.all_gather_v_slice(&mine, &mut out, &counts).unwrap();
+        assert_eq!(out, expected);
+        let queued = c.all_reduce(vec![1u8; 4], ReduceOp::Sum);
+        let mut again = vec![0i32; 39];
+        c.all_gather_v_slice(&mine, &mut again, &counts).unwrap();
+        assert_eq!(again, expected, "all_gather_v_slice behind an op");
+        assert_eq!(queued.wait().unwrap(), [3; 4]);
+        let (_, owned) = c
+            .all_gather_v(mine.clone(), vec![0i32; 39], &counts)
+            .wait()
+            .unwrap();
+        assert_eq!(owned, expected);
+        // Bad arguments fail at once, here only, and fail nothing else.
+        for (counts, input, output) in [
+            (vec![2, 0], mine.len(), 39),         // one count per rank
+            (vec![2, 0, 37], mine.len() + 1, 40), // input is not my count
+            (vec![2, 0, 37], mine.len(), 38),     // output is not the sum
+        ] {
+            let e = c
+                .all_gather_v(vec![0i32; input], vec![0i32; output], &counts)
+                .wait()
+                .unwrap_err();
+            assert!(matches!(e, Error::InvalidArgument { .. }), "{e}");
+        }
+        c.barrier().wait().unwrap();
+    });
+}
+
+#[test]
+fn ranks_that_disagree_on_all_gather_v_counts_fail_instead_of_hanging() {
+    let (_store, comms) = local_group(2, |b| b.timeout(Duration::from_secs(20)));
+    let start = Instant::now();
+    let results = on_all(&comms, |c| {
+        // Rank 0 expects 2 elements from rank 1, which sends 4; rank 1
+        // gets the 3 it expects from rank 0, and may finish first.
+        let counts = if c.rank() == 0 { [3, 2] } else { [3, 4] };
+        let total = counts.iter().sum();
+        let op = c
+            .all_gather_v(vec![1i32; counts[c.rank()]], vec![0i32; total], &counts)
+            .wait()
+            .map(|_| ());
+        // Either way the communicator is failed now, on both ranks.
+        (op, c.barrier().wait())
+    });
+    assert!(start.elapsed() < Duration::from_secs(10), "{results:?}");
+    let (rank0, _) = &results[0];
+    let e = rank0.as_ref().unwrap_err();
+    assert!(matches!(e, Error::Mismatch { .. }), "{e}");
+    for (rank, (op, later)) in results.iter().enumerate() {
+        if let Err(e) = op {
+            assert!(
+                matches!(e, Error::Mismatch { .. } | Error::Aborted { .. }),
+                "rank {rank}: {e}"
+            );
+        }
+        assert!(
+            later.is_err(),
+            "rank {rank}: the communicator must be failed"
+        );
+    }
+}
+
+#[test]
 fn send_and_recv_pair_in_call_order() {
     let (_store, comms) = local_group(3, |b| b.chunk_bytes(64));
     on_all(&comms, |c| match c.rank() {

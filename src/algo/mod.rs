@@ -39,8 +39,8 @@ pub use reduce::{
     reduce_tree_from,
 };
 pub use ring::{
-    all_gather_ring, all_reduce_ring, reduce_scatter_ring, reduce_scatter_ring_from,
-    reduce_scatter_ring_into, reduce_scatter_slot,
+    all_gather_ring, all_gather_v_ring, all_reduce_ring, reduce_scatter_ring,
+    reduce_scatter_ring_from, reduce_scatter_ring_into, reduce_scatter_slot,
 };
 
 use std::ops::Range;

@@ -400,6 +400,22 @@ pub fn all_gather_ring(
     });
 }
 
+/// Ring all-gather of blocks of uneven lengths: rank r's block is
+/// `counts[r]` elements (MPI's Allgatherv). Work buffer: the output (the
+/// blocks in rank order, `counts` summed) with this rank's input already
+/// copied to its block. Empty blocks cost no frames; every rank must pass
+/// the same counts (a rank that differs meets a frame of another length).
+pub fn all_gather_v_ring(out: &mut Vec<Step>, rank: usize, counts: &[usize], chunk: usize) {
+    let world = counts.len();
+    let blocks = |i: usize| {
+        let start: usize = counts[..i].iter().sum();
+        start..start + counts[i]
+    };
+    pipelined(out, rank, world, chunk, world.saturating_sub(1), |g| {
+        all_gather_step(rank, world, &blocks, g)
+    });
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

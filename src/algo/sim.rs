@@ -382,6 +382,48 @@ mod tests {
         }
     }
 
+    #[test]
+    fn all_gather_v_concatenates_uneven_blocks_in_rank_order() {
+        let seed = Rng::fresh_seed();
+        let mut rng = Rng::new(seed);
+        for world in 1..=9 {
+            for pattern in 0..4 {
+                // Empty blocks, one long one, ragged, all equal.
+                let counts: Vec<usize> = (0..world)
+                    .map(|r| match pattern {
+                        0 => (r % 3) * (r % 2),
+                        1 => usize::from(r == world / 2) * 70,
+                        2 => (r * 7 + 3) % 11,
+                        _ => 5,
+                    })
+                    .collect();
+                for chunk in CHUNKS {
+                    let inputs: Vec<Vec<i64>> = counts
+                        .iter()
+                        .map(|&n| random_data(&mut rng, n, ReduceOp::Sum))
+                        .collect();
+                    let expected: Vec<i64> = inputs.concat();
+                    let mut works: Vec<Vec<i64>> = (0..world)
+                        .map(|r| {
+                            let mut w = vec![0; expected.len()];
+                            let start: usize = counts[..r].iter().sum();
+                            w[start..start + counts[r]].copy_from_slice(&inputs[r]);
+                            w
+                        })
+                        .collect();
+                    let scheds: Vec<_> = (0..world)
+                        .map(|r| schedule(|o| all_gather_v_ring(o, r, &counts, chunk)))
+                        .collect();
+                    run(&scheds, &mut works, ReduceOp::Sum).unwrap();
+                    assert!(
+                        works.iter().all(|w| *w == expected),
+                        "seed {seed} p={world} counts {counts:?} chunk {chunk}"
+                    );
+                }
+            }
+        }
+    }
+
     /// Gather to every root lands each rank's block in its place at the
     /// root; scatter from every root gives each rank its block. Work
     /// buffers as `gather` and `scatter` say: the root's holds all blocks,

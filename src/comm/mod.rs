@@ -400,6 +400,24 @@ impl Communicator {
         self.owned_in_to_out(ops::AllGather, input, output)
     }
 
+    /// Gathers every rank's `input` into `output` in rank order, with
+    /// blocks of different lengths: rank r contributes `counts[r]` elements
+    /// (MPI's `Allgatherv`; torch's `all_gather` of uneven tensors). Every
+    /// rank passes the same `counts`; `input.len()` must be
+    /// `counts[rank()]` and `output.len()` their sum. Ranks whose counts
+    /// differ fail with [`Error::Mismatch`].
+    pub fn all_gather_v<T: Element, B: CollectiveBuffer<T>, O: CollectiveBuffer<T>>(
+        &self,
+        input: B,
+        output: O,
+        counts: &[usize],
+    ) -> PendingCollective<(B, O)> {
+        let op = ops::AllGatherV {
+            counts: counts.to_vec(),
+        };
+        self.owned_in_to_out(op, input, output)
+    }
+
     /// Gathers every rank's `input` into `root`'s `output`, in rank order.
     /// Every rank passes an input of the same length; at the root `output`
     /// must hold `input.len() * world_size()` elements. Other ranks'
@@ -620,6 +638,19 @@ impl Communicator {
     /// Blocking [`Communicator::all_gather`] on borrowed slices.
     pub fn all_gather_slice<T: Element>(&self, input: &[T], output: &mut [T]) -> Result<(), Error> {
         self.blocking_in_to_out(ops::AllGather, input, output)
+    }
+
+    /// Blocking [`Communicator::all_gather_v`] on borrowed slices.
+    pub fn all_gather_v_slice<T: Element>(
+        &self,
+        input: &[T],
+        output: &mut [T],
+        counts: &[usize],
+    ) -> Result<(), Error> {
+        let op = ops::AllGatherV {
+            counts: counts.to_vec(),
+        };
+        self.blocking_in_to_out(op, input, output)
     }
 
     /// Blocking [`Communicator::gather`] on borrowed slices.

@@ -226,6 +226,51 @@ impl<T: Element> InToOut<T> for AllGather {
     }
 }
 
+/// All-gather of blocks of these lengths, one per rank.
+#[derive(Clone, Debug)]
+pub(super) struct AllGatherV {
+    pub(super) counts: Vec<usize>,
+}
+
+impl<T: Element> InToOut<T> for AllGatherV {
+    fn plan(&self, at: Member, n: usize, out: usize) -> Result<OpPlan, Error> {
+        let Member { rank, size } = at;
+        let counts = &self.counts;
+        let bad = |detail: String| Err(invalid(OpKind::AllGather, detail));
+        if counts.len() != size {
+            return bad(format!(
+                "counts has {} entries but needs one per rank ({size})",
+                counts.len()
+            ));
+        }
+        if n != counts[rank] {
+            return bad(format!(
+                "input has {n} elements but counts says rank {rank}'s block has {}",
+                counts[rank]
+            ));
+        }
+        let total: usize = counts.iter().sum();
+        if out != total {
+            return bad(format!(
+                "output has {out} elements but the counts sum to {total}"
+            ));
+        }
+        let mut plan = plan::<T>(OpKind::AllGather, n);
+        plan.uniform_count = false;
+        Ok(plan)
+    }
+
+    fn run(&self, cx: &mut Ctx<'_>, input: &[T], output: &mut [T]) -> Result<(), Error> {
+        let rank = cx.ex.rank;
+        let counts = &self.counts;
+        let start: usize = counts[..rank].iter().sum();
+        output[start..start + input.len()].copy_from_slice(input);
+        cx.run_schedule(output, |steps, chunk| {
+            algo::all_gather_v_ring(steps, rank, counts, chunk)
+        })
+    }
+}
+
 /// Gather to this root.
 #[derive(Clone, Copy, Debug)]
 pub(super) struct Gather {

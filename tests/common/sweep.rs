@@ -106,6 +106,27 @@ fn moving_ops<T: Element>(comm: &Communicator, seed: u64, case: &mut u64) -> Res
             ));
         }
 
+        // Uneven all-gather: rank r contributes (r * 3 + len) % 5 elements
+        // (some ranks none), of its input's head.
+        let counts: Vec<usize> = (0..world).map(|r| ((r * 3 + len) % 5).min(len)).collect();
+        let (_, got) = comm
+            .all_gather_v(
+                ins[rank][..counts[rank]].to_vec(),
+                vec![T::default(); counts.iter().sum()],
+                &counts,
+            )
+            .wait()
+            .map_err(|e| ctx("all_gather_v", e.to_string()))?;
+        let expected: Vec<T> = (0..world)
+            .flat_map(|r| ins[r][..counts[r]].to_vec())
+            .collect();
+        if got != expected {
+            return Err(ctx(
+                "all_gather_v",
+                "not the uneven blocks in rank order".into(),
+            ));
+        }
+
         // Gather and scatter at a root other than broadcast's; other ranks
         // pass an empty buffer where the root's holds every block (odd
         // lengths), or one of the root's length (even).

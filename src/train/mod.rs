@@ -1,0 +1,132 @@
+//! The trainer layer: what a data-parallel or sharded trainer needs on top
+//! of the collectives, with no tensor library.
+//!
+//! - [`GradReducer`]: PyTorch DDP's reducer. Gradients live in bucket memory
+//!   (reused every step); buckets are all-reduced in bucket order as
+//!   backward marks their parameters ready, so communication overlaps the
+//!   rest of backward; `finish` names parameters that never got a
+//!   gradient instead of hanging; `no_sync` accumulates; hooks put bf16 or
+//!   f16 on the wire, or weigh an uneven last batch; the layout is checked
+//!   across ranks; per-step times as DDP logs them ([`StepStats`]).
+//! - [`ShardedParams`]: ZeRO/FSDP-style shards: gradients reduce-scattered
+//!   into this rank's shard, the optimizer on the shard, units all-gathered
+//!   ahead of use with a window of gathers in flight, on a [`CommPair`] so
+//!   gathers and reductions overlap.
+//!
+//! A framework adapter walks its parameters in a fixed order into a
+//! [`Layout`] and copies gradients in and out (see `adapters/` and
+//! `examples/ddp.rs`).
+
+mod check;
+mod grads;
+mod layout;
+mod reducer;
+mod shard;
+mod stats;
+
+pub use grads::GradElement;
+pub use layout::{Caps, Layout, Param, ParamId};
+pub use reducer::{BucketInfo, CommHook, GradReducer, ReducerConfig, Unused};
+pub use shard::{CommPair, Direction, Padding, ShardLayout, ShardedParams};
+pub use stats::StepStats;
+
+use crate::DType;
+
+/// What can go wrong in the trainer layer.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum TrainError {
+    /// Ranks registered different parameters (or in another order).
+    #[error("parameter layouts differ across ranks at parameter #{index}: {detail}")]
+    LayoutMismatch { index: usize, detail: String },
+
+    /// `finish` found parameters whose gradients were never marked ready.
+    #[error(
+        "rank {rank}: these parameters never got a gradient this step (mark each ready once per \
+         step, or set ReducerConfig::unused = Unused::Zero for parameters a step may not use): {}",
+        params.join(", ")
+    )]
+    NeverReady { rank: usize, params: Vec<String> },
+
+    /// A parameter was marked ready twice in one step.
+    #[error("parameter {param:?} was marked ready twice in one step")]
+    MarkedTwice { param: String },
+
+    /// Its memory is in a collective: wait for `finish`.
+    #[error("{param}: its memory is being reduced; reach it after finish()")]
+    InFlight { param: String },
+
+    /// A gradient asked for as another type than it has.
+    #[error(
+        "parameter {param:?} holds {is} gradients, not {asked} (its bucket has {len} elements)"
+    )]
+    WrongType {
+        param: String,
+        asked: DType,
+        is: DType,
+        len: usize,
+    },
+
+    /// A gradient of another length than the parameter's.
+    #[error("{param}: expected {expected} elements, got {got}")]
+    WrongLength {
+        param: String,
+        expected: usize,
+        got: usize,
+    },
+
+    /// No parameter has this id in the layout.
+    #[error("no parameter #{id} in the layout")]
+    UnknownParam { id: usize },
+
+    /// Gradients of this type cannot be averaged.
+    #[error("parameter {param:?} has type {dtype}: gradients must be f32, f64, f16 or bf16")]
+    Unsupported { param: String, dtype: DType },
+
+    /// `set_sample_count` came after a bucket launched, or twice.
+    #[error("set_sample_count must come once per step, before the first gradient is marked ready")]
+    WeightTooLate,
+
+    /// The parameters given do not match the layout's of that type.
+    #[error("the {dtype} parameters given have lengths {got:?}, the layout's are {expected:?}")]
+    ParamsDoNotMatch {
+        dtype: DType,
+        expected: Vec<usize>,
+        got: Vec<usize>,
+    },
+
+    /// Memory lost to an op that failed earlier.
+    #[error("{what} are gone")]
+    Lost { what: String },
+
+    /// The collective underneath failed (and with it the communicator).
+    /// Boxed: results stay small on the success path.
+    #[error("{context}{source}")]
+    Comm {
+        context: String,
+        #[source]
+        source: Box<crate::Error>,
+    },
+}
+
+impl From<crate::Error> for TrainError {
+    fn from(source: crate::Error) -> TrainError {
+        TrainError::Comm {
+            context: String::new(),
+            source: Box::new(source),
+        }
+    }
+}
+
+impl TrainError {
+    /// Says what the failed collective was for.
+    pub(crate) fn context(self, what: String) -> TrainError {
+        match self {
+            TrainError::Comm { source, .. } => TrainError::Comm {
+                context: format!("{what}: "),
+                source,
+            },
+            other => other,
+        }
+    }
+}
