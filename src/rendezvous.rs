@@ -581,7 +581,7 @@ fn rendezvous(
         .local_addr()
         .map_err(|e| Error::io("reading the listener address", e))?;
     // Published before the TCP address: whoever reads that finds this too.
-    let local = (t.local_links == LocalLinks::Unix && sec.tls.is_none())
+    let local = (t.local_links != LocalLinks::Tcp && sec.tls.is_none())
         .then(|| local_listener(rank))
         .flatten();
     if let Some((_, published)) = &local {
@@ -747,6 +747,7 @@ fn start_transport(
         uring_required: t.transport == TransportKind::Uring,
         spin: t.spin,
         lanes: t.tcp_lanes,
+        shm: t.local_links == LocalLinks::Shm && sec.tls.is_none(),
         max_payload: t.max_frame_bytes,
         handshake_timeout: t.connect_timeout.min(Duration::from_secs(10)),
         write_timeout: t.timeout,

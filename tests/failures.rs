@@ -418,3 +418,9 @@ fn on_the_portable_transport_too() {
 fn over_tcp_local_links_too() {
     common::rerun_over_tcp_local_links("over_tcp_local_links_too");
 }
+
+/// Every other test of this file, again with local ranks on shared memory.
+#[test]
+fn over_shm_links_too() {
+    common::rerun_over_shm_links("over_shm_links_too");
+}

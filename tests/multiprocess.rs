@@ -201,6 +201,7 @@ fn child_rank() {
     if std::env::var(CHILD_VAR).is_err() {
         return;
     }
+    common::init_logging();
     let seed: u64 = std::env::var("RINGWIRE_TEST_SEED")
         .unwrap()
         .parse()
@@ -214,12 +215,19 @@ fn child_rank() {
             // at 4 ranks its 1 MiB blocks go on lanes over TCP links
             // (decision 0018), so a peer killed mid-op is seen there too.
             let start = Instant::now();
-            let mut buf = vec![1.0f32; 1 << 20];
+            let len = std::env::var("RINGWIRE_TEST_LEN").map_or(1 << 20, |v| v.parse().unwrap());
+            let mut buf = vec![1.0f32; len];
             while start.elapsed() < Duration::from_secs(60) {
                 match comm.all_reduce(buf, ringwire::ReduceOp::Max).wait() {
                     Ok(b) => buf = b,
                     Err(e) => {
                         println!("CHILD-LOOP-ERR {} {e}", unix_ms());
+                        // Shared memory goes with the communicator: no
+                        // mapping is left in this survivor.
+                        drop(comm);
+                        let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+                        let left = maps.lines().filter(|l| l.contains("ringwire-shm")).count();
+                        println!("CHILD-SHM-MAPPINGS {left}");
                         return;
                     }
                 }
@@ -424,20 +432,38 @@ fn processes_kill_9_one_of_four_fails_every_other_rank() {
         ("RINGWIRE_TEST_MODE", "loop".to_string()),
         ("RINGWIRE_TIMEOUT", "60".into()),
     ];
-    let mut children = spawn_ranks(4, 1, &env);
-    std::thread::sleep(Duration::from_millis(1500));
+    for (rank, took, msg, _) in kill_9_rank_2_of_4(&env, Duration::from_millis(1500)) {
+        assert!(
+            msg.contains("all_reduce #"),
+            "rank {rank} must name the op: {msg}"
+        );
+        assert!(took < 60_000, "rank {rank} waited for its op timeout");
+    }
+}
+
+/// Starts four ranks with `env`, kills rank 2 with SIGKILL after `settle`,
+/// and checks that every other rank failed naming rank 2; returns each
+/// one's rank, how long after the kill it failed (ms), its error and its
+/// stdout.
+fn kill_9_rank_2_of_4(
+    env: &[(&str, String)],
+    settle: Duration,
+) -> Vec<(usize, u128, String, String)> {
+    let mut children = spawn_ranks(4, 1, env);
+    std::thread::sleep(settle);
     let victim = children.remove(2);
     let killed_at = unix_ms();
     let pid = nix::unistd::Pid::from_raw(victim.id() as i32);
     nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL).unwrap();
     let _ = victim.wait_with_output();
+    let mut survivors = Vec::new();
     for (i, child) in children.into_iter().enumerate() {
         let rank = if i >= 2 { i + 1 } else { i };
         let out = child.wait_with_output().unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
         let (at, msg) = child_error(&out).unwrap_or_else(|| {
             panic!(
-                "rank {rank} reported no error:\n{}\n{}",
-                String::from_utf8_lossy(&out.stdout),
+                "rank {rank} reported no error:\n{stdout}\n{}",
                 String::from_utf8_lossy(&out.stderr)
             )
         });
@@ -447,12 +473,52 @@ fn processes_kill_9_one_of_four_fails_every_other_rank() {
             msg.contains("rank 2"),
             "rank {rank} must name the lost rank: {msg}"
         );
-        assert!(
-            msg.contains("all_reduce #"),
-            "rank {rank} must name the op: {msg}"
-        );
-        assert!(took < 60_000, "rank {rank} waited for its op timeout");
+        survivors.push((rank, took, msg, stdout));
     }
+    survivors
+}
+
+/// Ranks on shared memory: one of four killed in the middle of 64 MiB
+/// all-reduces; every other rank fails within about a second naming it
+/// (its socket's end, then the abort flood), and nothing is left behind:
+/// no mapping in the survivors once their communicator is gone, nothing in
+/// /dev/shm (the segments never had a name).
+#[test]
+fn processes_kill_9_on_shared_memory_fails_the_others_within_a_second() {
+    if std::env::var_os("RINGWIRE_LOCAL_LINKS").is_some()
+        || std::env::var_os("RINGWIRE_TRANSPORT").is_some()
+    {
+        return; // a parametrised run: this one sets its own links
+    }
+    let dev_shm = || -> Vec<String> {
+        let mut v: Vec<String> = std::fs::read_dir("/dev/shm")
+            .map(|d| {
+                d.flatten()
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .collect()
+            })
+            .unwrap_or_default();
+        v.sort();
+        v
+    };
+    let before = dev_shm();
+    let env = [
+        ("RINGWIRE_TEST_MODE", "loop".to_string()),
+        ("RINGWIRE_TEST_LEN", (16usize << 20).to_string()),
+        ("RINGWIRE_LOCAL_LINKS", "shm".into()),
+        ("RINGWIRE_TIMEOUT", "60".into()),
+    ];
+    for (rank, took, msg, stdout) in kill_9_rank_2_of_4(&env, Duration::from_millis(2500)) {
+        assert!(
+            took < 2_000,
+            "rank {rank} took {took} ms to see rank 2 die: {msg}"
+        );
+        assert!(
+            stdout.contains("CHILD-SHM-MAPPINGS 0"),
+            "rank {rank} kept shared memory mapped:\n{stdout}"
+        );
+    }
+    assert_eq!(dev_shm(), before, "something was left in /dev/shm");
 }
 
 #[test]
@@ -497,4 +563,10 @@ fn on_the_portable_transport_too() {
 #[test]
 fn over_tcp_local_links_too() {
     common::rerun_over_tcp_local_links("over_tcp_local_links_too");
+}
+
+/// Every other test of this file, again with local ranks on shared memory.
+#[test]
+fn over_shm_links_too() {
+    common::rerun_over_shm_links("over_shm_links_too");
 }

@@ -310,6 +310,32 @@ fn where_io_uring_is_refused_auto_falls_back_and_forcing_uring_says_why() {
     .unwrap();
 }
 
+#[test]
+fn where_shared_memory_is_refused_local_links_stay_unix_sockets() {
+    // As in a sandbox that forbids memfd_create: the dialer cannot make a
+    // segment, says so, and both ends keep the Unix link (with a warning).
+    std::thread::spawn(|| {
+        ringwire_uring::testing::refuse_memfd_on_this_thread().unwrap();
+        let (_store, comms) = common::local_group(2, |b| b.local_links(ringwire::LocalLinks::Shm));
+        let sums = on_all(&comms, |c| {
+            c.all_reduce(vec![c.rank() as f32 + 1.0; 1000], ReduceOp::Sum)
+                .wait()
+                .unwrap()
+        });
+        assert!(sums.iter().all(|s| s.iter().all(|&v| v == 3.0)));
+        for c in &comms {
+            let peer = 1 - c.rank();
+            assert_eq!(c.link_kind(peer), Some("unix"), "rank {}", c.rank());
+        }
+    })
+    .join()
+    .unwrap();
+    // Elsewhere in the process, the same settings share memory.
+    let (_store, comms) = common::local_group(2, |b| b.local_links(ringwire::LocalLinks::Shm));
+    on_all(&comms, |c| c.barrier().wait().unwrap());
+    assert_eq!(comms[0].link_kind(1), Some("shm"));
+}
+
 /// Set in the child process of the test below.
 const AS_NOBODY: &str = "RINGWIRE_TEST_AS_NOBODY";
 

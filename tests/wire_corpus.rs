@@ -287,8 +287,18 @@ fn seeds() -> Vec<(&'static str, &'static str, Vec<u8>)> {
         ),
         (
             "handshake",
+            "valid_hello_main_with_shm.bin",
+            Hello {
+                channel: Channel::MainWithShm,
+                ..hello_auth.clone()
+            }
+            .encode()
+            .unwrap(),
+        ),
+        (
+            "handshake",
             "hello_unknown_channel.bin",
-            with(hello_payload, 4, &[4]),
+            with(hello_payload, 4, &[5]),
         ),
         (
             "handshake",

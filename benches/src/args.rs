@@ -9,6 +9,7 @@ use std::time::Duration;
 pub(crate) enum LinksChoice {
     Unix,
     Tcp,
+    Shm,
     All,
 }
 
@@ -114,8 +115,8 @@ ops: all_reduce broadcast reduce all_gather reduce_scatter all_to_all gather sca
   -r, --root R       root of broadcast, reduce, gather and scatter (default 0)
   -c, --check 0|1    check results against a reference (default 1)
       --transport T  portable, uring or all (default all: every available one, interleaved size by size)
-      --local-links L  unix, tcp or all: what links ranks on the same host (default unix,
-                     as ringwire does; tcp rows are labelled uring-tcp / portable-tcp)
+      --local-links L  shm, unix, tcp or all: what links ranks on the same host (default unix,
+                     as ringwire does; other rows are labelled uring-shm, uring-tcp, ...)
       --link-limit   measure the ring link limit first (over each kind of link measured)
                      and show busbw as a percentage of it; from 1 MiB, of the mean of
                      two limits measured just before and just after that size
@@ -284,10 +285,11 @@ pub(crate) fn parse(args: &[String]) -> Result<Args, String> {
                 a.links = match value()?.as_str() {
                     "unix" => LinksChoice::Unix,
                     "tcp" => LinksChoice::Tcp,
+                    "shm" => LinksChoice::Shm,
                     "all" => LinksChoice::All,
                     v => {
                         return Err(format!(
-                            "--local-links: expected unix, tcp or all, got {v:?}"
+                            "--local-links: expected shm, unix, tcp or all, got {v:?}"
                         ));
                     }
                 }

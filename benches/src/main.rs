@@ -382,7 +382,8 @@ fn run_rank(a: &Args) -> Result<bool, String> {
     let links: &[LocalLinks] = match a.links {
         LinksChoice::Unix => &[LocalLinks::Unix],
         LinksChoice::Tcp => &[LocalLinks::Tcp],
-        LinksChoice::All => &[LocalLinks::Unix, LocalLinks::Tcp],
+        LinksChoice::Shm => &[LocalLinks::Shm],
+        LinksChoice::All => &[LocalLinks::Unix, LocalLinks::Tcp, LocalLinks::Shm],
     };
     // Rows of forced TCP links are labelled `<transport>-tcp`.
     let mut variants: Vec<(String, TransportKind, LocalLinks)> = transports
@@ -391,6 +392,7 @@ fn run_rank(a: &Args) -> Result<bool, String> {
             links.iter().map(move |&l| {
                 let label = match l {
                     LocalLinks::Tcp => format!("{name}-tcp"),
+                    LocalLinks::Shm => format!("{name}-shm"),
                     LocalLinks::Unix => name.to_string(),
                 };
                 (label, kind, l)

@@ -227,7 +227,8 @@ fn json_csv_and_plot_are_written_and_link_limit_shown() {
     assert!(doc["link_limit_unix_gbps"].as_f64().is_some(), "{doc}");
     assert_eq!(doc["link_buffer_bytes"].as_u64(), Some(3 << 20), "{doc}");
     let rows = doc["rows"].as_array().unwrap();
-    assert_eq!(rows.len(), 3 * 2 * transports());
+    // Three sizes, three kinds of local link (unix, tcp, shm).
+    assert_eq!(rows.len(), 3 * 3 * transports());
     assert!(
         rows.iter().all(|r| r["link_pct"].as_f64().is_some()),
         "{doc}"
@@ -236,9 +237,13 @@ fn json_csv_and_plot_are_written_and_link_limit_shown() {
         rows.iter()
             .any(|r| r["transport"].as_str().unwrap().ends_with("-tcp"))
     );
+    assert!(
+        rows.iter()
+            .any(|r| r["transport"].as_str().unwrap().ends_with("-shm"))
+    );
     assert_eq!(
         std::fs::read_to_string(&csv).unwrap().lines().count(),
-        1 + 3 * 2 * transports()
+        1 + 3 * 3 * transports()
     );
     let svg_text = std::fs::read_to_string(&svg).unwrap();
     assert!(

@@ -132,6 +132,13 @@ impl<M: RingMemory> Consumer<M> {
         (self.mem.load(HEAD, Ordering::Acquire) - self.tail) as usize
     }
 
+    /// Bytes written and not yet freed, as the published counters say:
+    /// for an observer other than the reader (any end of the ring may ask).
+    pub fn unread(&self) -> usize {
+        let head = self.mem.load(HEAD, Ordering::Acquire);
+        (head - self.mem.load(TAIL, Ordering::Acquire)) as usize
+    }
+
     /// Copies up to `dst.len()` waiting bytes out and frees their room;
     /// how many.
     pub fn pop(&mut self, dst: &mut [u8]) -> usize {

@@ -169,6 +169,16 @@ impl Conn {
     }
 }
 
+impl Conn {
+    /// The Unix socket, if the link is one.
+    pub(crate) fn unix(&self) -> Option<&UnixStream> {
+        match self {
+            Conn::Unix(s) => Some(s),
+            Conn::Tcp(_) => None,
+        }
+    }
+}
+
 impl AsFd for Conn {
     fn as_fd(&self) -> BorrowedFd<'_> {
         match self {

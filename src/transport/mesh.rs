@@ -70,12 +70,17 @@ pub(crate) struct MeshConfig {
     pub(crate) spin: Duration,
     /// Dial TCP links with lanes when the engine runs (decision 0018).
     pub(crate) lanes: bool,
+    /// Links to ranks on this host run on shared memory where they can.
+    pub(crate) shm: bool,
     /// Bytes a peer may deliver for ops this rank has not started before
     /// its link stops being read (0: never stop; decision 0019).
     pub(crate) run_ahead_limit: usize,
     /// The same over all peers together (0: no total limit).
     pub(crate) run_ahead_total_limit: usize,
 }
+
+/// How long telling an unlinked member of an abort may spend dialing it.
+const TELL_DIAL: Duration = Duration::from_millis(100);
 
 /// A Unix listener for peers on this host, and which peers are (their
 /// listeners' addresses); see decision 0009.
@@ -126,6 +131,8 @@ impl Mesh {
             write_timeout: config.write_timeout,
             spin: config.spin,
             tls: config.security.tls.is_some(),
+            shm: config.shm,
+            handshake_timeout: config.handshake_timeout,
         };
         let planes = Planes::start(me, world, plane_config, config.uring, config.uring_required)?;
         let epoch = Instant::now();
@@ -296,7 +303,11 @@ impl Hub {
             if !self.peers.claim_absent(peer) {
                 continue;
             }
-            if let Err(e) = self.dial_claimed(peer, deadline) {
+            // A member that is up accepts at once; one that refuses is
+            // usually dead (often why the communicator was aborted), and
+            // retrying it would hold up telling the others.
+            let soon = (Instant::now() + TELL_DIAL).min(deadline);
+            if let Err(e) = self.dial_claimed(peer, soon) {
                 tracing::debug!(rank = self.me, peer, error = ?e, "could not reach a rank to tell it of an abort");
             }
         }
@@ -488,7 +499,10 @@ impl Transport for Mesh {
     }
 
     fn link_kind(&self, peer: usize) -> Option<&'static str> {
-        self.hub.peers.ready(peer).map(|link| link.kind.name())
+        self.hub
+            .peers
+            .ready(peer)
+            .map(|link| link.plane.kind().unwrap_or(link.kind.name()))
     }
 
     fn link_has_lanes(&self, peer: usize) -> bool {

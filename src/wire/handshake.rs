@@ -75,6 +75,12 @@ pub enum Channel {
     LaneFromDialer = 2,
     /// The lane the acceptor writes and the dialer reads.
     LaneToDialer = 3,
+    /// The main connection of a link between ranks on one host that asks
+    /// for shared memory: once accepted with the ack's `lanes` flag (here:
+    /// "takes what the channel asks for"), the dialer offers a segment on
+    /// it before the link carries frames (`ringwire_shm`); otherwise it is
+    /// a plain main connection.
+    MainWithShm = 4,
 }
 
 impl Channel {
@@ -84,6 +90,7 @@ impl Channel {
             1 => Channel::MainWithLanes,
             2 => Channel::LaneFromDialer,
             3 => Channel::LaneToDialer,
+            4 => Channel::MainWithShm,
             value => {
                 return Err(WireError::UnknownField {
                     field: "hello.channel",
@@ -168,7 +175,9 @@ pub struct HelloAck {
     /// Authentication data (nonce and proof), at most [`MAX_AUTH_LEN`] bytes;
     /// [`HelloAck::encode`] truncates longer ones.
     pub auth: Vec<u8>,
-    /// The acceptor takes the lanes a [`Channel::MainWithLanes`] hello asked for.
+    /// The acceptor takes what the hello's channel asked for: the lanes of
+    /// a [`Channel::MainWithLanes`], the shared memory of a
+    /// [`Channel::MainWithShm`].
     pub lanes: bool,
 }
 
@@ -560,12 +569,12 @@ mod tests {
             })
         );
         let mut unknown_channel = valid.clone();
-        unknown_channel[4] = 4;
+        unknown_channel[4] = 5;
         assert_eq!(
             Hello::decode(&unknown_channel),
             Err(WireError::UnknownField {
                 field: "hello.channel",
-                value: 4
+                value: 5
             })
         );
         // A huge length is refused before anything is allocated for it.

@@ -111,17 +111,31 @@ pub(crate) fn rerun_on_portable(this_test: &str) {
 /// default), on the default transport. Call it from one test named
 /// `this_test`.
 pub(crate) fn rerun_over_tcp_local_links(this_test: &str) {
+    rerun_over_local_links(this_test, "tcp", "over TCP local links");
+}
+
+/// Runs every other test of this binary again with links between local
+/// ranks on shared memory (`RINGWIRE_LOCAL_LINKS=shm`), on the default
+/// transport. Call it from one test named `this_test`.
+pub(crate) fn rerun_over_shm_links(this_test: &str) {
+    rerun_over_local_links(this_test, "shm", "over shared-memory links");
+}
+
+/// The reruns with `RINGWIRE_LOCAL_LINKS=links`, skipping the other
+/// parametrised reruns (only the default run starts them).
+fn rerun_over_local_links(this_test: &str, links: &str, there: &str) {
     if std::env::var_os("RINGWIRE_LOCAL_LINKS").is_some()
         || std::env::var_os("RINGWIRE_TRANSPORT").is_some()
     {
         return; // a parametrised run already
     }
-    let skip = [this_test, "on_the_portable_transport_too"];
-    rerun_with(
-        ("RINGWIRE_LOCAL_LINKS", "tcp"),
-        &skip,
-        "over TCP local links",
-    );
+    let skip = [
+        this_test,
+        "on_the_portable_transport_too",
+        "over_tcp_local_links_too",
+        "over_shm_links_too",
+    ];
+    rerun_with(("RINGWIRE_LOCAL_LINKS", links), &skip, there);
 }
 
 /// Runs this test binary again with `var` set, skipping `skip`; fails with
@@ -144,10 +158,11 @@ fn rerun_with((name, value): (&str, &str), skip: &[&str], there: &str) {
 }
 
 /// What links local ranks in this run: `unix` unless RINGWIRE_LOCAL_LINKS
-/// says `tcp`.
+/// says `tcp` or `shm`.
 pub(crate) fn expected_local_link() -> &'static str {
     match std::env::var("RINGWIRE_LOCAL_LINKS").as_deref() {
         Ok("tcp") => "tcp",
+        Ok("shm") => "shm",
         _ => "unix",
     }
 }

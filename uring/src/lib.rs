@@ -42,5 +42,5 @@ pub use spin::{poll_yield, set_home_core, usable_core_ids, usable_cores};
 /// For tests: simulating hosts where io_uring is refused.
 #[cfg(target_os = "linux")]
 pub mod testing {
-    pub use crate::refuse::refuse_io_uring_on_this_thread;
+    pub use crate::refuse::{refuse_io_uring_on_this_thread, refuse_memfd_on_this_thread};
 }

@@ -42,7 +42,21 @@ const AUDIT_ARCH: u32 = 0xC000_00B7;
 /// Installs the filter on this thread; fails on other architectures.
 #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 pub fn refuse_io_uring_on_this_thread() -> io::Result<()> {
-    let setup = libc::SYS_io_uring_setup as u32;
+    refuse_syscall_on_this_thread(libc::SYS_io_uring_setup)
+}
+
+/// Makes `memfd_create` fail with EPERM on this thread (and the threads it
+/// starts), as a sandbox that forbids shared memory does: for tests of the
+/// shared-memory plane's fallback to Unix links.
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+pub fn refuse_memfd_on_this_thread() -> io::Result<()> {
+    refuse_syscall_on_this_thread(libc::SYS_memfd_create)
+}
+
+/// A filter answering system call `nr` with EPERM, on this thread.
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+fn refuse_syscall_on_this_thread(nr: libc::c_long) -> io::Result<()> {
+    let setup = nr as u32;
     let errno = libc::SECCOMP_RET_ERRNO | libc::EPERM as u32;
     let program = [
         // Another architecture's syscall numbers mean other things: allow.
@@ -110,6 +124,13 @@ pub fn refuse_io_uring_on_this_thread() -> io::Result<()> {
 
 #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
 pub fn refuse_io_uring_on_this_thread() -> io::Result<()> {
+    Err(io::Error::other(
+        "the test filter knows x86_64 and aarch64 only",
+    ))
+}
+
+#[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+pub fn refuse_memfd_on_this_thread() -> io::Result<()> {
     Err(io::Error::other(
         "the test filter knows x86_64 and aarch64 only",
     ))

@@ -12,6 +12,7 @@ use crate::transport::conn::Conn;
 use crate::transport::framing::{control_header, read_control, write_frame};
 use crate::transport::link::open_files;
 use crate::transport::lock;
+use crate::transport::plane::PlaneKind;
 use crate::wire::handshake::security_mismatch;
 use crate::wire::{self, Channel, FrameKind, Hello, HelloAck};
 use std::io::{self, Read};
@@ -169,6 +170,7 @@ impl Linker {
         };
         // Lanes help TCP links of the engine only (decision 0018).
         let can_take_lanes = self.plane(stream.kind()).takes_lanes(stream.kind());
+        let can_share_memory = self.plane(stream.kind()) == PlaneKind::Shm;
         let mut channel = Channel::Main;
         let mut awaiting = None;
         let exchange = (|| -> io::Result<Result<usize, Refused>> {
@@ -234,6 +236,7 @@ impl Linker {
                                 client_nonce = &payload[payload.len() - hello.auth.len()..];
                                 channel = match hello.channel {
                                     Channel::MainWithLanes if !can_take_lanes => Channel::Main,
+                                    Channel::MainWithShm if !can_share_memory => Channel::Main,
                                     asked => asked,
                                 };
                             }
@@ -247,6 +250,9 @@ impl Linker {
                 Err((_, reason)) => HelloAck::reject(reason.clone()),
             }
             .with_security(mine);
+            if let (Ok(_), Channel::MainWithShm) = (&verdict, channel) {
+                ack = ack.with_lanes(true);
+            }
             if let (Ok(peer), Channel::MainWithLanes) = (&verdict, channel) {
                 // Waited for from now on, so the lanes the dialer opens on
                 // reading this ack find their place.
@@ -387,6 +393,8 @@ pub(crate) fn accept_loop<A: Accepted>(s: &Arc<A>, accept: impl Fn() -> io::Resu
                         .map_err(|e| (Reason::Timeout, e))
                         .and_then(|lanes| {
                             let link = Established {
+                                dialed: false,
+                                shm: channel == Channel::MainWithShm,
                                 conn: stream,
                                 halves,
                                 lanes,

@@ -14,6 +14,7 @@ use crate::transport::conn::Conn;
 use crate::transport::failure::LinkFailure;
 use crate::transport::framing::{control_header, write_frame};
 use crate::transport::link::open_files;
+use crate::transport::plane::PlaneKind;
 use crate::wire::handshake::security_mismatch;
 use crate::wire::{Channel, FrameKind, Hello, HelloAck};
 use std::io;
@@ -81,14 +82,18 @@ impl Linker {
         };
         let conn = self.connect(peer, deadline)?;
         let who = format!("rank {peer} ({shown})");
-        let channel = match self.config.lanes && self.plane(conn.kind()).takes_lanes(conn.kind()) {
-            true => Channel::MainWithLanes,
-            false => Channel::Main,
+        let plane = self.plane(conn.kind());
+        let channel = if plane == PlaneKind::Shm {
+            Channel::MainWithShm
+        } else if self.config.lanes && plane.takes_lanes(conn.kind()) {
+            Channel::MainWithLanes
+        } else {
+            Channel::Main
         };
-        let (halves, lanes) = self
+        let (halves, taken) = self
             .dial_handshake(peer, &conn, &who, channel)
             .map_err(|f| refused(f, ""))?;
-        let lanes = if lanes {
+        let lanes = if taken && channel == Channel::MainWithLanes {
             let open = |channel| -> Result<Conn, LinkError> {
                 let lane = self.connect(peer, deadline)?;
                 self.dial_handshake(peer, &lane, &who, channel)
@@ -103,6 +108,8 @@ impl Linker {
             None
         };
         Ok(Established {
+            dialed: true,
+            shm: taken && channel == Channel::MainWithShm,
             conn,
             halves,
             lanes,
@@ -166,7 +173,8 @@ impl Linker {
         let ack = read_ack(&mut *reader)
             .map_err(hs)?
             .map_err(|reason| LinkFailure::Handshake { reason })?;
-        let lanes = ack.lanes && channel == Channel::MainWithLanes;
+        // Lanes or shared memory, as the channel asked.
+        let lanes = ack.lanes && matches!(channel, Channel::MainWithLanes | Channel::MainWithShm);
         if !ack.accepted {
             return Err(LinkFailure::Refused {
                 reason: format!("rank {peer} refused the connection: {}", ack.reason),

@@ -13,6 +13,7 @@
 //!   driven by the thread that waits (decision 0007).
 
 mod portable;
+mod shm;
 mod uring;
 
 use super::conn::{Conn, ConnKind};
@@ -53,6 +54,11 @@ pub(crate) trait Fabric: Send + Sync {
 /// socket, the byte streams the handshake ran over (plain or TLS), and the
 /// lanes a TCP link of the engine carries large payloads on (decision 0018).
 pub(crate) struct Established {
+    /// This end dialed (the other accepted).
+    pub(crate) dialed: bool,
+    /// Both ends agreed in the handshake to put the link on shared memory
+    /// (the dialer then offers a segment, which may still fail).
+    pub(crate) shm: bool,
     pub(crate) conn: Conn,
     pub(crate) halves: Halves,
     pub(crate) lanes: Option<LaneConns>,
@@ -155,6 +161,11 @@ pub(crate) trait LinkPlane: Send + Sync {
     fn has_lanes(&self) -> bool {
         false
     }
+
+    /// What carries the link when it is not its socket's kind (`shm`).
+    fn kind(&self) -> Option<&'static str> {
+        None
+    }
 }
 
 /// Which plane a link gets; chosen before its handshake, whose socket
@@ -163,6 +174,8 @@ pub(crate) trait LinkPlane: Send + Sync {
 pub(crate) enum PlaneKind {
     Portable,
     Uring,
+    /// Shared memory, over a Unix link (the other plane where it cannot).
+    Shm,
 }
 
 impl PlaneKind {
@@ -174,7 +187,7 @@ impl PlaneKind {
 
     /// Whether its Unix links want large socket buffers (decision 0015).
     pub(crate) fn large_unix_buffers(self) -> bool {
-        self == PlaneKind::Uring
+        self != PlaneKind::Portable
     }
 }
 
@@ -187,6 +200,10 @@ pub(crate) struct PlaneConfig {
     pub(crate) spin: Duration,
     /// Links run TLS: byte streams may hold bytes their socket does not.
     pub(crate) tls: bool,
+    /// Links to ranks on this host run on shared memory where they can.
+    pub(crate) shm: bool,
+    /// How long making a link may take (the shared-memory offer included).
+    pub(crate) handshake_timeout: Duration,
 }
 
 /// The planes of this process: what serves every link of each kind, and
@@ -195,6 +212,8 @@ pub(crate) struct Planes {
     config: PlaneConfig,
     /// The io_uring engine, when it runs.
     uring: Option<uring::Engine>,
+    /// The shared-memory links, when local links use them.
+    shm: Option<Arc<shm::ShmLinks>>,
 }
 
 impl Planes {
@@ -224,16 +243,17 @@ impl Planes {
                 }
             },
         };
-        Ok(Planes { config, uring })
+        let shm = config.shm.then(Default::default);
+        Ok(Planes { config, uring, shm })
     }
 
     /// The plane a new link over `conn` gets. (One place decides; a
     /// shared-memory plane for local peers would be picked here.)
     pub(crate) fn kind_for(&self, conn: ConnKind) -> PlaneKind {
-        let _ = conn;
-        match self.uring {
-            Some(_) => PlaneKind::Uring,
-            None => PlaneKind::Portable,
+        match (conn, &self.shm, &self.uring) {
+            (ConnKind::Unix, Some(_), _) => PlaneKind::Shm,
+            (_, _, Some(_)) => PlaneKind::Uring,
+            (_, _, None) => PlaneKind::Portable,
         }
     }
 
@@ -247,9 +267,21 @@ impl Planes {
         link.conn.set_read_timeout(None)?;
         link.conn
             .set_write_timeout(Some(self.config.write_timeout))?;
-        match (self.kind_for(link.conn.kind()), &self.uring) {
-            (PlaneKind::Uring, Some(engine)) => engine.add(fabric, peer, link, &self.config),
-            _ => portable::PortableLink::start(fabric, peer, link, &self.config),
+        let mut link = link;
+        if let (true, Some(links)) = (link.shm, &self.shm) {
+            let timeout = self.config.handshake_timeout;
+            match shm::start(links, fabric, peer, link, &self.config, timeout) {
+                Ok(plane) => return Ok(plane),
+                Err((back, e)) => {
+                    tracing::debug!(peer, error = %e, "the link to a local peer stays a Unix socket");
+                    link = back;
+                    link.conn.set_read_timeout(None)?;
+                }
+            }
+        }
+        match &self.uring {
+            Some(engine) => engine.add(fabric, peer, link, &self.config),
+            None => portable::PortableLink::start(fabric, peer, link, &self.config),
         }
     }
 
@@ -275,6 +307,9 @@ impl Planes {
         if let Some(engine) = &self.uring {
             engine.tick(fabric);
         }
+        if let Some(links) = &self.shm {
+            links.tick(fabric);
+        }
     }
 
     /// Sends what is queued, until `until` at most.
@@ -299,6 +334,27 @@ fn send_stop(fabric: &dyn Fabric, comm_id: u64, deadline: Instant) -> Option<Lin
     fabric
         .aborted(comm_id)
         .or_else(|| (Instant::now() >= deadline).then_some(LinkError::Unread))
+}
+
+/// What ends a wait for a frame before any more waiting: an abort of the
+/// communicator, the frame itself, the link's failure, or the deadline.
+fn recv_ready(
+    fabric: &dyn Fabric,
+    inbox: &Inbox,
+    comm_id: u64,
+    peer: usize,
+    deadline: Instant,
+) -> Option<Result<Incoming, LinkError>> {
+    if let Some(e) = fabric.aborted(comm_id) {
+        return Some(Err(e));
+    }
+    if let Some(frame) = inbox.pop() {
+        return Some(Ok(frame));
+    }
+    if let Some(loss) = fabric.failure(peer) {
+        return Some(Err(LinkError::Lost(loss)));
+    }
+    (Instant::now() >= deadline).then_some(Err(LinkError::Timeout))
 }
 
 /// The error of an op whose link to `peer` failed with `failure` (as this

@@ -4,7 +4,10 @@
 //! caller expects land straight in its memory where they have not arrived
 //! yet (decisions 0010, 0012).
 
-use super::{ControlSent, Established, Fabric, LaneConns, LinkPlane, PlaneConfig, lost, send_stop};
+use super::{
+    ControlSent, Established, Fabric, LaneConns, LinkPlane, PlaneConfig, lost, recv_ready,
+    send_stop,
+};
 use crate::error::Error;
 use crate::transport::failure::{LinkFailure, Loss};
 use crate::transport::framing::padded_head;
@@ -76,6 +79,7 @@ impl Engine {
             conn,
             halves,
             lanes,
+            ..
         } = link;
         drop(halves);
         let main: SharedFd = Arc::new(conn.into());
@@ -242,17 +246,8 @@ impl LinkPlane for UringLink {
         let sink = Sink(fabric);
         loop {
             let seen = self.engine.generation();
-            if let Some(e) = fabric.aborted(comm_id) {
-                return Err(e);
-            }
-            if let Some(frame) = inbox.pop() {
-                return Ok(frame);
-            }
-            if let Some(loss) = fabric.failure(peer) {
-                return Err(LinkError::Lost(loss));
-            }
-            if Instant::now() >= deadline {
-                return Err(LinkError::Timeout);
+            if let Some(done) = recv_ready(fabric, inbox, comm_id, peer, deadline) {
+                return done;
             }
             self.engine.progress(seen, deadline, &sink);
         }
