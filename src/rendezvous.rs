@@ -626,18 +626,22 @@ fn rendezvous(
             .map_err(|_| Error::Rendezvous("bad job id in the store".into()))?,
     );
     let tcp_links = (0..size).any(|q| q != rank && local_peers[q].is_none());
+    let crowded = b
+        .local
+        .is_some_and(|(_, on_host)| on_host > ringwire_uring::usable_cores());
+    // Whether this host runs more ranks than it has cores, by the
+    // launcher's count or the ranks found here: its waits should not spin.
+    let found_here = 1 + local_peers.iter().flatten().count();
     let local = local.map(|(listener, _)| LocalPeers {
         listener,
         peers: local_peers,
+        crowded: crowded || found_here > ringwire_uring::usable_cores(),
     });
     let transport = start_transport(listener, local, rank, job_id, peers, t, sec)?;
 
     // Whether some host is crowded, counted before the barrier so every
     // rank reads the same total after it: the algorithms it selects must
     // match on every rank.
-    let crowded = b
-        .local
-        .is_some_and(|(_, on_host)| on_host > ringwire_uring::usable_cores());
     if crowded {
         client.add(&key("crowded_ranks"), 1)?;
     }

@@ -87,6 +87,9 @@ const TELL_DIAL: Duration = Duration::from_millis(100);
 pub(crate) struct LocalPeers {
     pub(crate) listener: UnixListener,
     pub(crate) peers: Vec<Option<UnixAddr>>,
+    /// This host runs more ranks than it has cores: waits yield from the
+    /// start instead of spinning.
+    pub(crate) crowded: bool,
 }
 
 /// What the transport's threads share: the owners of each concern.
@@ -120,9 +123,9 @@ impl Mesh {
         addrs: Vec<SocketAddr>,
         config: MeshConfig,
     ) -> io::Result<Mesh> {
-        let (local_listener, local_peers) = match local {
-            Some(l) => (Some(l.listener), l.peers),
-            None => (None, vec![None; addrs.len()]),
+        let (local_listener, local_peers, crowded) = match local {
+            Some(l) => (Some(l.listener), l.peers, l.crowded),
+            None => (None, vec![None; addrs.len()], false),
         };
         let local_addr = listener.local_addr()?;
         let world = addrs.len();
@@ -130,6 +133,7 @@ impl Mesh {
         let plane_config = PlaneConfig {
             write_timeout: config.write_timeout,
             spin: config.spin,
+            crowded,
             tls: config.security.tls.is_some(),
             shm: config.shm,
             handshake_timeout: config.handshake_timeout,

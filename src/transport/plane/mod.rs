@@ -198,6 +198,8 @@ pub(crate) struct PlaneConfig {
     pub(crate) write_timeout: Duration,
     /// How long a wait polls before it sleeps (RINGWIRE_SPIN_US).
     pub(crate) spin: Duration,
+    /// This host runs more ranks than it has cores.
+    pub(crate) crowded: bool,
     /// Links run TLS: byte streams may hold bytes their socket does not.
     pub(crate) tls: bool,
     /// Links to ranks on this host run on shared memory where they can.

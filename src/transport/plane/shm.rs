@@ -23,8 +23,8 @@ use crate::transport::conn::Conn;
 use crate::transport::failure::LinkFailure;
 use crate::transport::framing::padded_head;
 use crate::transport::inbox::{Await, Inbox};
-use crate::transport::{AlignedBuf, Incoming, LinkError, lock};
-use crate::wire::{HEADER_LEN, Header};
+use crate::transport::{AlignedBuf, Incoming, LinkError, Received, lock};
+use crate::wire::{FrameKind, HEADER_LEN, Header};
 use ringwire_shm::{Consumer, MappedRing, Producer, RING_HEADER, Segment, recv_fd, send_fd};
 use std::io::{self, Read};
 use std::os::fd::AsFd;
@@ -126,23 +126,45 @@ pub(super) fn start(
         Err(e) => return Err((link, e)),
     };
     let _ = sock.set_read_timeout(None);
-    let mapping = Arc::new(segment.into_mapping());
-    // Ring 0 carries dialer -> acceptor, ring 1 the other way.
+    let dialed = link.dialed;
+    let sock = match link.conn {
+        Conn::Unix(s) => s,
+        Conn::Tcp(_) => unreachable!("checked above"),
+    };
+    drop(link.halves);
+    let shared = shared(
+        Arc::new(segment.into_mapping()),
+        dialed,
+        sock,
+        peer,
+        config,
+        links,
+    );
+    fabric.heard(peer);
+    lock(&links.links).push(Arc::downgrade(&shared));
+    Ok(Box::new(ShmLink { shared }))
+}
+
+/// One end of a link on `mapping`'s rings (ring 0 carries dialer ->
+/// acceptor, ring 1 the other way), signalling over `sock`.
+fn shared(
+    mapping: Arc<ringwire_shm::Mapping>,
+    dialed: bool,
+    sock: UnixStream,
+    peer: usize,
+    config: &PlaneConfig,
+    links: &Arc<ShmLinks>,
+) -> Arc<Shared> {
     let ring =
         |i: usize| MappedRing::new(mapping.clone(), i * (RING_HEADER + RING_BYTES), RING_BYTES);
-    let (send, recv) = match link.dialed {
+    let (send, recv) = match dialed {
         true => (ring(0), ring(1)),
         false => (ring(1), ring(0)),
     };
     // A second reading end that only looks (`unread`), never reads, so
     // others can see bytes waiting without the reader's lock.
     let recv_view = Consumer::new(recv.clone());
-    let sock = match link.conn {
-        Conn::Unix(s) => s,
-        Conn::Tcp(_) => unreachable!("checked above"),
-    };
-    drop(link.halves);
-    let shared = Arc::new(Shared {
+    Arc::new(Shared {
         peer,
         tx: Mutex::new(Producer::new(send)),
         rx: Mutex::new(Rx {
@@ -156,10 +178,7 @@ pub(super) fn start(
         config: config.clone(),
         links: Arc::downgrade(links),
         rx_bytes: recv_view,
-    });
-    fabric.heard(peer);
-    lock(&links.links).push(Arc::downgrade(&shared));
-    Ok(Box::new(ShmLink { shared }))
+    })
 }
 
 /// Segment bytes for two rings.
@@ -234,11 +253,13 @@ enum Partial {
     /// `n` bytes of the header so far.
     Head(usize, [u8; HEADER_LEN]),
     /// The header checked; `skip` pad bytes left, then the payload into
-    /// `buf` (`got` bytes so far), then `trail` zeros.
+    /// `buf` (`got` bytes so far), then `trail` zeros. No `buf`: the
+    /// payload goes straight to a [`Place`]'s destination, whose thread
+    /// holds the reader until the frame is whole or `detach`ed.
     Body {
         header: Header,
         skip: usize,
-        buf: AlignedBuf,
+        buf: Option<AlignedBuf>,
         got: usize,
         trail: usize,
     },
@@ -248,6 +269,48 @@ struct Rx {
     ring: Consumer<MappedRing>,
     frame: Partial,
     scratch: [u8; 64],
+}
+
+impl Rx {
+    /// Whether a frame is part way into a placement's destination.
+    fn placing(&self) -> bool {
+        matches!(self.frame, Partial::Body { buf: None, .. })
+    }
+
+    /// Moves a frame part way into `dest` to a buffer of its own, so the
+    /// reader can be let go (its waiter stops: abort, deadline, failure).
+    fn detach(&mut self, dest: &[u8], fabric: &dyn Fabric) {
+        if let Partial::Body {
+            header,
+            buf: slot @ None,
+            got,
+            ..
+        } = &mut self.frame
+        {
+            let mut buf = fabric.inboxes().buffer();
+            buf.prepare(header.payload_len_usize());
+            buf.bytes_mut()[..*got].copy_from_slice(&dest[..*got]);
+            *slot = Some(buf);
+        }
+    }
+}
+
+/// A copy receive whose frame, if it is next in the ring, is read straight
+/// into `dest`: one copy, as the engine's placed receives (decision 0010).
+struct Place<'a> {
+    key: (u64, u64, u32, u32),
+    dest: &'a mut [u8],
+    /// The frame's header once its whole payload is in `dest`.
+    placed: Option<Header>,
+}
+
+impl Place<'_> {
+    fn takes(&self, h: &Header) -> bool {
+        self.placed.is_none()
+            && h.kind == FrameKind::Data
+            && (h.comm_id, h.seq, h.step, h.chunk) == self.key
+            && h.payload_len_usize() == self.dest.len()
+    }
 }
 
 /// What the link's senders and readers share.
@@ -301,6 +364,12 @@ impl Shared {
     /// Files every whole frame waiting in the ring (not while the link is
     /// paused, decision 0019); whether any byte was read.
     fn drain(&self, rx: &mut Rx, fabric: &dyn Fabric) -> bool {
+        self.drain_into(rx, fabric, None)
+    }
+
+    /// `drain`, reading the frame `place` takes into its destination (and
+    /// stopping there) if it comes.
+    fn drain_into(&self, rx: &mut Rx, fabric: &dyn Fabric, mut place: Option<&mut Place>) -> bool {
         let mut any = false;
         while !self.dead.load(Ordering::Relaxed) {
             if matches!(rx.frame, Partial::Head(0, _)) && fabric.inboxes().paused(self.peer) {
@@ -318,8 +387,14 @@ impl Shared {
                     if *n == HEADER_LEN {
                         match fabric.header(self.peer, &head[..]) {
                             Ok(header) => {
-                                let mut buf = fabric.inboxes().buffer();
-                                buf.prepare(header.payload_len_usize());
+                                let buf = match place.as_deref() {
+                                    Some(p) if p.takes(&header) => None,
+                                    _ => {
+                                        let mut buf = fabric.inboxes().buffer();
+                                        buf.prepare(header.payload_len_usize());
+                                        Some(buf)
+                                    }
+                                };
                                 *frame = Partial::Body {
                                     skip: usize::from(header.pad),
                                     trail: header.trail_len(),
@@ -352,7 +427,21 @@ impl Shared {
                     if *skip == 0 {
                         let want = header.payload_len_usize();
                         if *got < want {
-                            let n = ring.pop(&mut buf.bytes_mut()[*got..want]);
+                            let into = match (buf.as_mut(), place.as_deref_mut()) {
+                                (Some(buf), _) => &mut buf.bytes_mut()[*got..want],
+                                (None, Some(p)) => &mut p.dest[*got..want],
+                                (None, None) => {
+                                    // The placing thread let go of the
+                                    // reader without detaching: a bug, and
+                                    // the stream cannot be resumed.
+                                    let detail =
+                                        "a frame part way into a placement lost its destination"
+                                            .into();
+                                    self.fail(fabric, LinkFailure::Internal { detail });
+                                    return true;
+                                }
+                            };
+                            let n = ring.pop(into);
                             *got += n;
                             moved += n;
                         }
@@ -368,7 +457,15 @@ impl Shared {
                         else {
                             unreachable!("just matched");
                         };
-                        fabric.arrived(self.peer, header, buf, true);
+                        match (buf, place.as_deref_mut()) {
+                            (Some(buf), _) => fabric.arrived(self.peer, header, buf, true),
+                            (None, Some(p)) => {
+                                p.placed = Some(header);
+                                any = true;
+                                break;
+                            }
+                            (None, None) => unreachable!("failed above"),
+                        }
                         true
                     } else {
                         moved > 0
@@ -431,6 +528,23 @@ impl Shared {
         self.check_alive(fabric);
     }
 
+    /// Waits for bytes in the reader's `ring` (or an abort of `comm_id`).
+    fn wait_for_bytes(
+        &self,
+        ring: &Consumer<MappedRing>,
+        fabric: &dyn Fabric,
+        comm_id: u64,
+        deadline: Instant,
+    ) {
+        self.wait(
+            fabric,
+            deadline,
+            || ring.available() > 0 || fabric.aborted(comm_id).is_some(),
+            || ring.arm(),
+            || ring.disarm(),
+        );
+    }
+
     /// Waits for `ready`: spins, then yields (the spin budget), then naps
     /// on the socket with `arm` said (until `deadline`). `arm` returns
     /// whether `ready` holds after all once armed; `disarm` undoes it.
@@ -442,8 +556,15 @@ impl Shared {
         arm: impl Fn() -> bool,
         disarm: impl Fn(),
     ) {
+        // On a crowded host the core may be the peer's: yield from the
+        // start (poll_for does).
+        let pure_spin = if self.config.crowded {
+            Duration::ZERO
+        } else {
+            PURE_SPIN
+        };
         let start = Instant::now();
-        while start.elapsed() < PURE_SPIN {
+        while start.elapsed() < pure_spin {
             if ready() {
                 return;
             }
@@ -573,15 +694,7 @@ impl LinkPlane for ShmLink {
                     }
                     // Nothing here yet: wait for bytes (or our frame, filed
                     // by nobody else while we hold the reader).
-                    let rx_ref = &mut *rx;
-                    let ring = &rx_ref.ring;
-                    s.wait(
-                        fabric,
-                        deadline,
-                        || ring.available() > 0 || fabric.aborted(comm_id).is_some(),
-                        || ring.arm(),
-                        || ring.disarm(),
-                    );
+                    s.wait_for_bytes(&rx.ring, fabric, comm_id, deadline);
                 }
                 Err(_) => {
                     // Another thread reads this link and files our frame.
@@ -589,6 +702,65 @@ impl LinkPlane for ShmLink {
                     if let Some(frame) = inbox.wait_until(soon.min(deadline), |q| q.pop_front()) {
                         return Ok(frame);
                     }
+                }
+            }
+        }
+    }
+
+    /// Reads the frame straight into `dest` if it is the next one this
+    /// thread reads from the ring; else as `recv`.
+    fn recv_into(
+        &self,
+        fabric: &dyn Fabric,
+        inbox: &Inbox,
+        comm_id: u64,
+        peer: usize,
+        (seq, step, chunk): (u64, u32, u32),
+        dest: &mut [u8],
+        deadline: Instant,
+    ) -> Result<Received, LinkError> {
+        let s = &*self.shared;
+        let _waiting = fabric.inboxes().waiting_on(inbox, peer, Await::Placement);
+        let mut place = Place {
+            key: (comm_id, seq, step, chunk),
+            dest,
+            placed: None,
+        };
+        loop {
+            if let Some(done) = recv_ready(fabric, inbox, comm_id, peer, deadline) {
+                return done.map(Received::Frame);
+            }
+            let Ok(mut rx) = s.rx.try_lock() else {
+                // Another thread reads this link and files our frame.
+                let soon = Instant::now() + NAP;
+                if let Some(frame) = inbox.wait_until(soon.min(deadline), |q| q.pop_front()) {
+                    return Ok(Received::Frame(frame));
+                }
+                continue;
+            };
+            // The reader is held while a frame is part way into `dest`:
+            // nobody else may read on from there.
+            loop {
+                let progressed = s.drain_into(&mut rx, fabric, Some(&mut place));
+                if let Some(header) = place.placed {
+                    return Ok(Received::Placed(header));
+                }
+                let placing = rx.placing();
+                if !placing && progressed {
+                    break; // frames filed: look in the inbox
+                }
+                if placing
+                    && (fabric.aborted(comm_id).is_some()
+                        || fabric.failure(peer).is_some()
+                        || s.dead.load(Ordering::Relaxed)
+                        || Instant::now() >= deadline)
+                {
+                    rx.detach(place.dest, fabric);
+                    break;
+                }
+                s.wait_for_bytes(&rx.ring, fabric, comm_id, deadline);
+                if !placing {
+                    break;
                 }
             }
         }
@@ -628,5 +800,161 @@ impl LinkPlane for ShmLink {
 
     fn kind(&self) -> Option<&'static str> {
         Some("shm")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dtype::DType;
+    use crate::transport::dispatch::check_header;
+    use crate::transport::failure::Loss;
+    use crate::transport::inbox::Inboxes;
+    use crate::wire::OpKind;
+
+    /// Inboxes and a record of failures: the transport as a plane sees it.
+    struct TestFabric {
+        inboxes: Inboxes,
+        failed: Mutex<Option<LinkFailure>>,
+    }
+
+    impl Fabric for TestFabric {
+        fn header(&self, _: usize, head: &[u8]) -> Result<Header, LinkFailure> {
+            check_header(head, 1 << 30).map_err(LinkFailure::from)
+        }
+        fn arrived(&self, peer: usize, header: Header, payload: AlignedBuf, wake: bool) {
+            self.inboxes.file(peer, header, payload, wake);
+        }
+        fn failed(&self, _: usize, failure: LinkFailure) {
+            lock(&self.failed).get_or_insert(failure);
+        }
+        fn aborted(&self, _: u64) -> Option<LinkError> {
+            None
+        }
+        fn failure(&self, peer: usize) -> Option<Loss> {
+            lock(&self.failed).clone().map(|f| Loss::new(peer, f))
+        }
+        fn sent(&self, _: usize) {}
+        fn heard(&self, _: usize) {}
+        fn inboxes(&self) -> &Inboxes {
+            &self.inboxes
+        }
+    }
+
+    fn fabric(me: usize) -> TestFabric {
+        TestFabric {
+            inboxes: Inboxes::new(me, 2, (0, 0), Arc::new(|| {})),
+            failed: Mutex::new(None),
+        }
+    }
+
+    /// Rank 0's and rank 1's ends of one link on a fresh segment.
+    fn link_pair() -> (ShmLink, ShmLink, Arc<ShmLinks>) {
+        let segment = Segment::create(segment_len()).expect("memfd");
+        let mapping = Arc::new(segment.into_mapping());
+        let (s0, s1) = UnixStream::pair().unwrap();
+        let config = PlaneConfig {
+            write_timeout: Duration::from_secs(5),
+            spin: Duration::from_micros(50),
+            crowded: false,
+            tls: false,
+            shm: true,
+            handshake_timeout: Duration::from_secs(5),
+        };
+        let links = Arc::new(ShmLinks::default());
+        let zero = shared(mapping.clone(), true, s0, 1, &config, &links);
+        let one = shared(mapping, false, s1, 0, &config, &links);
+        (ShmLink { shared: zero }, ShmLink { shared: one }, links)
+    }
+
+    fn frame(step: u32, len: usize) -> (Header, Vec<u8>) {
+        let header = Header::data(7, 1, OpKind::AllGather, DType::U8)
+            .with_step(step, 0)
+            .with_payload_len(len as u32);
+        let payload = (0..len).map(|i| (i * 7 + step as usize) as u8).collect();
+        (header, payload)
+    }
+
+    fn soon() -> Instant {
+        Instant::now() + Duration::from_secs(5)
+    }
+
+    /// Rank 0 sends a frame of `step` as long as `dest`; rank 1 receives
+    /// a copy of step 3 into `dest`. What it got, and its inbox.
+    fn send_then_receive_step_3(step: u32, dest: &mut [u8]) -> (Received, Arc<Inbox>) {
+        let (zero, one, _links) = link_pair();
+        let (f0, f1) = (fabric(0), fabric(1));
+        f1.inboxes.begin(7, 1, None);
+        let inbox = f1.inboxes.inbox(7, 0);
+        let (header, payload) = frame(step, dest.len());
+        zero.send(&f0, 1, &header, &payload, soon()).unwrap();
+        let got = one
+            .recv_into(&f1, &inbox, 7, 0, (1, 3, 0), dest, soon())
+            .unwrap();
+        (got, inbox)
+    }
+
+    #[test]
+    fn the_frame_a_copy_waits_for_lands_in_its_destination() {
+        let (payload, mut dest) = (frame(3, 100_000).1, vec![0u8; 100_000]);
+        let (got, inbox) = send_then_receive_step_3(3, &mut dest);
+        assert!(
+            matches!(got, Received::Placed(h) if h.step == 3),
+            "not placed"
+        );
+        assert_eq!(dest, payload);
+        assert!(inbox.pop().is_none(), "placed, not filed");
+    }
+
+    #[test]
+    fn a_frame_for_another_step_is_filed_and_the_destination_untouched() {
+        let (payload, mut dest) = (frame(4, 1000).1, vec![0xEEu8; 1000]);
+        let (got, _) = send_then_receive_step_3(4, &mut dest);
+        match got {
+            Received::Frame(f) => {
+                assert_eq!(f.header.step, 4);
+                assert_eq!(f.payload.bytes(), &payload[..]);
+            }
+            Received::Placed(_) => panic!("a step-4 frame was placed as step 3"),
+        }
+        assert!(dest.iter().all(|&b| b == 0xEE));
+    }
+
+    #[test]
+    fn a_frame_part_way_placed_when_its_waiter_stops_is_finished_in_a_buffer() {
+        let (zero, one, _links) = link_pair();
+        let f1 = fabric(1);
+        f1.inboxes.begin(7, 1, None);
+        let (header, payload) = frame(3, 4096);
+        let head = padded_head(&header);
+        let mut dest = vec![0u8; payload.len()];
+        let half = payload.len() / 2;
+        {
+            let mut tx = lock(&zero.shared.tx);
+            assert_eq!(tx.push(&head.0[..head.1]), head.1);
+            assert_eq!(tx.push(&payload[..half]), half);
+        }
+        let s = &*one.shared;
+        let mut rx = lock(&s.rx);
+        let mut place = Place {
+            key: (7, 1, 3, 0),
+            dest: &mut dest,
+            placed: None,
+        };
+        assert!(s.drain_into(&mut rx, &f1, Some(&mut place)));
+        assert!(rx.placing() && place.placed.is_none());
+        rx.detach(place.dest, &f1);
+        assert!(!rx.placing());
+        // The rest arrives; a reader with no placement files it whole.
+        {
+            let mut tx = lock(&zero.shared.tx);
+            assert_eq!(tx.push(&payload[half..]), payload.len() - half);
+            let trail = header.trail_len();
+            assert_eq!(tx.push(&[0u8; 64][..trail]), trail);
+        }
+        assert!(s.drain(&mut rx, &f1));
+        let filed = f1.inboxes.inbox(7, 0).pop().expect("filed");
+        assert_eq!(filed.payload.bytes(), &payload[..]);
+        assert!(lock(&f1.failed).is_none());
     }
 }
