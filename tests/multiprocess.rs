@@ -262,10 +262,21 @@ fn child_rank() {
                     .unwrap();
                 assert_eq!(got, ins.concat());
                 if len == 1000 {
-                    // The peer is in another network namespace, whose
-                    // abstract Unix sockets are out of reach: TCP. (Checked
-                    // while ops remain, so the peer cannot have exited.)
-                    assert_eq!(comm.link_kind(1 - rank), Some("tcp"));
+                    // A peer in another network namespace, whose abstract
+                    // Unix sockets are out of reach, is linked over TCP;
+                    // one in this namespace as local links are asked
+                    // for. (A barrier links every pair at 2 and 4 ranks;
+                    // checked while ops remain, so no peer has exited.)
+                    comm.barrier().wait().unwrap();
+                    let per_ns: usize =
+                        std::env::var("RINGWIRE_TEST_PER_NS").map_or(1, |v| v.parse().unwrap());
+                    for q in (0..world).filter(|&q| q != rank) {
+                        let want = match q / per_ns == rank / per_ns {
+                            true => common::expected_local_link(),
+                            false => "tcp",
+                        };
+                        assert_eq!(comm.link_kind(q), Some(want), "rank {rank} to {q}");
+                    }
                 }
             }
             println!("CHILD-OK rank {rank}");

@@ -184,6 +184,14 @@ fn several_ops_write_a_file_each() {
 fn json_csv_and_plot_are_written_and_link_limit_shown() {
     let dir = std::env::temp_dir().join(format!("ringwire-bench-test-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
+    // Removed however the test ends (a failed assertion too).
+    struct RemoveOnDrop(std::path::PathBuf);
+    impl Drop for RemoveOnDrop {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+    let _cleanup = RemoveOnDrop(dir.clone());
     let (json, csv, svg) = (dir.join("r.json"), dir.join("r.csv"), dir.join("r.svg"));
     let (ok, out, err) = bench(&[
         "all_gather",
@@ -250,7 +258,6 @@ fn json_csv_and_plot_are_written_and_link_limit_shown() {
         svg_text.contains("<svg") && svg_text.contains("portable"),
         "svg lacks the series label"
     );
-    std::fs::remove_dir_all(&dir).ok();
 }
 
 #[test]

@@ -67,10 +67,21 @@ impl Drop for TestNet {
 }
 
 fn spawn_in(net: &TestNet, rank: usize, mode: &str, extra: &[(&str, &str)]) -> Child {
+    spawn_of(net, (rank, 2, 1), mode, extra)
+}
+
+/// Rank `rank` of `world`, in the namespace of ranks `per_ns` at a time
+/// (ranks 0 .. per_ns in the first).
+fn spawn_of(
+    net: &TestNet,
+    (rank, world, per_ns): (usize, usize, usize),
+    mode: &str,
+    extra: &[(&str, &str)],
+) -> Child {
     // This test binary plays the ranks (its `child_rank`).
     let child_exe = std::env::current_exe().unwrap();
     let mut cmd = Command::new("ip");
-    cmd.args(["netns", "exec", &net.ns[rank]])
+    cmd.args(["netns", "exec", &net.ns[rank / per_ns]])
         .arg(child_exe)
         .args([
             "--exact",
@@ -82,7 +93,8 @@ fn spawn_in(net: &TestNet, rank: usize, mode: &str, extra: &[(&str, &str)]) -> C
         ])
         .env("RINGWIRE_TEST_CHILD", "1")
         .env("RANK", rank.to_string())
-        .env("WORLD_SIZE", "2")
+        .env("WORLD_SIZE", world.to_string())
+        .env("RINGWIRE_TEST_PER_NS", per_ns.to_string())
         .env("MASTER_ADDR", &net.ip[0])
         .env("MASTER_PORT", "29517")
         .env("RINGWIRE_TEST_SEED", "7")
@@ -131,6 +143,27 @@ fn collectives_stay_correct_over_delay_and_loss() {
         }
     }
     let children: Vec<_> = (0..2).map(|r| spawn_in(&net, r, "netem", &[])).collect();
+    for (rank, c) in children.into_iter().enumerate() {
+        let out = c.wait_with_output().unwrap();
+        assert!(
+            out.status.success() && text(&out).contains("CHILD-OK"),
+            "rank {rank}:\n{}",
+            text(&out)
+        );
+    }
+}
+
+/// A job of two hosts (namespaces) of two ranks each, shared memory asked
+/// for: ranks inside a namespace share memory, ranks across it talk TCP,
+/// and the sweep's collectives are right on the mixed links (issue 31,
+/// part 6).
+#[test]
+fn two_namespaces_of_two_ranks_share_memory_inside_and_tcp_across() {
+    let Some(net) = try_net("m") else { return };
+    let extra = [("RINGWIRE_LOCAL_LINKS", "shm")];
+    let children: Vec<_> = (0..4)
+        .map(|r| spawn_of(&net, (r, 4, 2), "netem", &extra))
+        .collect();
     for (rank, c) in children.into_iter().enumerate() {
         let out = c.wait_with_output().unwrap();
         assert!(
