@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
-# ringwire vs Open MPI (TCP) vs torch.distributed gloo: one collective (all_reduce
-# by default; f32, sum where it reduces, root 0) on local ranks over loopback,
-# one table. Installs what it needs (skipped when
-# already there), then for each world size runs the three back to back.
+# ringwire vs Open MPI vs torch.distributed gloo: one collective (all_reduce
+# by default; f32, sum where it reduces, root 0) on local ranks, one table.
+# Over TCP on loopback (like for like: ringwire forced onto TCP, Open MPI's
+# tcp BTL, gloo), and on one host's fastest path (ringwire's Unix-socket and
+# shared-memory links, Open MPI with its own defaults: its shared-memory
+# BTL). One core's memcpy bandwidth and the core-to-core round trip are
+# measured beside each world size. Installs what it needs (skipped when
+# already there), then for each world size runs the libraries back to back.
 #
 #   bash benches/compare/run.sh                      # ranks 2 4, 8 B .. 256 MiB, factor 4
 #   bash benches/compare/run.sh --ranks "2" -b 1K -e 16M -f 2
@@ -181,14 +185,14 @@ has gloo && versions+="; torch $("$TORCHPY" -c 'import torch; print(torch.__vers
 
 COMMON=(-b "$MINB" -e "$MAXB" -f "$FACTOR" -w "$WARMUP" -n "$ITERS")
 run_ringwire() {
-    # Three variants, one process group each, one after another like the
+    # Four variants, one process group each, one after another like the
     # peers: the engine with ringwire's default Unix-socket links between
-    # local ranks, the engine over TCP (like the peers), and the portable
-    # transport over TCP. (Interleaved in one group, the variants' idle
-    # threads made the scheduler stack ranks: 4 ranks at 8 B took 95-112 us
-    # against 61-63 in a group of their own.)
+    # local ranks, with shared-memory links, the engine over TCP (like the
+    # TCP peers), and the portable transport over TCP. (Interleaved in one
+    # group, the variants' idle threads made the scheduler stack ranks: 4
+    # ranks at 8 B took 95-112 us against 61-63 in a group of their own.)
     local ranks=$1 variant transport links
-    for variant in "uring unix" "uring tcp" "portable tcp"; do
+    for variant in "uring unix" "uring shm" "uring tcp" "portable tcp"; do
         read -r transport links <<<"$variant"
         "$RWBENCH" "$OP" --ranks "$ranks" "${COMMON[@]}" --max-seconds "$MAX_SECONDS" \
             --transport "$transport" --local-links "$links" \
@@ -200,7 +204,11 @@ run_mpi() {
     # the BTL path, not UCX; --bind-to none: scheduled like the other two.
     mpirun --allow-run-as-root --oversubscribe -np "$1" --bind-to none \
         --mca btl tcp,self --mca pml ob1 --mca btl_tcp_if_include lo \
-        "$MPIBIN" -c "$OP" "${COMMON[@]}" -m "$MAX_SECONDS" -o "$OUT/mpi-p$1$TAG.json"
+        "$MPIBIN" -c "$OP" "${COMMON[@]}" -m "$MAX_SECONDS" -o "$OUT/mpi-p$1$TAG.json" || return
+    # Then with its own defaults on one host (shared memory between the
+    # ranks, its binding), what a user of mpirun gets.
+    mpirun --allow-run-as-root --oversubscribe -np "$1" \
+        "$MPIBIN" -c "$OP" "${COMMON[@]}" -m "$MAX_SECONDS" -o "$OUT/mpi-sm-p$1$TAG.json"
 }
 run_gloo() {
     GLOO_SOCKET_IFNAME=lo OMP_NUM_THREADS=1 TORCH_CPP_LOG_LEVEL=ERROR \
@@ -272,6 +280,7 @@ TAG=""
 for p in $RANKS; do
     wait_idle
     echo "load p$p: $(cut -d' ' -f1-3 /proc/loadavg) (load average), ${IDLE}% idle over 2 s" >>"$OUT/meta.txt"
+    [ ! -x "$RWBENCH" ] || echo "memcpy p$p: $("$RWBENCH" memcpy-bandwidth 2>/dev/null | sed 's/^# memcpy bandwidth (one core): //'); core round trip $(round_trip) ns" >>"$OUT/meta.txt"
     for round in $(seq 1 "$ROUNDS"); do
         [ "$ROUNDS" = 1 ] || TAG="-r$round"
         for peer in $PEERS; do

@@ -2,8 +2,8 @@
 
     python3 table.py OUTDIR
 
-OUTDIR holds ringwire-{uring-unix,uring-tcp,portable-tcp}-p{N}.json and
-{mpi,gloo}-p{N}.json (ringwire-bench --json, and the
+OUTDIR holds ringwire-{uring-unix,uring-shm,uring-tcp,portable-tcp}-p{N}.json
+and {mpi,mpi-sm,gloo}-p{N}.json (ringwire-bench --json, and the
 same field names from mpi_coll.c and torch_gloo_coll.py), or
 {...}-p{N}-r{K}.json for round K of several, and meta.txt (lines "key:
 value"). With several rounds every cell is the median over the rounds, and
@@ -23,13 +23,24 @@ import sys
 
 # (key, column name, file prefix, ringwire transport or None)
 # ringwire links local ranks with Unix sockets by default; "-tcp" rows are
-# forced onto TCP, like both peers here (the like-for-like comparison).
+# forced onto TCP, like the TCP peers here (the like-for-like comparison);
+# "-shm" rows use shared memory, like Open MPI with its own defaults.
 PEERS = [
     ("ringwire", "ringwire (uring, unix links)", "ringwire-uring-unix", "uring"),
+    ("ringwire_shm", "ringwire (uring, shm links)", "ringwire-uring-shm", "uring-shm"),
     ("ringwire_tcp", "ringwire (uring, TCP)", "ringwire-uring-tcp", "uring-tcp"),
     ("portable", "ringwire (portable, TCP)", "ringwire-portable-tcp", "portable-tcp"),
-    ("mpi", "Open MPI", "mpi", None),
+    ("mpi", "Open MPI (TCP)", "mpi", None),
+    ("mpi_sm", "Open MPI (defaults: shared memory)", "mpi-sm", None),
     ("gloo", "gloo", "gloo", None),
+]
+
+# Each ratio column: ringwire's variant, the peers it is set against.
+TCP_PEERS = ("mpi", "gloo")
+RATIOS = [
+    ("ringwire_tcp", TCP_PEERS, "uring TCP / best TCP peer"),
+    ("ringwire", TCP_PEERS, "uring unix / best TCP peer"),
+    ("ringwire_shm", ("mpi_sm",), "uring shm / Open MPI shm"),
 ]
 
 
@@ -96,13 +107,13 @@ def median_row(per_round, size):
     }
 
 
-def round_ratios(data, ours, size):
-    """ours' busbw / the better peer's, per round where all ran."""
+def round_ratios(data, ours, size, against):
+    """ours' busbw / the best of `against`, per round where all ran."""
     out = []
     for k, rows in (data.get(ours) or {}).items():
         peers = [
             data[peer][k][size]["busbw_gbps"]
-            for peer in ("mpi", "gloo")
+            for peer in against
             if data.get(peer) and k in data[peer] and size in data[peer][k]
         ]
         if size in rows and peers and max(peers) > 0:
@@ -125,6 +136,9 @@ def main():
     for k in ("command", "op", "machine", "versions", "settings"):
         if k in meta:
             print(f"{k}: {meta[k]}")
+    for k, v in meta.items():
+        if k.startswith("memcpy "):
+            print(f"before {k[len('memcpy '):]}: memcpy {v}")
     rounds = int(meta.get("rounds", "1") or 1)
     if rounds > 1:
         print(f"rounds: {rounds}, round-robin; every time, busbw and p50 below is the median over"
@@ -136,7 +150,7 @@ def main():
     head = ["ranks", "size"]
     for _, name, _, _ in PEERS:
         head += [f"{name} time (us)", f"{name} busbw (GB/s)"]
-    head += ["uring TCP / best peer", "uring unix / best peer"]
+    head += [label for _, _, label in RATIOS]
     print("| " + " | ".join(head) + " |")
     print("|" + "|".join(["---:"] * len(head)) + "|")
     wrong_total = {k: 0 for k, _, _, _ in PEERS}
@@ -160,10 +174,10 @@ def main():
                 bw[key] = r["busbw_gbps"]
                 flag = "" if r.get("wrong", 0) == 0 else " (WRONG)"
                 cells += [f"{r['time_us']:.1f}{flag}", f"{r['busbw_gbps']:.3f}"]
-            peers = [bw[k] for k in ("mpi", "gloo") if k in bw]
-            for ours in ("ringwire_tcp", "ringwire"):
+            for ours, against, _ in RATIOS:
+                peers = [bw[k] for k in against if k in bw]
                 if ours in bw and peers and max(peers) > 0:
-                    per_round = round_ratios(data, ours, s)
+                    per_round = round_ratios(data, ours, s, against)
                     if len(per_round) > 1:
                         # Each round's ratio compares libraries run minutes
                         # apart; their median, then their range.
@@ -192,9 +206,10 @@ def main():
             print("| " + " | ".join(cells) + " |")
     print()
     print("wrong elements: " + ", ".join(f"{name} {wrong_total[k]}" for k, name, _, _ in PEERS))
-    print("ratios: ringwire's busbw (uring over TCP, like the peers; then uring with its default"
-          " Unix-socket links between local ranks) / the better of Open MPI and gloo at that size"
-          " (> 1: ringwire faster; equals best peer time / ringwire time)")
+    print("ratios: ringwire's busbw (uring over TCP, like the TCP peers; then uring with its"
+          " default Unix-socket links between local ranks) / the better of Open MPI over TCP and"
+          " gloo at that size; then uring with shared-memory links / Open MPI with its own"
+          " defaults (shared memory) (> 1: ringwire faster; equals peer time / ringwire time)")
     others = [f"{k[len('others '):]} {v}" for k, v in meta.items() if k.startswith("others ")]
     if others:
         print("CPU other processes used during each library's sweep (cores; the machine has "

@@ -99,7 +99,8 @@ ops: all_reduce broadcast reduce all_gather reduce_scatter all_to_all gather sca
      several separated by commas (all_reduce,all_gather), or `all` for every one, run
      in turn on the same ranks and links, a table each (--json/--csv/--plot files get
      the op's name before their extension: r.json -> r.all_gather.json)
-     (or `ringwire-bench core-round-trip`: print the core-to-core round trip and exit)
+     (or `ringwire-bench core-round-trip`: print the core-to-core round trip and exit;
+     `ringwire-bench memcpy-bandwidth`: one core's copy rate at 1, 16 and 64 MiB)
 
   --ranks N          start N local rank processes (else join via RANK, WORLD_SIZE,
                      MASTER_ADDR, MASTER_PORT or the Open MPI / Slurm / PMI variables)

@@ -18,6 +18,7 @@ mod check;
 mod cores;
 mod device;
 mod linklimit;
+mod membw;
 use linklimit::LinkLimit;
 mod ops;
 mod plot;
@@ -57,6 +58,10 @@ fn main() -> ExitCode {
                 ExitCode::FAILURE
             }
         };
+    }
+    if argv.first().map(String::as_str) == Some("memcpy-bandwidth") {
+        println!("{}", membw::line());
+        return ExitCode::SUCCESS;
     }
     let args = match args::parse(&argv) {
         Ok(a) => a,
