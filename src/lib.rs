@@ -18,6 +18,7 @@ pub mod train;
 pub mod wire;
 
 mod buffer;
+mod clock;
 mod comm;
 mod config;
 mod error;

@@ -3,11 +3,12 @@
 //! PyTorch's NCCL flight recorder does. When a job dies, the dumps of all
 //! ranks side by side show which op each rank was in.
 
+use crate::clock::coarse_now;
 use crate::wire::OpKind;
 use std::collections::VecDeque;
 use std::fmt::Write as _;
 use std::sync::Mutex;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, SystemTime};
 
 /// Where an op is.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -48,7 +49,7 @@ pub const DEFAULT_FLIGHT_RECORDER_OPS: usize = 64;
 pub(crate) struct FlightRecorder {
     ops: Mutex<VecDeque<OpRecord>>,
     capacity: usize,
-    created: Instant,
+    created: Duration,
     created_wall: SystemTime,
 }
 
@@ -57,7 +58,7 @@ impl FlightRecorder {
         FlightRecorder {
             ops: Mutex::new(VecDeque::with_capacity(capacity)),
             capacity,
-            created: Instant::now(),
+            created: coarse_now(),
             created_wall: SystemTime::now(),
         }
     }
@@ -89,7 +90,7 @@ impl FlightRecorder {
             count,
             bytes,
             peer,
-            queued: self.created.elapsed(),
+            queued: coarse_now().saturating_sub(self.created),
             started: None,
             ended: None,
             state: OpState::Queued,
@@ -103,7 +104,7 @@ impl FlightRecorder {
         peer: Option<usize>,
         f: impl FnOnce(&mut OpRecord, Duration),
     ) {
-        let now = self.created.elapsed();
+        let now = coarse_now().saturating_sub(self.created);
         if let Some(r) = self
             .lock()
             .iter_mut()

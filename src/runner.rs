@@ -22,10 +22,11 @@
 //! poll that finds nothing to run doubles the interval, up to
 //! [`HOT_POLL_MAX`], and one that finds a job resets it.
 
+use crate::clock::coarse_now;
 use std::collections::VecDeque;
 use std::panic::{self, AssertUnwindSafe};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// Work queued to run once with the shared context `C`. Shared (not boxed)
 /// so an op's handle and its queued work can live in one reusable
@@ -104,7 +105,7 @@ struct Jobs<C> {
     /// No more jobs will come; the executor exits once the queue is empty.
     closed: bool,
     executor: ExecutorIs,
-    last_activity: Instant,
+    last_activity: Duration,
     /// Timed waits of the executor so far (tests watch the back-off).
     polls: u64,
 }
@@ -138,7 +139,7 @@ impl<C: Context> Runner<C> {
                 running: false,
                 closed: false,
                 executor: ExecutorIs::Busy,
-                last_activity: Instant::now(),
+                last_activity: coarse_now(),
                 polls: 0,
             }),
             wake_executor: Condvar::new(),
@@ -173,7 +174,7 @@ impl<C: Context> Runner<C> {
             return false;
         }
         jobs.queue.push_back(job);
-        jobs.last_activity = Instant::now();
+        jobs.last_activity = coarse_now();
         let wake = match jobs.executor {
             ExecutorIs::Busy => false,
             ExecutorIs::Polling => urgent,
@@ -229,7 +230,7 @@ impl<C: Context> Runner<C> {
     fn job_ended(&self) {
         let mut jobs = self.lock();
         jobs.running = false;
-        jobs.last_activity = Instant::now();
+        jobs.last_activity = coarse_now();
         // A closing runner's executor waits for the last job.
         let wake = jobs.closed && jobs.executor != ExecutorIs::Busy;
         drop(jobs);
@@ -271,7 +272,7 @@ impl<C: Context> Runner<C> {
                         if jobs.closed && jobs.queue.is_empty() && !jobs.running {
                             return;
                         }
-                        let hot = jobs.last_activity.elapsed() < HOT_WINDOW;
+                        let hot = coarse_now().saturating_sub(jobs.last_activity) < HOT_WINDOW;
                         jobs.executor = if hot {
                             ExecutorIs::Polling
                         } else {
@@ -356,6 +357,7 @@ mod tests {
     use super::*;
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::thread::ThreadId;
+    use std::time::Instant;
 
     #[derive(Default)]
     struct Log {
