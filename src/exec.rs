@@ -506,7 +506,7 @@ fn overlap(a: &Range<usize>, b: &Range<usize>) -> bool {
     !a.is_empty() && !b.is_empty() && a.start < b.end && b.start < a.end
 }
 
-fn link_error(
+pub(crate) fn link_error(
     e: LinkError,
     ctx: &OpContext,
     peer: usize,

@@ -17,6 +17,7 @@ pub mod store;
 pub mod train;
 pub mod wire;
 
+mod arena;
 mod buffer;
 mod clock;
 mod comm;

@@ -462,6 +462,8 @@ fn rendezvous(
                 crowded: false,
                 crowded_anywhere: false,
                 tcp_anywhere: false,
+                arena_everywhere: false,
+                local_ranks: vec![false],
             });
         }
         None => {
@@ -626,6 +628,7 @@ fn rendezvous(
             .map_err(|_| Error::Rendezvous("bad job id in the store".into()))?,
     );
     let tcp_links = (0..size).any(|q| q != rank && local_peers[q].is_none());
+    let local_ranks: Vec<bool> = local_peers.iter().map(Option::is_some).collect();
     let crowded = b
         .local
         .is_some_and(|(_, on_host)| on_host > ringwire_uring::usable_cores());
@@ -650,6 +653,12 @@ fn rendezvous(
     if tcp_links {
         client.add(&key("tcp_ranks"), 1)?;
     }
+    // And whether every rank has an arena (its local links run on shared
+    // memory and it could make one): communicators of one host then vote
+    // on using it (comm/arena.rs), which every member must do alike.
+    if transport.arena().is_some() {
+        client.add(&key("arena_ranks"), 1)?;
+    }
 
     // Store barrier: nobody leaves setup until everyone has every address.
     client.set(&key(&format!("ready/{rank}")), b"1")?;
@@ -670,6 +679,7 @@ fn rendezvous(
     }
     let crowded_anywhere = client.add(&key("crowded_ranks"), 0)? > 0;
     let tcp_anywhere = client.add(&key("tcp_ranks"), 0)? > 0;
+    let arena_everywhere = client.add(&key("arena_ranks"), 0)? == size as i64;
     tracing::debug!(rank, %listen, "rendezvous complete");
     // Kept for failure reports only: a store that went away with its host
     // must not hold a failing op for a minute.
@@ -686,6 +696,8 @@ fn rendezvous(
         crowded,
         crowded_anywhere,
         tcp_anywhere,
+        arena_everywhere,
+        local_ranks,
     })
 }
 

@@ -132,6 +132,11 @@ pub(crate) trait Help: Send + Sync {
 }
 
 impl<C: Context> Runner<C> {
+    /// The shared context (for reads that need no job slot).
+    pub(crate) fn context(&self) -> &C {
+        &self.context
+    }
+
     pub(crate) fn new(context: C) -> Runner<C> {
         Runner {
             jobs: Mutex::new(Jobs {

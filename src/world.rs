@@ -39,6 +39,12 @@ pub(crate) struct World {
     /// links set to TCP, or TLS; agreed by every rank at rendezvous):
     /// mid-size all-reduces then run halving-doubling (decision 0022).
     pub(crate) tcp_anywhere: bool,
+    /// Every rank of the job has an arena (`crate::arena`; agreed at
+    /// rendezvous): a communicator whose members share one host may run
+    /// its small collectives there, once its members voted.
+    pub(crate) arena_everywhere: bool,
+    /// Which world ranks this rank reaches over Unix sockets (this host).
+    pub(crate) local_ranks: Vec<bool>,
 }
 
 impl World {

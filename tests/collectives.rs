@@ -56,6 +56,16 @@ fn world_8() {
     sweep(8);
 }
 
+/// Tests that count the bytes a schedule sends over the links: where local
+/// links run on shared memory (the shm rerun), small ops would run on the
+/// arena instead (tests/arena.rs), so these keep Unix sockets there.
+fn schedules_over_links(b: ringwire::Builder) -> ringwire::Builder {
+    match std::env::var("RINGWIRE_LOCAL_LINKS").as_deref() {
+        Ok("shm") => b.local_links(ringwire::LocalLinks::Unix),
+        _ => b,
+    }
+}
+
 /// Where one host runs more ranks than it has cores, every rank runs small
 /// all-reduces as a tree reduce and broadcast (decision 0013). Only rank 0
 /// says its host is crowded here: the others must still choose as it does.
@@ -65,7 +75,7 @@ fn a_crowded_host_switches_every_rank_to_the_tree() {
     for world in [3, 4, 8] {
         for (chunk, small) in [(64, 1 << 20), (ringwire::DEFAULT_CHUNK_BYTES, 1 << 20)] {
             let (_store, comms) = local_group_per_rank(world, |rank, b| {
-                let b = b.chunk_bytes(chunk).small_message_bytes(small);
+                let b = schedules_over_links(b.chunk_bytes(chunk).small_message_bytes(small));
                 // More ranks than any machine has cores.
                 if rank == 0 {
                     b.local_ranks(0, 1 << 16)
@@ -99,8 +109,9 @@ fn a_reduce_of_many_chunks_reaches_its_root_once() {
     let chunk = 4096;
     for world in [3usize, 4, 5] {
         let depth = world.next_power_of_two().trailing_zeros() as u64;
-        let (_store, comms) =
-            local_group(world, |b| b.chunk_bytes(chunk).small_message_bytes(chunk));
+        let (_store, comms) = local_group(world, |b| {
+            schedules_over_links(b.chunk_bytes(chunk).small_message_bytes(chunk))
+        });
         for (len, root_gets) in [(8 * chunk / 4 + 3, 1), (chunk / 4, depth)] {
             for root in 0..world {
                 let results = on_all(&comms, |c| {

@@ -43,6 +43,12 @@ pub(super) struct Executor {
     /// Scratch of `algo::pace` (a second step list, a mark per rank),
     /// reused.
     pub(super) pacing: Mutex<(Vec<Step>, Vec<u8>)>,
+    /// Whether this communicator's small ops run on the arena (voted in
+    /// its first op that could, `comm::arena`).
+    pub(super) arena: Mutex<super::arena::ArenaState>,
+    /// How the vote went (`arena::VOTED_*`; 0 before it), for
+    /// `Communicator::shared_memory_arena`.
+    pub(super) arena_vote: std::sync::atomic::AtomicU8,
 }
 
 /// Scratch space kept between ops; larger work spaces are freed after use.

@@ -12,6 +12,7 @@
 //! context schedules run in), `diagnose` (the debug signature check, who
 //! had not arrived at an op that timed out, the flight record's dump).
 
+mod arena;
 mod diagnose;
 mod execute;
 mod forms;
@@ -135,6 +136,8 @@ impl Communicator {
             scratch: Mutex::new(Vec::new()),
             counts: Mutex::new(Vec::new()),
             pacing: Mutex::default(),
+            arena: Mutex::new(arena::ArenaState::initial(arena::could(&world, &members))),
+            arena_vote: std::sync::atomic::AtomicU8::new(0),
         }));
         // The executor's poll between jobs only saves a wake-up when jobs
         // come back to back; a long one would crowd the ranks' cores.
@@ -216,6 +219,27 @@ impl Communicator {
     pub fn link_kind(&self, peer: usize) -> Option<&'static str> {
         let world_rank = *self.inner.members.get(peer)?;
         self.inner.world.transport.link_kind(world_rank)
+    }
+
+    /// Whether this communicator's small collectives run on the
+    /// shared-memory arena (`RINGWIRE_LOCAL_LINKS=shm`, every member on this
+    /// host): `Some(true)` once its members voted for it (in the first op
+    /// that could use it), `Some(false)` if they could not (no free slot,
+    /// an arena that could not be made or mapped), `None` before the vote
+    /// or where it never applies.
+    pub fn shared_memory_arena(&self) -> Option<bool> {
+        use std::sync::atomic::Ordering;
+        match self
+            .inner
+            .runner
+            .context()
+            .arena_vote
+            .load(Ordering::Acquire)
+        {
+            arena::VOTED_YES => Some(true),
+            arena::VOTED_NO => Some(false),
+            _ => None,
+        }
     }
 
     /// Whether this rank's link to `peer` carries the payloads of large
@@ -734,7 +758,7 @@ impl Communicator {
 
 /// A 64-bit mixer (splitmix64's finaliser) to derive sub-group ids that all
 /// members compute alike.
-fn mix(a: u64, b: u64) -> u64 {
+pub(super) fn mix(a: u64, b: u64) -> u64 {
     let mut z = a ^ b.wrapping_mul(0x9E37_79B9_7F4A_7C15);
     z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);

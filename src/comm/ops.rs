@@ -4,6 +4,7 @@
 //! (queued) and the blocking slice form (run in place) of each are the
 //! generic drivers in `forms`.
 
+use super::arena;
 use super::execute::{Ctx, OpPlan, with_kept};
 use crate::algo::select::{AllReduce as AllReduceAlgo, Rooted};
 use crate::algo::{self, Step};
@@ -119,6 +120,12 @@ impl<T: Element> InPlace<T> for AllReduce {
         let (rank, size) = cx.rank_and_size();
         let n = data.len();
         let algo = cx.shape().all_reduce(size_of_val(data));
+        let on_arena = cx.on_arena(size_of_val(data), arena::ALL_REDUCE_MAX_BYTES, |op, w| {
+            arena::all_reduce(op, w, (rank, size), data, self.0)
+        })?;
+        if on_arena {
+            return Ok(());
+        }
         cx.run_schedule(data, |steps, chunk| match algo {
             AllReduceAlgo::Halving => algo::all_reduce_halving(steps, rank, size, n, chunk),
             AllReduceAlgo::Tree => algo::all_reduce_tree(steps, rank, size, n, chunk),
@@ -147,6 +154,11 @@ impl<T: Element> InPlace<T> for Broadcast {
         let (rank, size) = cx.rank_and_size();
         let (n, root) = (data.len(), self.root);
         let choice = cx.shape().broadcast(size_of_val(data));
+        if cx.on_arena(size_of_val(data), arena::COPY_MAX_BYTES, |op, w| {
+            arena::broadcast(op, w, rank, root, data)
+        })? {
+            return Ok(());
+        }
         cx.pace = choice.paced;
         cx.run_schedule(data, |steps, chunk| match choice.schedule {
             Rooted::Tree => algo::broadcast_tree(steps, rank, size, root, n, chunk),
@@ -173,6 +185,11 @@ impl<T: Element> InPlace<T> for Reduce {
         let (rank, size) = cx.rank_and_size();
         let (n, root) = (data.len(), self.root);
         let choice = cx.shape().reduce(n, size_of_val(data), cx.chunk::<T>());
+        if cx.on_arena(size_of_val(data), arena::ALL_REDUCE_MAX_BYTES, |op, w| {
+            arena::reduce(op, w, (rank, size), root, data, self.op)
+        })? {
+            return Ok(());
+        }
         let chain = choice.schedule == Rooted::Chain;
         cx.pace = choice.paced;
         if rank == root {
@@ -219,6 +236,11 @@ impl<T: Element> InToOut<T> for AllGather {
     fn run(&self, cx: &mut Ctx<'_>, input: &[T], output: &mut [T]) -> Result<(), Error> {
         let (rank, size) = cx.rank_and_size();
         let n = input.len();
+        if cx.on_arena(size_of_val(input), arena::COPY_MAX_BYTES, |op, w| {
+            arena::all_gather(op, w, (rank, size), input, output)
+        })? {
+            return Ok(());
+        }
         output[rank * n..(rank + 1) * n].copy_from_slice(input);
         cx.run_schedule(output, |steps, chunk| {
             algo::all_gather_ring(steps, rank, size, n, chunk)
@@ -288,6 +310,11 @@ impl<T: Element> InToOut<T> for Gather {
         let (rank, size) = cx.rank_and_size();
         let (n, root) = (input.len(), self.root);
         let in_turn = cx.shape().gather_in_turn(size_of_val(input));
+        if cx.on_arena(size_of_val(input), arena::COPY_MAX_BYTES, |op, w| {
+            arena::gather(op, w, (rank, size), root, input, output)
+        })? {
+            return Ok(());
+        }
         let build = |steps: &mut Vec<Step>, chunk| {
             algo::gather(steps, (rank, size, root), n, chunk, in_turn)
         };
@@ -321,6 +348,13 @@ impl<T: Element> InToOut<T> for Scatter {
         let (rank, size) = cx.rank_and_size();
         let (n, root) = (output.len(), self.root);
         let build = |steps: &mut Vec<Step>, chunk| algo::scatter(steps, rank, size, root, n, chunk);
+        if cx.on_arena(
+            size_of_val(output) * size,
+            arena::COPY_MAX_BYTES,
+            |op, w| arena::scatter(op, w, (rank, size), root, input, output),
+        )? {
+            return Ok(());
+        }
         cx.pace = cx.shape().scatter_paced(size_of_val(output));
         if rank != root {
             return cx.run_schedule(output, build);
@@ -359,6 +393,11 @@ impl<T: Element> InToOut<T> for ReduceScatter {
         let (rank, size) = cx.rank_and_size();
         let n = input.len();
         let mine = algo::block(n, size, rank);
+        if cx.on_arena(size_of_val(input), arena::ALL_REDUCE_MAX_BYTES, |op, w| {
+            arena::reduce_scatter(op, w, (rank, size), input, output, self.0)
+        })? {
+            return Ok(());
+        }
         // The input stays as it is: each block is first combined with it as
         // it arrives (`algo::reduce_scatter_ring_from`). Two ranks reduce
         // only their own block, straight into the output. More also forward
@@ -419,6 +458,12 @@ impl<T: Element> InToOut<T> for AllToAll {
     /// communicator's, reused).
     fn run(&self, cx: &mut Ctx<'_>, input: &[T], output: &mut [T]) -> Result<(), Error> {
         let ex = cx.ex;
+        let (rank, size) = cx.rank_and_size();
+        if cx.on_arena(size_of_val(input), arena::COPY_MAX_BYTES, |op, w| {
+            arena::all_to_all(op, w, (rank, size), input, output)
+        })? {
+            return Ok(());
+        }
         with_kept(
             &ex.counts,
             |_| true,
@@ -496,5 +541,8 @@ fn all_to_all_v<T: Element>(
 /// The barrier's body.
 pub(super) fn barrier(cx: &mut Ctx<'_>) -> Result<(), Error> {
     let (rank, size) = cx.rank_and_size();
+    if cx.on_arena(0, 0, arena::barrier)? {
+        return Ok(());
+    }
     cx.run_schedule::<u8>(&mut [], |steps, _| algo::barrier(steps, rank, size))
 }

@@ -475,6 +475,7 @@ impl Transport for Mesh {
     fn abort(&self, comm_id: u64, seq: u64, reason: &str, members: &[usize]) {
         let hub = &self.hub;
         hub.on_abort(None, comm_id, wire::Abort::new(hub.me as u32, seq, reason));
+        hub.planes.mark_abort();
         let limit = Duration::from_secs(1);
         let deadline = Instant::now() + limit;
         // Dials run on a thread of their own, waited for at most `limit`: a
@@ -522,5 +523,34 @@ impl Transport for Mesh {
 
     fn release(&self) {
         self.hub.planes.release(&*self.hub);
+    }
+
+    fn arena(&self) -> Option<Arc<crate::arena::Arena>> {
+        self.hub.planes.arena()
+    }
+
+    fn peer_arena(
+        &self,
+        peer: usize,
+        comm_id: u64,
+        deadline: Instant,
+    ) -> Result<Option<Arc<ringwire_shm::Mapping>>, LinkError> {
+        Ok(self.hub.link(peer, deadline, comm_id)?.plane.peer_arena())
+    }
+
+    fn arena_poll(&self, comm_id: u64, deep: bool) -> Result<(), LinkError> {
+        let hub = &*self.hub;
+        match deep {
+            true => hub.planes.tick(hub),
+            false => hub.planes.drain_shm(hub),
+        }
+        match hub.control.aborted_error(comm_id) {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+
+    fn link_failure(&self, peer: usize) -> Option<LinkError> {
+        self.hub.peers.failure(peer).map(LinkError::Lost)
     }
 }

@@ -24,10 +24,11 @@ mod plane;
 mod pool;
 pub(crate) mod run_ahead;
 
+use crate::arena::Arena;
 use crate::error::Error;
 use crate::wire::Header;
 use failure::{LinkFailure, Loss};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
 pub(crate) use ringwire_uring::AlignedBuf;
@@ -261,4 +262,33 @@ pub(crate) trait Transport: Send + Sync {
     /// are done): it must leave no kernel work behind that would later run
     /// in it (the uring plane withdraws the receives its turns posted).
     fn release(&self) {}
+    /// This process's arena (shared memory for collectives native to it,
+    /// `crate::arena`), where local links run on shared memory and it could
+    /// be made.
+    fn arena(&self) -> Option<Arc<Arena>> {
+        None
+    }
+    /// The arena of `peer`, mapped, if the link to it (found, or dialed
+    /// now) carries one.
+    fn peer_arena(
+        &self,
+        peer: usize,
+        comm_id: u64,
+        deadline: Instant,
+    ) -> Result<Option<Arc<ringwire_shm::Mapping>>, LinkError> {
+        let _ = (peer, comm_id, deadline);
+        Ok(None)
+    }
+    /// For a thread waiting on arena words: files what the shared-memory
+    /// links hold (`deep`: also checks their sockets, as the heartbeat
+    /// thread does), and says whether communicator `comm_id` was aborted.
+    fn arena_poll(&self, comm_id: u64, deep: bool) -> Result<(), LinkError> {
+        let _ = (comm_id, deep);
+        Ok(())
+    }
+    /// Why the link to `peer` is gone, if it is.
+    fn link_failure(&self, peer: usize) -> Option<LinkError> {
+        let _ = peer;
+        None
+    }
 }

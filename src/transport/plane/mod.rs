@@ -166,6 +166,11 @@ pub(crate) trait LinkPlane: Send + Sync {
     fn kind(&self) -> Option<&'static str> {
         None
     }
+
+    /// The peer's arena, when the link passed one (`crate::arena`).
+    fn peer_arena(&self) -> Option<Arc<ringwire_shm::Mapping>> {
+        None
+    }
 }
 
 /// Which plane a link gets; chosen before its handshake, whose socket
@@ -245,7 +250,7 @@ impl Planes {
                 }
             },
         };
-        let shm = config.shm.then(Default::default);
+        let shm = config.shm.then(|| Arc::new(shm::ShmLinks::new(me)));
         Ok(Planes { config, uring, shm })
     }
 
@@ -311,6 +316,27 @@ impl Planes {
         }
         if let Some(links) = &self.shm {
             links.tick(fabric);
+        }
+    }
+
+    /// Files what waits in the shared-memory links nobody reads.
+    pub(crate) fn drain_shm(&self, fabric: &dyn Fabric) {
+        if let Some(links) = &self.shm {
+            links.drain_all(fabric);
+        }
+    }
+
+    /// This process's arena, if local links run on shared memory and it
+    /// could be made.
+    pub(crate) fn arena(&self) -> Option<Arc<crate::arena::Arena>> {
+        self.shm.as_ref()?.arena()
+    }
+
+    /// Marks an abort on the arena's abort word (ranks waiting on this
+    /// one's arena lines look at their links at once).
+    pub(crate) fn mark_abort(&self) {
+        if let Some(arena) = self.arena() {
+            arena.mark_abort();
         }
     }
 

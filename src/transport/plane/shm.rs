@@ -19,6 +19,7 @@
 use super::{
     ControlSent, Established, Fabric, LinkPlane, PlaneConfig, lost, recv_ready, send_stop,
 };
+use crate::arena::{ARENA_BYTES, Arena};
 use crate::transport::conn::Conn;
 use crate::transport::failure::LinkFailure;
 use crate::transport::framing::padded_head;
@@ -39,7 +40,7 @@ const RING_BYTES: usize = 4 << 20;
 
 /// What the dialer sends with the segment: magic, version, ring bytes.
 const OFFER_MAGIC: &[u8; 4] = b"RWSM";
-const OFFER_VERSION: u32 = 1;
+const OFFER_VERSION: u32 = 2;
 const OFFER_LEN: usize = 16;
 
 /// Doorbell bytes (their value is only for debugging: any byte wakes).
@@ -55,13 +56,34 @@ const PURE_SPIN: Duration = Duration::from_micros(20);
 /// check the socket for a dead peer.
 const NAP: Duration = Duration::from_millis(2);
 
-/// The shm links of the process, for the heartbeat thread to drain.
-#[derive(Default)]
+/// The shm links of the process, for the heartbeat thread to drain, and
+/// the process's arena, passed to every local peer with its link's rings.
 pub(super) struct ShmLinks {
     links: Mutex<Vec<Weak<Shared>>>,
+    arena: Option<Arc<Arena>>,
 }
 
 impl ShmLinks {
+    /// The links of rank `me`, and its arena (made now; where it cannot be,
+    /// collectives run over the links, and the log says so once).
+    pub(super) fn new(me: usize) -> ShmLinks {
+        let arena = match Arena::create() {
+            Ok(arena) => Some(arena),
+            Err(e) => {
+                tracing::warn!(rank = me, error = %e, "no shared-memory arena (memfd or mmap refused?): collectives run over the links");
+                None
+            }
+        };
+        ShmLinks {
+            links: Mutex::default(),
+            arena,
+        }
+    }
+
+    pub(super) fn arena(&self) -> Option<Arc<Arena>> {
+        self.arena.clone()
+    }
+
     fn live(&self) -> Vec<Arc<Shared>> {
         let mut all = lock(&self.links);
         all.retain(|w| w.strong_count() > 0);
@@ -84,7 +106,7 @@ impl ShmLinks {
     /// while it waits for anything, so a peer blocked on a full ring
     /// towards it always gets room (two ranks sending to each other at
     /// once cannot block each other), as a socket's reader would.
-    fn drain_all(&self, fabric: &dyn Fabric) {
+    pub(super) fn drain_all(&self, fabric: &dyn Fabric) {
         // Under the list's lock (only a new link waits for it), and without
         // collecting the list: this runs in every wait, which allocates
         // nothing.
@@ -125,6 +147,15 @@ pub(super) fn start(
         Ok(None) => return Err((link, io::Error::other("the peer has no shared memory"))),
         Err(e) => return Err((link, e)),
     };
+    let own_arena = links.arena.as_deref();
+    let peer_arena = match link.dialed {
+        true => give_arena(sock, own_arena).and_then(|()| take_arena(sock)),
+        false => take_arena(sock).and_then(|got| give_arena(sock, own_arena).map(|()| got)),
+    };
+    let peer_arena = match peer_arena {
+        Ok(arena) => arena,
+        Err(e) => return Err((link, e)),
+    };
     let _ = sock.set_read_timeout(None);
     let dialed = link.dialed;
     let sock = match link.conn {
@@ -142,7 +173,60 @@ pub(super) fn start(
     );
     fabric.heard(peer);
     lock(&links.links).push(Arc::downgrade(&shared));
-    Ok(Box::new(ShmLink { shared }))
+    Ok(Box::new(ShmLink { shared, peer_arena }))
+}
+
+/// What a rank sends with its arena: magic, version, arena bytes (0: it
+/// has none, and no descriptor comes).
+const ARENA_MAGIC: &[u8; 4] = b"RWAR";
+
+/// Passes this process's arena (or says it has none).
+fn give_arena(sock: &UnixStream, arena: Option<&Arena>) -> io::Result<()> {
+    let mut msg = [0u8; OFFER_LEN];
+    msg[..4].copy_from_slice(ARENA_MAGIC);
+    msg[4..8].copy_from_slice(&OFFER_VERSION.to_le_bytes());
+    match arena {
+        Some(arena) => {
+            msg[8..16].copy_from_slice(&(ARENA_BYTES as u64).to_le_bytes());
+            send_fd(sock, arena.fd(), &msg)
+        }
+        None => io::Write::write_all(&mut &*sock, &msg),
+    }
+}
+
+/// Takes the peer's arena: mapped if it has one of this build's layout.
+/// One that cannot be mapped leaves the link without it (its collectives
+/// run over the links: the communicator's vote sees it).
+fn take_arena(sock: &UnixStream) -> io::Result<Option<Arc<ringwire_shm::Mapping>>> {
+    let mut msg = [0u8; OFFER_LEN];
+    let (n, fd) = recv_fd(sock, &mut msg)?;
+    if n != OFFER_LEN || &msg[..4] != ARENA_MAGIC {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            "the peer's arena message is garbled",
+        ));
+    }
+    let len = u64::from_le_bytes(msg[8..16].try_into().expect("8 bytes")) as usize;
+    let Some(fd) = fd else {
+        return Ok(None);
+    };
+    if len != ARENA_BYTES {
+        tracing::warn!(
+            len,
+            "a local peer's arena has another layout: collectives with it run over the links"
+        );
+        return Ok(None);
+    }
+    match Segment::open(fd, ARENA_BYTES) {
+        Ok(segment) if crate::arena::is_arena(segment.mapping()) => {
+            Ok(Some(Arc::new(segment.into_mapping())))
+        }
+        Ok(_) => Ok(None),
+        Err(e) => {
+            tracing::warn!(error = %e, "could not map a local peer's arena: collectives with it run over the links");
+            Ok(None)
+        }
+    }
 }
 
 /// One end of a link on `mapping`'s rings (ring 0 carries dialer ->
@@ -333,6 +417,8 @@ struct Shared {
 
 struct ShmLink {
     shared: Arc<Shared>,
+    /// The peer's arena, if it passed one.
+    peer_arena: Option<Arc<ringwire_shm::Mapping>>,
 }
 
 impl Shared {
@@ -801,6 +887,10 @@ impl LinkPlane for ShmLink {
     fn kind(&self) -> Option<&'static str> {
         Some("shm")
     }
+
+    fn peer_arena(&self) -> Option<Arc<ringwire_shm::Mapping>> {
+        self.peer_arena.clone()
+    }
 }
 
 #[cfg(test)]
@@ -861,10 +951,20 @@ mod tests {
             shm: true,
             handshake_timeout: Duration::from_secs(5),
         };
-        let links = Arc::new(ShmLinks::default());
+        let links = Arc::new(ShmLinks::new(0));
         let zero = shared(mapping.clone(), true, s0, 1, &config, &links);
         let one = shared(mapping, false, s1, 0, &config, &links);
-        (ShmLink { shared: zero }, ShmLink { shared: one }, links)
+        (
+            ShmLink {
+                shared: zero,
+                peer_arena: None,
+            },
+            ShmLink {
+                shared: one,
+                peer_arena: None,
+            },
+            links,
+        )
     }
 
     fn frame(step: u32, len: usize) -> (Header, Vec<u8>) {

@@ -1,0 +1,252 @@
+//! How ranks of one communicator exchange data through their arenas: the
+//! protocol every arena collective runs (`comm::arena` builds each on it).
+//!
+//! Op `k` of a communicator (its arena ops counted alike on every rank)
+//! uses parity `k % 2` of each rank's slot. A rank *publishes* op `k`: it
+//! writes what it stages (in the control line itself when it fits, else in
+//! the staging area), then the op's tag, then the step word `k + 1` with
+//! release ordering; a reader loads the step word with acquire ordering,
+//! so what it reads after is whole. Before publishing op `k` a rank waits
+//! until every member has published op `k - 1`: each did so only after
+//! reading everything of op `k - 2`, whose parity op `k` overwrites. So
+//! two buffers suffice, no line has two writers, and nothing is locked.
+//!
+//! Waiting spins on the step words (not at all on crowded hosts), then
+//! yields until the spin budget (RINGWIRE_SPIN_US) is spent, then naps
+//! (50 us, doubling to 1 ms). All along it files what the links bring (an
+//! abort arrives as a frame), and past the spin budget it also checks the
+//! links' sockets (a dead peer's closes); a peer's abort word makes it
+//! look at once.
+
+use super::{INLINE_BYTES, STAGE_BYTES, Slot, abort_word, line, stage};
+use crate::transport::{LinkError, Transport};
+use ringwire_shm::Mapping;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+/// Pure spinning before a wait starts yielding (a cache line crosses
+/// cores in well under a microsecond).
+const PURE_SPIN: Duration = Duration::from_micros(20);
+/// Spins between looks at the clock, the links and the abort words.
+const SPINS: u32 = 64;
+const FIRST_NAP: Duration = Duration::from_micros(50);
+const LONGEST_NAP: Duration = Duration::from_millis(1);
+
+/// A communicator's arena, as one rank sees it: its own slot, and every
+/// member's arena and slot (by rank in the communicator; its own too).
+pub(crate) struct CommArena {
+    /// Held so the slot stays this communicator's.
+    _slot: Slot,
+    members: Vec<(Arc<Mapping>, usize)>,
+    me: usize,
+    /// Arena ops this communicator ran.
+    ops: u64,
+}
+
+/// Why a wait ended without its data.
+#[derive(Debug)]
+pub(crate) enum WaitError {
+    /// The deadline passed; the first rank (of the communicator) that had
+    /// not published.
+    Timeout(usize),
+    /// A rank published another collective (its tag differs).
+    Mismatch { rank: usize },
+    /// The op must stop: an abort, or the link to `rank` failed.
+    Link(LinkError, usize),
+}
+
+/// What a wait needs besides the arena.
+pub(crate) struct Waiting<'a> {
+    pub(crate) transport: &'a dyn Transport,
+    pub(crate) comm_id: u64,
+    /// World ranks of the communicator's members.
+    pub(crate) members: &'a [usize],
+    pub(crate) deadline: Instant,
+    /// This host runs more ranks than cores: no pure spinning.
+    pub(crate) crowded: bool,
+    /// How long to poll before napping (RINGWIRE_SPIN_US).
+    pub(crate) spin: Duration,
+}
+
+impl CommArena {
+    /// The arena of a communicator whose rank `me` holds `slot`, with
+    /// `members[r]` the arena and slot index of rank `r`.
+    pub(crate) fn new(slot: Slot, members: Vec<(Arc<Mapping>, usize)>, me: usize) -> CommArena {
+        CommArena {
+            _slot: slot,
+            members,
+            me,
+            ops: 0,
+        }
+    }
+
+    /// Starts the next op, whose signature is `tag`.
+    pub(crate) fn op(&mut self, tag: u64) -> ArenaOp<'_> {
+        let k = self.ops;
+        ArenaOp {
+            arena: self,
+            k,
+            tag,
+        }
+    }
+}
+
+/// One arena op in progress; [`ArenaOp::finish`] counts it.
+pub(crate) struct ArenaOp<'a> {
+    arena: &'a mut CommArena,
+    k: u64,
+    tag: u64,
+}
+
+impl ArenaOp<'_> {
+    fn size(&self) -> usize {
+        self.arena.members.len()
+    }
+
+    /// Every other rank, as a bit mask.
+    pub(crate) fn others(&self) -> u64 {
+        let all = if self.size() == 64 {
+            u64::MAX
+        } else {
+            (1u64 << self.size()) - 1
+        };
+        all & !(1u64 << self.arena.me)
+    }
+
+    /// Publishes this rank's part of the op: `bytes` (at most
+    /// [`STAGE_BYTES`]), after waiting for every member's previous op.
+    pub(crate) fn publish(&self, bytes: &[u8], w: &Waiting<'_>) -> Result<(), WaitError> {
+        assert!(
+            bytes.len() <= STAGE_BYTES,
+            "staged more than the arena holds"
+        );
+        if self.k > 0 {
+            self.wait_for(self.others(), self.k - 1, None, w)?;
+        }
+        let (own, slot) = &self.arena.members[self.arena.me];
+        let at = line(*slot, self.k);
+        if bytes.len() <= INLINE_BYTES {
+            own.write(at + 16, bytes);
+        } else {
+            own.write(stage(*slot, self.k), bytes);
+        }
+        own.atomic(at + 8).store(self.tag, Ordering::Relaxed);
+        own.atomic(at).store(self.k + 1, Ordering::Release);
+        Ok(())
+    }
+
+    /// Waits until every rank in `ranks` (a bit mask) has published this op
+    /// with this op's tag.
+    pub(crate) fn wait(&self, ranks: u64, w: &Waiting<'_>) -> Result<(), WaitError> {
+        self.wait_for(ranks, self.k, Some(self.tag), w)
+    }
+
+    /// Copies `dst.len()` bytes at `offset` of what `rank` staged for this
+    /// op (`staged` bytes in all) into `dst`; once [`ArenaOp::wait`]ed for.
+    pub(crate) fn read(&self, rank: usize, staged: usize, offset: usize, dst: &mut [u8]) {
+        let (mapping, slot) = &self.arena.members[rank];
+        let base = if staged <= INLINE_BYTES {
+            line(*slot, self.k) + 16
+        } else {
+            stage(*slot, self.k)
+        };
+        mapping.read(base + offset, dst);
+    }
+
+    /// The op is done on this rank.
+    pub(crate) fn finish(self) {
+        self.arena.ops += 1;
+    }
+
+    fn wait_for(
+        &self,
+        mut ranks: u64,
+        k: u64,
+        tag: Option<u64>,
+        w: &Waiting<'_>,
+    ) -> Result<(), WaitError> {
+        let members = &self.arena.members;
+        let look = |ranks: &mut u64| -> Result<(), WaitError> {
+            let mut left = *ranks;
+            while left != 0 {
+                let r = left.trailing_zeros() as usize;
+                left &= left - 1;
+                let (mapping, slot) = &members[r];
+                let at = line(*slot, k);
+                if mapping.atomic(at).load(Ordering::Acquire) > k {
+                    if tag.is_some_and(|t| mapping.atomic(at + 8).load(Ordering::Relaxed) != t) {
+                        return Err(WaitError::Mismatch { rank: r });
+                    }
+                    *ranks &= !(1u64 << r);
+                }
+            }
+            Ok(())
+        };
+        look(&mut ranks)?;
+        if ranks == 0 {
+            return Ok(());
+        }
+        let aborts = |ranks: u64| -> u64 {
+            let mut sum = 0u64;
+            let mut left = ranks;
+            while left != 0 {
+                let r = left.trailing_zeros() as usize;
+                left &= left - 1;
+                sum = sum.wrapping_add(abort_word(&members[r].0));
+            }
+            sum
+        };
+        let aborts_at_start = aborts(ranks);
+        let start = Instant::now();
+        let pure_spin = if w.crowded { Duration::ZERO } else { PURE_SPIN };
+        let mut nap = FIRST_NAP;
+        let mut spins = 0u32;
+        loop {
+            look(&mut ranks)?;
+            if ranks == 0 {
+                return Ok(());
+            }
+            spins += 1;
+            if spins < SPINS && !w.crowded {
+                std::hint::spin_loop();
+                continue;
+            }
+            spins = 0;
+            let now = Instant::now();
+            let waited = now.saturating_duration_since(start);
+            let deep = waited >= w.spin || aborts(ranks) != aborts_at_start;
+            self.poll(ranks, deep, w)?;
+            if now >= w.deadline {
+                return Err(WaitError::Timeout(ranks.trailing_zeros() as usize));
+            }
+            if waited < pure_spin {
+                continue;
+            }
+            if waited < w.spin {
+                std::thread::yield_now();
+            } else {
+                std::thread::sleep(nap.min(w.deadline.saturating_duration_since(now)));
+                nap = (nap * 2).min(LONGEST_NAP);
+            }
+        }
+    }
+
+    /// Hears what the links bring while waiting on `ranks`: an abort of
+    /// the communicator, or a failed link to one of them.
+    fn poll(&self, ranks: u64, deep: bool, w: &Waiting<'_>) -> Result<(), WaitError> {
+        let first = ranks.trailing_zeros() as usize;
+        w.transport
+            .arena_poll(w.comm_id, deep)
+            .map_err(|e| WaitError::Link(e, first))?;
+        let mut left = ranks;
+        while left != 0 {
+            let r = left.trailing_zeros() as usize;
+            left &= left - 1;
+            if let Some(e) = w.transport.link_failure(w.members[r]) {
+                return Err(WaitError::Link(e, r));
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,425 @@
+//! Collectives on the arena (`crate::arena`): for communicators whose
+//! members share one host, small ops stage their input in shared memory
+//! and every rank reads what it needs from every member's staging,
+//! instead of passing frames hop by hop (issue 31, part 3; decision 0030).
+//!
+//! Whether a communicator uses its arena is voted once, in its first op
+//! that could: every member says whether it has a slot and every other
+//! member's arena mapped, over the links (frames of that op, step
+//! [`VOTE_STEP`]); all yes, and its arena ops run there from then on.
+//! Which ops could is a function of facts every rank agrees on (the job's
+//! `arena_everywhere`, the members' host, the op's size), so every member
+//! votes in the same op, and after the vote picks the same path.
+//!
+//! Reductions combine in rank order, 0 to p-1, on every rank: all ranks
+//! get the same bits.
+
+use super::execute::{Ctx, Executor};
+use crate::arena::STAGE_BYTES;
+use crate::arena::exchange::{ArenaOp, CommArena, WaitError, Waiting};
+use crate::error::Error;
+use crate::{Element, ReduceOp, algo};
+use zerocopy::{FromBytes, IntoBytes};
+
+/// The step number of the vote's frames (schedules' steps are far below).
+const VOTE_STEP: u32 = u32::MAX - 1;
+
+/// Largest reduction (all-reduce, reduce, reduce-scatter; the bytes each
+/// rank stages, its whole input) that runs on the arena. Above it the
+/// schedules over the links are faster: every rank reads every staged
+/// copy, and writing lines another core just read is slow (measured at 2
+/// ranks on the 2-core VM, docs/perf.md: all-reduce 1.14x at 8 KiB, 0.82x
+/// at 16 KiB).
+pub(super) const ALL_REDUCE_MAX_BYTES: usize = 8 << 10;
+/// The same for the ops that copy (broadcast, scatter: the root's input;
+/// all-gather, gather, all-to-all: each rank's input): a placed receive
+/// over the links copies once where the arena copies twice (broadcast
+/// 1.37x at 4 KiB, 0.59x at 8 KiB).
+pub(super) const COPY_MAX_BYTES: usize = 4 << 10;
+
+/// Reductions read peers' staging through a buffer of this many bytes (a
+/// piece stays in L1 while every rank's is combined into it).
+const PIECE_BYTES: usize = 16 << 10;
+
+/// [`Executor::arena_vote`] once the members voted yes, or no.
+pub(super) const VOTED_YES: u8 = 1;
+pub(super) const VOTED_NO: u8 = 2;
+
+/// Whether a communicator uses its arena.
+#[derive(Default)]
+pub(super) enum ArenaState {
+    /// Not voted yet.
+    Unvoted,
+    /// Ops run over the links (voted no, or could never: left by a panic
+    /// too).
+    #[default]
+    Off,
+    On(CommArena),
+}
+
+impl ArenaState {
+    /// The state a communicator starts in: whether it may ever vote.
+    pub(super) fn initial(ex_could: bool) -> ArenaState {
+        match ex_could {
+            true => ArenaState::Unvoted,
+            false => ArenaState::Off,
+        }
+    }
+}
+
+/// Whether a communicator of these world ranks could use arenas: every
+/// rank of the job has one, and its members share this host.
+pub(super) fn could(world: &crate::world::World, members: &[usize]) -> bool {
+    world.arena_everywhere
+        && (2..=64).contains(&members.len())
+        && members
+            .iter()
+            .all(|&w| w == world.rank || world.local_ranks.get(w).copied().unwrap_or(false))
+}
+
+impl Ctx<'_> {
+    /// Runs `body` on the communicator's arena if this op takes it (its
+    /// largest staged input `staged` bytes, at most `max`), voting first if
+    /// the communicator has not. `Ok(false)`: the op runs over the links.
+    pub(super) fn on_arena(
+        &mut self,
+        staged: usize,
+        max: usize,
+        body: impl FnOnce(&ArenaOp<'_>, &Waiting<'_>) -> Result<(), WaitError>,
+    ) -> Result<bool, Error> {
+        let ex: &Executor = self.ex;
+        if staged > max.min(STAGE_BYTES) {
+            return Ok(false);
+        }
+        let mut state = std::mem::take(&mut *super::lock(&ex.arena));
+        if matches!(state, ArenaState::Unvoted) {
+            state = self.vote()?;
+            let vote = match state {
+                ArenaState::On(_) => VOTED_YES,
+                _ => VOTED_NO,
+            };
+            ex.arena_vote
+                .store(vote, std::sync::atomic::Ordering::Release);
+        }
+        let ArenaState::On(arena) = &mut state else {
+            *super::lock(&ex.arena) = state;
+            return Ok(false);
+        };
+        let waiting = Waiting {
+            transport: &*ex.world.transport,
+            comm_id: ex.comm_id,
+            members: &ex.members,
+            deadline: self.started + self.timeout,
+            crowded: ex.world.crowded,
+            spin: ex.tunables.spin,
+        };
+        let op = arena.op(self.arena_tag());
+        let done = body(&op, &waiting);
+        if done.is_ok() {
+            op.finish();
+        }
+        *super::lock(&ex.arena) = state;
+        done.map(|()| true).map_err(|e| self.wait_error(e))
+    }
+
+    /// The op's signature as one word, the same on every rank that runs
+    /// the same collective: a member whose tag differs runs another.
+    fn arena_tag(&self) -> u64 {
+        let s = &self.sig;
+        let words = [
+            s.op as u64,
+            s.dtype as u64,
+            s.reduce_op.map_or(u64::MAX, |r| r as u64),
+            u64::from(s.root),
+            s.count.unwrap_or(u64::MAX),
+        ];
+        words.iter().fold(s.comm_id, |acc, &w| super::mix(acc, w))
+    }
+
+    fn wait_error(&self, e: WaitError) -> Error {
+        match e {
+            WaitError::Timeout(rank) => crate::exec::link_error(
+                crate::transport::LinkError::Timeout,
+                &self.op,
+                rank,
+                self.started,
+                &self.ex.members,
+            ),
+            WaitError::Link(e, rank) => {
+                crate::exec::link_error(e, &self.op, rank, self.started, &self.ex.members)
+            }
+            WaitError::Mismatch { rank } => Error::Mismatch {
+                ctx: self.op.clone(),
+                peer: rank,
+                detail: format!(
+                    "rank {rank} runs another collective on shared memory (its kind, type, count, \
+                     reduce op or root differs from {})",
+                    self.op
+                ),
+            },
+        }
+    }
+
+    /// The vote: each member says whether it can run on the arena (a free
+    /// slot, every other member's arena mapped) and which slot it took.
+    fn vote(&mut self) -> Result<ArenaState, Error> {
+        let ex: &Executor = self.ex;
+        let (me, size) = (ex.rank, ex.size);
+        let transport = &*ex.world.transport;
+        let deadline = self.started + self.timeout;
+        let slot = transport.arena().and_then(|arena| arena.take_slot());
+        let mut ok = slot.is_some();
+        let mut mappings = Vec::with_capacity(size);
+        for (r, &w) in ex.members.iter().enumerate() {
+            if r == me {
+                mappings.push(slot.as_ref().map(|s| s.mapping().clone()));
+                continue;
+            }
+            let mapped = transport
+                .peer_arena(w, ex.comm_id, deadline)
+                .map_err(|e| crate::exec::link_error(e, &self.op, r, self.started, &ex.members))?;
+            ok &= mapped.is_some();
+            mappings.push(mapped);
+        }
+        let mut all = vec![0i64; 2 * size];
+        all[2 * me] = i64::from(ok);
+        all[2 * me + 1] = slot.as_ref().map_or(0, |s| s.index() as i64);
+        let mut steps = Vec::with_capacity(2 * size);
+        for k in 1..size {
+            let (to, from) = ((me + k) % size, (me + size - k) % size);
+            steps.push(algo::Step::Send {
+                peer: to,
+                range: 2 * me..2 * me + 2,
+                step: VOTE_STEP,
+                chunk: 0,
+            });
+            steps.push(algo::Step::Recv {
+                peer: from,
+                range: 2 * from..2 * from + 2,
+                step: VOTE_STEP,
+                chunk: 0,
+                action: algo::Action::Copy,
+            });
+        }
+        self.run(&steps, &[], &mut all)?;
+        let yes = (0..size).all(|r| all[2 * r] == 1);
+        tracing::debug!(rank = me, comm = ex.comm_id, yes, "arena vote");
+        match (yes, slot) {
+            (true, Some(slot)) => {
+                let members = mappings
+                    .into_iter()
+                    .enumerate()
+                    .map(|(r, m)| (m.expect("voted yes: mapped"), all[2 * r + 1] as usize))
+                    .collect();
+                Ok(ArenaState::On(CommArena::new(slot, members, me)))
+            }
+            _ => Ok(ArenaState::Off),
+        }
+    }
+}
+
+fn bytes_of<T: Element>(n: usize) -> usize {
+    n * size_of::<T>()
+}
+
+/// Combines every rank's staged `len` elements (`staged` bytes each) into
+/// `out`, in rank order; `out` may hold this rank's own input on entry,
+/// which is staged too.
+fn combine<T: Element>(
+    op: &ArenaOp<'_>,
+    ranks: usize,
+    staged: usize,
+    from: usize,
+    out: &mut [T],
+    reduce: ReduceOp,
+) {
+    let mut words = [0u64; PIECE_BYTES / 8];
+    let piece = PIECE_BYTES / size_of::<T>();
+    let mut at = 0;
+    while at < out.len() {
+        let end = (at + piece).min(out.len());
+        let dst = &mut out[at..end];
+        let offset = bytes_of::<T>(from + at);
+        op.read(0, staged, offset, dst.as_mut_bytes());
+        let buf = <[T]>::mut_from_bytes(&mut words.as_mut_bytes()[..size_of_val(dst)])
+            .expect("8-byte words hold any element type");
+        for r in 1..ranks {
+            op.read(r, staged, offset, buf.as_mut_bytes());
+            T::reduce_into(dst, buf, reduce);
+        }
+        at = end;
+    }
+}
+
+pub(super) fn all_reduce<T: Element>(
+    op: &ArenaOp<'_>,
+    w: &Waiting<'_>,
+    (rank, size): (usize, usize),
+    data: &mut [T],
+    reduce: ReduceOp,
+) -> Result<(), WaitError> {
+    let staged = size_of_val(data);
+    op.publish(data.as_bytes(), w)?;
+    op.wait(op.others(), w)?;
+    let _ = rank;
+    combine(op, size, staged, 0, data, reduce);
+    if reduce == ReduceOp::Avg {
+        T::finish_avg(data, size);
+    }
+    Ok(())
+}
+
+pub(super) fn reduce<T: Element>(
+    op: &ArenaOp<'_>,
+    w: &Waiting<'_>,
+    (rank, size): (usize, usize),
+    root: usize,
+    data: &mut [T],
+    reduce: ReduceOp,
+) -> Result<(), WaitError> {
+    let staged = size_of_val(data);
+    op.publish(data.as_bytes(), w)?;
+    if rank != root {
+        return Ok(());
+    }
+    op.wait(op.others(), w)?;
+    combine(op, size, staged, 0, data, reduce);
+    if reduce == ReduceOp::Avg {
+        T::finish_avg(data, size);
+    }
+    Ok(())
+}
+
+pub(super) fn broadcast<T: Element>(
+    op: &ArenaOp<'_>,
+    w: &Waiting<'_>,
+    rank: usize,
+    root: usize,
+    data: &mut [T],
+) -> Result<(), WaitError> {
+    if rank == root {
+        return op.publish(data.as_bytes(), w);
+    }
+    op.publish(&[], w)?;
+    op.wait(1 << root, w)?;
+    op.read(root, size_of_val(data), 0, data.as_mut_bytes());
+    Ok(())
+}
+
+pub(super) fn all_gather<T: Element>(
+    op: &ArenaOp<'_>,
+    w: &Waiting<'_>,
+    (rank, size): (usize, usize),
+    input: &[T],
+    output: &mut [T],
+) -> Result<(), WaitError> {
+    let n = input.len();
+    op.publish(input.as_bytes(), w)?;
+    output[rank * n..(rank + 1) * n].copy_from_slice(input);
+    op.wait(op.others(), w)?;
+    for r in (0..size).filter(|&r| r != rank) {
+        op.read(
+            r,
+            size_of_val(input),
+            0,
+            output[r * n..(r + 1) * n].as_mut_bytes(),
+        );
+    }
+    Ok(())
+}
+
+pub(super) fn gather<T: Element>(
+    op: &ArenaOp<'_>,
+    w: &Waiting<'_>,
+    (rank, size): (usize, usize),
+    root: usize,
+    input: &[T],
+    output: &mut [T],
+) -> Result<(), WaitError> {
+    let n = input.len();
+    op.publish(input.as_bytes(), w)?;
+    if rank != root {
+        return Ok(());
+    }
+    output[rank * n..(rank + 1) * n].copy_from_slice(input);
+    op.wait(op.others(), w)?;
+    for r in (0..size).filter(|&r| r != rank) {
+        op.read(
+            r,
+            size_of_val(input),
+            0,
+            output[r * n..(r + 1) * n].as_mut_bytes(),
+        );
+    }
+    Ok(())
+}
+
+pub(super) fn scatter<T: Element>(
+    op: &ArenaOp<'_>,
+    w: &Waiting<'_>,
+    (rank, size): (usize, usize),
+    root: usize,
+    input: &[T],
+    output: &mut [T],
+) -> Result<(), WaitError> {
+    let n = output.len();
+    if rank == root {
+        op.publish(input.as_bytes(), w)?;
+        output.copy_from_slice(&input[rank * n..(rank + 1) * n]);
+        return Ok(());
+    }
+    op.publish(&[], w)?;
+    op.wait(1 << root, w)?;
+    op.read(
+        root,
+        bytes_of::<T>(n * size),
+        bytes_of::<T>(rank * n),
+        output.as_mut_bytes(),
+    );
+    Ok(())
+}
+
+pub(super) fn reduce_scatter<T: Element>(
+    op: &ArenaOp<'_>,
+    w: &Waiting<'_>,
+    (rank, size): (usize, usize),
+    input: &[T],
+    output: &mut [T],
+    reduce: ReduceOp,
+) -> Result<(), WaitError> {
+    let mine = algo::block(input.len(), size, rank);
+    op.publish(input.as_bytes(), w)?;
+    op.wait(op.others(), w)?;
+    combine(op, size, size_of_val(input), mine.start, output, reduce);
+    if reduce == ReduceOp::Avg {
+        T::finish_avg(output, size);
+    }
+    Ok(())
+}
+
+pub(super) fn all_to_all<T: Element>(
+    op: &ArenaOp<'_>,
+    w: &Waiting<'_>,
+    (rank, size): (usize, usize),
+    input: &[T],
+    output: &mut [T],
+) -> Result<(), WaitError> {
+    let per = input.len() / size;
+    op.publish(input.as_bytes(), w)?;
+    output[rank * per..(rank + 1) * per].copy_from_slice(&input[rank * per..(rank + 1) * per]);
+    op.wait(op.others(), w)?;
+    for r in (0..size).filter(|&r| r != rank) {
+        op.read(
+            r,
+            size_of_val(input),
+            bytes_of::<T>(rank * per),
+            output[r * per..(r + 1) * per].as_mut_bytes(),
+        );
+    }
+    Ok(())
+}
+
+pub(super) fn barrier(op: &ArenaOp<'_>, w: &Waiting<'_>) -> Result<(), WaitError> {
+    op.publish(&[], w)?;
+    op.wait(op.others(), w)
+}

@@ -1,0 +1,197 @@
+//! Collectives on the shared-memory arena (issue 31, part 3; decision
+//! 0030): communicators whose members share this host, with local links on
+//! shared memory, vote in their first small op to stage it in the arena,
+//! and then every small collective runs there. Checked against the
+//! reference at several world sizes, with lengths 0, 1, p-1 and uneven;
+//! more communicators than the arena has slots; a mismatched collective.
+//! (The whole collectives sweep, every dtype and reduce op, also runs over
+//! shared-memory links: `tests/collectives.rs`'s `over_shm_links_too`.)
+
+mod common;
+
+use common::{local_group, on_all, seed};
+use ringwire::testing::{Rng, check_close, random_data, reference_reduce};
+use ringwire::{Communicator, Error, LocalLinks, ReduceOp};
+
+fn shm_group(world: usize) -> (ringwire::store::StoreServer, Vec<Communicator>) {
+    local_group(world, |b| b.local_links(LocalLinks::Shm))
+}
+
+/// Every kind of collective the arena runs, on lengths around the world
+/// size, against the reference; and the communicator says it ran there.
+fn every_op_on_the_arena(world: usize) {
+    let seed = seed();
+    let (_store, comms) = shm_group(world);
+    for c in &comms {
+        assert_eq!(c.shared_memory_arena(), None, "no vote before any op");
+    }
+    let results = on_all(&comms, |c| {
+        let (rank, p) = (c.rank(), c.world_size());
+        for len in [0usize, 1, p - 1, p + 1, 7 * p + 3, 1000, 60_000] {
+            let ins: Vec<Vec<f32>> = (0..p)
+                .map(|r| {
+                    random_data(
+                        &mut Rng::new(seed ^ (r as u64) << 8 ^ len as u64),
+                        len,
+                        ReduceOp::Sum,
+                    )
+                })
+                .collect();
+            let what = |op: &str| format!("seed {seed} world {p} len {len} rank {rank}: {op}");
+            for op in [ReduceOp::Sum, ReduceOp::Max, ReduceOp::Avg] {
+                let reference = reference_reduce(&ins, op);
+                let got = c.all_reduce(ins[rank].clone(), op).wait().unwrap();
+                check_close(&got, &reference, p)
+                    .map_err(|e| format!("{}: {e}", what("all_reduce")))?;
+                let root = len % p;
+                let got = c.reduce(ins[rank].clone(), root, op).wait().unwrap();
+                if rank == root {
+                    check_close(&got, &reference, p)
+                        .map_err(|e| format!("{}: {e}", what("reduce")))?;
+                } else if got != ins[rank] {
+                    return Err(what("reduce changed a non-root's buffer"));
+                }
+                let mine = ringwire::algo::block(len, p, rank);
+                let mut out = vec![0f32; mine.len()];
+                c.reduce_scatter_slice(&ins[rank], &mut out, op).unwrap();
+                check_close(&out, &reference[mine], p)
+                    .map_err(|e| format!("{}: {e}", what("reduce_scatter")))?;
+            }
+            let root = (len + 1) % p;
+            let got = c.broadcast(ins[rank].clone(), root).wait().unwrap();
+            if got != ins[root] {
+                return Err(what("broadcast"));
+            }
+            let mut all = vec![0f32; len * p];
+            c.all_gather_slice(&ins[rank], &mut all).unwrap();
+            if all != ins.concat() {
+                return Err(what("all_gather"));
+            }
+            let mut gathered = vec![0f32; if rank == root { len * p } else { 0 }];
+            c.gather_slice(&ins[rank], &mut gathered, root).unwrap();
+            if rank == root && gathered != ins.concat() {
+                return Err(what("gather"));
+            }
+            let whole: Vec<f32> = ins.concat();
+            let mut part = vec![0f32; len];
+            let src: &[f32] = if rank == root { &whole } else { &[] };
+            c.scatter_slice(src, &mut part, root).unwrap();
+            if part != ins[rank] {
+                return Err(what("scatter"));
+            }
+            // All-to-all: rank r's block j goes to rank j's block r.
+            let per = len;
+            let input: Vec<f32> = (0..p * per)
+                .map(|i| (rank * 1_000_000 + i) as f32)
+                .collect();
+            let mut output = vec![0f32; p * per];
+            c.all_to_all_slice(&input, &mut output).unwrap();
+            for from in 0..p {
+                for i in 0..per {
+                    let want = (from * 1_000_000 + rank * per + i) as f32;
+                    if output[from * per + i] != want {
+                        return Err(what("all_to_all"));
+                    }
+                }
+            }
+            c.barrier().wait().unwrap();
+        }
+        Ok::<(), String>(())
+    });
+    for r in results {
+        r.unwrap();
+    }
+    for c in &comms {
+        assert_eq!(c.shared_memory_arena(), Some(true), "rank {}", c.rank());
+        for peer in (0..world).filter(|&q| q != c.rank()) {
+            assert_eq!(c.link_kind(peer), Some("shm"));
+        }
+    }
+}
+
+#[test]
+fn world_2() {
+    every_op_on_the_arena(2);
+}
+
+#[test]
+fn world_3() {
+    every_op_on_the_arena(3);
+}
+
+#[test]
+fn world_5() {
+    every_op_on_the_arena(5);
+}
+
+/// Links that are Unix sockets (the default) never vote: no arena.
+#[test]
+fn over_unix_sockets_there_is_no_arena() {
+    let (_store, comms) = local_group(2, |b| b.local_links(LocalLinks::Unix));
+    on_all(&comms, |c| {
+        c.all_reduce(vec![1f32; 4], ReduceOp::Sum).wait().unwrap()
+    });
+    for c in &comms {
+        assert_eq!(c.shared_memory_arena(), None);
+    }
+}
+
+/// More communicators than the arena has slots: the ones without a slot
+/// vote no and run over the links, and every result is right.
+#[test]
+fn communicators_beyond_the_arenas_slots_run_over_the_links() {
+    let (_store, comms) = shm_group(2);
+    let results = on_all(&comms, |c| {
+        let subs: Vec<Communicator> = (0..20)
+            .map(|_| c.split(Some(0), 0).unwrap().unwrap())
+            .collect();
+        let mut votes = Vec::new();
+        for (i, sub) in subs.iter().enumerate() {
+            let got = sub
+                .all_reduce(vec![(sub.rank() + i) as f64; 3], ReduceOp::Sum)
+                .wait()
+                .unwrap();
+            assert_eq!(got, vec![(2 * i + 1) as f64; 3], "communicator {i}");
+            votes.push(sub.shared_memory_arena());
+        }
+        votes
+    });
+    assert_eq!(results[0], results[1], "both ranks saw the same votes");
+    let yes = results[0].iter().filter(|v| **v == Some(true)).count();
+    let no = results[0].iter().filter(|v| **v == Some(false)).count();
+    assert!(yes >= 10 && no >= 1 && yes + no == 20, "{:?}", results[0]);
+}
+
+/// Two ranks that call different collectives on the arena: the op fails
+/// naming the other rank, not with a hang or garbage.
+#[test]
+fn a_mismatched_collective_on_the_arena_is_named() {
+    let (_store, comms) = local_group(2, |b| {
+        b.local_links(LocalLinks::Shm)
+            .timeout(std::time::Duration::from_secs(10))
+    });
+    // A first op votes (and must agree).
+    on_all(&comms, |c| c.barrier().wait().unwrap());
+    let errs = on_all(&comms, |c| match c.rank() {
+        0 => c
+            .all_reduce(vec![1f32; 4], ReduceOp::Sum)
+            .wait()
+            .map(|_| ()),
+        _ => c
+            .all_reduce(vec![1f64; 2], ReduceOp::Sum)
+            .wait()
+            .map(|_| ()),
+    });
+    let mut mismatches = 0;
+    for (rank, e) in errs.into_iter().enumerate() {
+        match e {
+            Err(Error::Mismatch { peer, .. }) => {
+                assert_eq!(peer, 1 - rank);
+                mismatches += 1;
+            }
+            Err(Error::Aborted { .. }) => {}
+            other => panic!("rank {rank}: {other:?}"),
+        }
+    }
+    assert!(mismatches >= 1);
+}
