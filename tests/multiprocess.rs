@@ -222,6 +222,9 @@ fn child_rank() {
                     Ok(b) => buf = b,
                     Err(e) => {
                         println!("CHILD-LOOP-ERR {} {e}", unix_ms());
+                        if std::env::var_os("RINGWIRE_TEST_EXPECT_ARENA").is_some() {
+                            println!("CHILD-ARENA {:?}", comm.shared_memory_arena());
+                        }
                         // Shared memory goes with the communicator: no
                         // mapping is left in this survivor.
                         drop(comm);
@@ -530,6 +533,40 @@ fn processes_kill_9_on_shared_memory_fails_the_others_within_a_second() {
         );
     }
     assert_eq!(dev_shm(), before, "something was left in /dev/shm");
+}
+
+/// The same during small all-reduces, which run on the shared-memory arena
+/// (ranks spin on each other's step words, not on frames): the others
+/// still fail within about a second naming rank 2 (its link's socket
+/// closes; their waits look at the links), and let go of every mapping.
+#[test]
+fn processes_kill_9_during_arena_all_reduces_fails_the_others_within_a_second() {
+    if std::env::var_os("RINGWIRE_LOCAL_LINKS").is_some()
+        || std::env::var_os("RINGWIRE_TRANSPORT").is_some()
+    {
+        return; // a parametrised run: this one sets its own links
+    }
+    let env = [
+        ("RINGWIRE_TEST_MODE", "loop".to_string()),
+        ("RINGWIRE_TEST_LEN", "16".to_string()),
+        ("RINGWIRE_TEST_EXPECT_ARENA", "1".to_string()),
+        ("RINGWIRE_LOCAL_LINKS", "shm".into()),
+        ("RINGWIRE_TIMEOUT", "60".into()),
+    ];
+    for (rank, took, msg, stdout) in kill_9_rank_2_of_4(&env, Duration::from_millis(2500)) {
+        assert!(
+            took < 2_000,
+            "rank {rank} took {took} ms to see rank 2 die: {msg}"
+        );
+        assert!(
+            stdout.contains("CHILD-ARENA Some(true)"),
+            "rank {rank} did not run on the arena:\n{stdout}"
+        );
+        assert!(
+            stdout.contains("CHILD-SHM-MAPPINGS 0"),
+            "rank {rank} kept shared memory mapped:\n{stdout}"
+        );
+    }
 }
 
 #[test]

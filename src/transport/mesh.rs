@@ -197,6 +197,9 @@ impl Drop for Mesh {
         let hub = &self.hub;
         hub.peers.close();
         hub.inboxes.close();
+        // The arena goes with the links, not with the last thread to let
+        // go of the hub.
+        hub.planes.close();
         // Wake the accept loops so they see the table closed.
         let _ = TcpStream::connect_timeout(&self.local_addr, Duration::from_millis(200));
         if let Some(addr) = &self.local_addr_unix {

@@ -332,6 +332,14 @@ impl Planes {
         self.shm.as_ref()?.arena()
     }
 
+    /// The transport closes: the arena is unmapped here (a link made
+    /// after this gets none).
+    pub(crate) fn close(&self) {
+        if let Some(links) = &self.shm {
+            links.close();
+        }
+    }
+
     /// Marks an abort on the arena's abort word (ranks waiting on this
     /// one's arena lines look at their links at once).
     pub(crate) fn mark_abort(&self) {

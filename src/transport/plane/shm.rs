@@ -60,7 +60,8 @@ const NAP: Duration = Duration::from_millis(2);
 /// the process's arena, passed to every local peer with its link's rings.
 pub(super) struct ShmLinks {
     links: Mutex<Vec<Weak<Shared>>>,
-    arena: Option<Arc<Arena>>,
+    /// Taken when the transport closes.
+    arena: Mutex<Option<Arc<Arena>>>,
 }
 
 impl ShmLinks {
@@ -76,12 +77,17 @@ impl ShmLinks {
         };
         ShmLinks {
             links: Mutex::default(),
-            arena,
+            arena: Mutex::new(arena),
         }
     }
 
     pub(super) fn arena(&self) -> Option<Arc<Arena>> {
-        self.arena.clone()
+        lock(&self.arena).clone()
+    }
+
+    /// Lets go of the arena (unmapped once no communicator holds a slot).
+    pub(super) fn close(&self) {
+        lock(&self.arena).take();
     }
 
     fn live(&self) -> Vec<Arc<Shared>> {
@@ -147,7 +153,8 @@ pub(super) fn start(
         Ok(None) => return Err((link, io::Error::other("the peer has no shared memory"))),
         Err(e) => return Err((link, e)),
     };
-    let own_arena = links.arena.as_deref();
+    let own_arena = links.arena();
+    let own_arena = own_arena.as_deref();
     let peer_arena = match link.dialed {
         true => give_arena(sock, own_arena).and_then(|()| take_arena(sock)),
         false => take_arena(sock).and_then(|got| give_arena(sock, own_arena).map(|()| got)),
