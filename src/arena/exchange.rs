@@ -224,7 +224,10 @@ impl ArenaOp<'_> {
                 continue;
             }
             if waited < w.spin {
-                std::thread::yield_now();
+                // Moves to the rank's home core if it shares this one
+                // with another poller (two ranks' spinners on one core
+                // would take a time slice per op).
+                ringwire_uring::poll_yield();
             } else {
                 std::thread::sleep(nap.min(w.deadline.saturating_duration_since(now)));
                 nap = (nap * 2).min(LONGEST_NAP);
