@@ -82,6 +82,9 @@ pub(crate) struct Args {
     pub(crate) timeout: Duration,
     /// Test hook: corrupt this rank's checked result so #wrong is non-zero.
     pub(crate) inject_wrong: bool,
+    /// Call the blocking slice forms (`all_reduce_slice`, ...), as MPI's
+    /// blocking calls are, instead of owned buffers and `wait()`.
+    pub(crate) blocking: bool,
     /// Run every link (and the store) over mutual TLS.
     pub(crate) tls: bool,
     /// Job secret for every link and the store.
@@ -116,6 +119,8 @@ ops: all_reduce broadcast reduce all_gather reduce_scatter all_to_all gather sca
   -r, --root R       root of broadcast, reduce, gather and scatter (default 0)
   -c, --check 0|1    check results against a reference (default 1)
       --transport T  portable, uring or all (default all: every available one, interleaved size by size)
+      --blocking     call the blocking forms on borrowed slices (all_reduce_slice, ...:
+                     as MPI's blocking calls), not owned buffers and wait()
       --local-links L  shm, unix, tcp or all: what links ranks on the same host (default unix,
                      as ringwire does; other rows are labelled uring-shm, uring-tcp, ...)
       --link-limit   measure the ring link limit first (over each kind of link measured)
@@ -198,6 +203,7 @@ pub(crate) fn parse(args: &[String]) -> Result<Args, String> {
         plot: None,
         timeout: Duration::from_secs(120),
         inject_wrong: false,
+        blocking: false,
         tls: false,
         secret: None,
         device: DeviceChoice::Cpu,
@@ -282,6 +288,7 @@ pub(crate) fn parse(args: &[String]) -> Result<Args, String> {
             },
             "--link-socket-buffer" => a.link_socket_buffer = Some(parse_size(&value()?)?),
             "--buffer-offset" => a.buffer_offset = Some(number(value()?, "--buffer-offset")?),
+            "--blocking" => a.blocking = true,
             "--local-links" => {
                 a.links = match value()?.as_str() {
                     "unix" => LinksChoice::Unix,

@@ -323,7 +323,8 @@ fn cpu_bench<'c, T: Element>(
     a: &Args,
     shape: ops::Shape,
 ) -> Box<dyn Bench + 'c> {
-    let runner = Runner::<T>::new(a.op, a.redop, a.root, shape, a.buffer_offset);
+    let runner =
+        Runner::<T>::new(a.op, a.redop, a.root, shape, a.buffer_offset).blocking(a.blocking);
     Box::new(CpuBench { runner, comm })
 }
 

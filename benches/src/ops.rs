@@ -240,6 +240,8 @@ pub(crate) struct Runner<T: Element> {
     root: usize,
     input: Placed<T>,
     output: Placed<T>,
+    /// The blocking slice forms instead of owned buffers and `wait()`.
+    blocking: bool,
 }
 
 impl<T: Element> Runner<T> {
@@ -256,11 +258,41 @@ impl<T: Element> Runner<T> {
             root,
             input: Placed::new(shape.input, page_offset),
             output: Placed::new(shape.output, page_offset),
+            blocking: false,
         }
+    }
+
+    /// Calls the blocking slice forms from now on.
+    pub(crate) fn blocking(mut self, blocking: bool) -> Runner<T> {
+        self.blocking = blocking;
+        self
+    }
+
+    /// Runs the op once on the blocking slice forms; `None` for the ops
+    /// that have none (barrier, point-to-point: the owned forms run).
+    fn iterate_blocking(&mut self, comm: &Communicator) -> Option<Result<(), ringwire::Error>> {
+        let (redop, root) = (self.redop, self.root);
+        let (input, output) = (&mut *self.input, &mut *self.output);
+        Some(match self.op {
+            BenchOp::AllReduce => comm.all_reduce_slice(input, redop),
+            BenchOp::Broadcast => comm.broadcast_slice(input, root),
+            BenchOp::Reduce => comm.reduce_slice(input, root, redop),
+            BenchOp::AllGather => comm.all_gather_slice(input, output),
+            BenchOp::ReduceScatter => comm.reduce_scatter_slice(input, output, redop),
+            BenchOp::AllToAll => comm.all_to_all_slice(input, output),
+            BenchOp::Gather => comm.gather_slice(input, output, root),
+            BenchOp::Scatter => comm.scatter_slice(input, output, root),
+            BenchOp::Barrier | BenchOp::SendRecv | BenchOp::PingPong => return None,
+        })
     }
 
     /// Runs the op once and waits for it.
     pub(crate) fn iterate(&mut self, comm: &Communicator) -> Result<(), ringwire::Error> {
+        if self.blocking {
+            if let Some(done) = self.iterate_blocking(comm) {
+                return done;
+            }
+        }
         let input = std::mem::take(&mut self.input);
         let output = std::mem::take(&mut self.output);
         let (rank, redop, root) = (comm.rank(), self.redop, self.root);

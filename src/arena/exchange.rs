@@ -198,7 +198,9 @@ impl ArenaOp<'_> {
             sum
         };
         let aborts_at_start = aborts(ranks);
-        let start = Instant::now();
+        // The clock is read from the first look at it on: most waits end
+        // within the first spins, and a clock read costs as much as a look.
+        let mut start = None;
         let pure_spin = if w.crowded { Duration::ZERO } else { PURE_SPIN };
         let mut nap = FIRST_NAP;
         let mut spins = 0u32;
@@ -214,6 +216,7 @@ impl ArenaOp<'_> {
             }
             spins = 0;
             let now = Instant::now();
+            let start = *start.get_or_insert(now);
             let waited = now.saturating_duration_since(start);
             let deep = waited >= w.spin || aborts(ranks) != aborts_at_start;
             self.poll(ranks, deep, w)?;

@@ -91,18 +91,19 @@ impl Ctx<'_> {
         if staged > max.min(STAGE_BYTES) {
             return Ok(false);
         }
-        let mut state = std::mem::take(&mut *super::lock(&ex.arena));
-        if matches!(state, ArenaState::Unvoted) {
-            state = self.vote()?;
-            let vote = match state {
+        // Held for the op: one op of a communicator runs at a time.
+        let mut state = super::lock(&ex.arena);
+        if matches!(*state, ArenaState::Unvoted) {
+            *state = ArenaState::Off; // if the vote fails
+            *state = self.vote()?;
+            let vote = match *state {
                 ArenaState::On(_) => VOTED_YES,
                 _ => VOTED_NO,
             };
             ex.arena_vote
                 .store(vote, std::sync::atomic::Ordering::Release);
         }
-        let ArenaState::On(arena) = &mut state else {
-            *super::lock(&ex.arena) = state;
+        let ArenaState::On(arena) = &mut *state else {
             return Ok(false);
         };
         let waiting = Waiting {
@@ -118,7 +119,7 @@ impl Ctx<'_> {
         if done.is_ok() {
             op.finish();
         }
-        *super::lock(&ex.arena) = state;
+        drop(state);
         done.map(|()| true).map_err(|e| self.wait_error(e))
     }
 
@@ -126,14 +127,11 @@ impl Ctx<'_> {
     /// the same collective: a member whose tag differs runs another.
     fn arena_tag(&self) -> u64 {
         let s = &self.sig;
-        let words = [
-            s.op as u64,
-            s.dtype as u64,
-            s.reduce_op.map_or(u64::MAX, |r| r as u64),
-            u64::from(s.root),
-            s.count.unwrap_or(u64::MAX),
-        ];
-        words.iter().fold(s.comm_id, |acc, &w| super::mix(acc, w))
+        let kind = s.op as u64
+            | (s.dtype as u64) << 8
+            | s.reduce_op.map_or(0xff, |r| r as u64) << 16
+            | u64::from(s.root) << 24;
+        super::mix(s.comm_id ^ kind, s.count.unwrap_or(u64::MAX))
     }
 
     fn wait_error(&self, e: WaitError) -> Error {
@@ -233,8 +231,39 @@ fn combine<T: Element>(
     out: &mut [T],
     reduce: ReduceOp,
 ) {
-    let mut words = [0u64; PIECE_BYTES / 8];
-    let piece = PIECE_BYTES / size_of::<T>();
+    // Tiny ops (the common case: a loss, a flag) read through a buffer on
+    // the stack; zeroing 16 KiB per op cost more than the exchange.
+    if size_of_val(out) <= TINY_BYTES {
+        let mut words = [0u64; TINY_BYTES / 8];
+        return combine_through(op, ranks, staged, from, out, reduce, &mut words);
+    }
+    PIECE.with_borrow_mut(|words| {
+        if words.is_empty() {
+            words.resize(PIECE_BYTES / 8, 0);
+        }
+        combine_through(op, ranks, staged, from, out, reduce, words)
+    });
+}
+
+/// Ops up to this many bytes combine through a buffer on the stack.
+const TINY_BYTES: usize = 256;
+
+thread_local! {
+    /// The buffer larger reductions read peers' pieces through, kept per
+    /// thread (ops of one thread run one at a time).
+    static PIECE: std::cell::RefCell<Vec<u64>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+fn combine_through<T: Element>(
+    op: &ArenaOp<'_>,
+    ranks: usize,
+    staged: usize,
+    from: usize,
+    out: &mut [T],
+    reduce: ReduceOp,
+    words: &mut [u64],
+) {
+    let piece = size_of_val(words) / size_of::<T>();
     let mut at = 0;
     while at < out.len() {
         let end = (at + piece).min(out.len());

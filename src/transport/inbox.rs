@@ -14,6 +14,30 @@ use super::run_ahead::RunAhead;
 use super::{AlignedBuf, Incoming, lock};
 use crate::wire::{Header, OpKind};
 use std::collections::{HashMap, VecDeque};
+use std::hash::{BuildHasherDefault, Hasher};
+
+/// Communicator ids are already mixed 64-bit values (splitmix): they hash
+/// as themselves.
+#[derive(Default)]
+struct CommIdHasher(u64);
+
+impl Hasher for CommIdHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(b);
+        }
+    }
+
+    fn write_u64(&mut self, id: u64) {
+        self.0 ^= id;
+    }
+}
+
+type CommIds = BuildHasherDefault<CommIdHasher>;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
@@ -100,7 +124,7 @@ pub(crate) struct Inboxes {
     /// Frames `run_ahead` holds, readable without its lock.
     held_frames: AtomicUsize,
     /// Each communicator's highest collective op begun (see `Inbox::begun`).
-    comm_begun: Mutex<HashMap<u64, Arc<AtomicU64>>>,
+    comm_begun: Mutex<HashMap<u64, Arc<AtomicU64>, CommIds>>,
     /// Per peer: threads waiting for a frame of it to be placed in their
     /// memory (those waiting on an inbox are counted there). Either kind
     /// keeps a paused link read until its frame is in: it may sit behind
@@ -134,7 +158,7 @@ impl Inboxes {
             over: flags(),
             dead: flags(),
             held_frames: AtomicUsize::new(0),
-            comm_begun: Mutex::new(HashMap::new()),
+            comm_begun: Mutex::new(HashMap::default()),
             placing: counts(),
             awaited: counts(),
             closing: AtomicBool::new(false),
@@ -263,7 +287,11 @@ impl Inboxes {
                 .inbox(comm_id, peer)
                 .begun_p2p
                 .fetch_max(seq, Ordering::SeqCst),
-            None => self.comm_begun(comm_id).fetch_max(seq, Ordering::SeqCst),
+            // Every op begins here: no Arc taken, no SipHash.
+            None => lock(&self.comm_begun)
+                .entry(comm_id)
+                .or_default()
+                .fetch_max(seq, Ordering::SeqCst),
         };
         if self.held_frames.load(Ordering::SeqCst) == 0 {
             return;
