@@ -105,6 +105,17 @@ impl FlightRecorder {
         f: impl FnOnce(&mut OpRecord, Duration),
     ) {
         let now = coarse_now().saturating_sub(self.created);
+        self.update_at(op, seq, peer, now, f);
+    }
+
+    fn update_at(
+        &self,
+        op: OpKind,
+        seq: u64,
+        peer: Option<usize>,
+        now: Duration,
+        f: impl FnOnce(&mut OpRecord, Duration),
+    ) {
         if let Some(r) = self
             .lock()
             .iter_mut()
@@ -115,10 +126,28 @@ impl FlightRecorder {
         }
     }
 
-    pub(crate) fn started(&self, op: OpKind, seq: u64, peer: Option<usize>) {
-        self.update(op, seq, peer, |r, now| {
+    /// The op started; the time recorded, for [`FlightRecorder::ended_after`].
+    pub(crate) fn started(&self, op: OpKind, seq: u64, peer: Option<usize>) -> Duration {
+        let now = coarse_now().saturating_sub(self.created);
+        self.update_at(op, seq, peer, now, |r, now| {
             r.started = Some(now);
             r.state = OpState::Running;
+        });
+        now
+    }
+
+    /// The op ended `took` after it started at `started` (as
+    /// [`FlightRecorder::started`] said): no clock read of its own.
+    pub(crate) fn ended_after(
+        &self,
+        (op, seq, peer): (OpKind, u64, Option<usize>),
+        error: Option<String>,
+        started: Duration,
+        took: Duration,
+    ) {
+        self.update_at(op, seq, peer, started + took, |r, now| {
+            r.ended = Some(now);
+            r.state = error.map_or(OpState::Completed, OpState::Failed);
         });
     }
 

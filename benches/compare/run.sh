@@ -194,8 +194,10 @@ run_ringwire() {
     local ranks=$1 variant transport links
     for variant in "uring unix" "uring shm" "uring tcp" "portable tcp"; do
         read -r transport links <<<"$variant"
+        # --blocking: the slice forms, called and waited for in place, as
+        # MPI's blocking calls (and gloo's wait) are.
         "$RWBENCH" "$OP" --ranks "$ranks" "${COMMON[@]}" --max-seconds "$MAX_SECONDS" \
-            --transport "$transport" --local-links "$links" \
+            --transport "$transport" --local-links "$links" --blocking \
             --json "$OUT/ringwire-$transport-$links-p$ranks$TAG.json" || return
     done
 }

@@ -497,11 +497,15 @@ fn run_rank(a: &Args) -> Result<bool, String> {
                 .unwrap_or_else(|e| e.to_string())
         );
         println!(
-            "# iterations: up to {} timed after {} warm-up (capped near {} s per size), check {}",
+            "# iterations: up to {} timed after {} warm-up (capped near {} s per size), check {}, {}",
             a.iters,
             a.warmup,
             a.max_seconds,
-            if a.check { "on" } else { "off" }
+            if a.check { "on" } else { "off" },
+            match a.blocking {
+                true => "blocking slice forms (all_reduce_slice, ...)",
+                false => "owned buffers and wait()",
+            }
         );
     }
     // What carries each variant's ring links (made by a first op).

@@ -143,6 +143,35 @@ fn every_op_runs_with_three_ranks() {
     }
 }
 
+/// The blocking slice forms, on shared-memory links (the arena runs the
+/// small sizes): every op's results checked, and the header says which
+/// forms ran.
+#[test]
+fn every_op_runs_blocking_on_shared_memory() {
+    let (ok, out, err) = bench(&[
+        "all",
+        "--ranks",
+        "3",
+        "-b",
+        "8",
+        "-e",
+        "64K",
+        "-f",
+        "64",
+        "-n",
+        "3",
+        "-w",
+        "1",
+        "--local-links",
+        "shm",
+        "--blocking",
+    ]);
+    assert!(ok, "{out}\n{err}");
+    assert!(out.contains("blocking slice forms"), "{out}");
+    let wrong = wrong_column(&out);
+    assert!(!wrong.is_empty() && wrong.iter().all(|w| *w == 0), "{out}");
+}
+
 #[test]
 fn several_ops_write_a_file_each() {
     let dir = std::env::temp_dir().join(format!("ringwire-bench-ops-{}", std::process::id()));

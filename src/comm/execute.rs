@@ -270,7 +270,7 @@ pub(super) fn execute<R>(
         ex.stats.failed(&refused);
         return Err(refused);
     }
-    ex.recorder.started(plan.kind, seq, peer);
+    let recorded_start = ex.recorder.started(plan.kind, seq, peer);
     // Peers' frames for this op stop counting as run ahead (decision 0019).
     // A send receives nothing, and its number counts sends to one peer, not
     // collectives: it begins nothing.
@@ -359,20 +359,18 @@ pub(super) fn execute<R>(
         // ranks that time out.
         diagnose::report_progress(ex, seq);
     }
-    ex.recorder.ended(
-        plan.kind,
-        seq,
-        peer,
+    // One clock read for the stats, the flight record and the log.
+    let took = ctx.started.elapsed();
+    ex.recorder.ended_after(
+        (plan.kind, seq, peer),
         result.as_ref().err().map(ToString::to_string),
+        recorded_start,
+        took,
     );
     match &result {
         Ok(_) => {
-            ex.stats
-                .record(plan.kind, ctx.started.elapsed(), ctx.traffic);
-            tracing::debug!(
-                elapsed_us = ctx.started.elapsed().as_micros() as u64,
-                "done"
-            );
+            ex.stats.record(plan.kind, took, ctx.traffic);
+            tracing::debug!(elapsed_us = took.as_micros() as u64, "done");
         }
         Err(e) => {
             ex.stats.failed(e);
