@@ -6,10 +6,13 @@
 //!   over the link's (authenticated) Unix socket.
 //! - [`Mapping`]: the only way to its memory: atomic words and bounded
 //!   copies (the crate's unsafe code is there and in `fdpass`).
+//! - [`arena`]: the layout of a process's arena and the protocol small
+//!   collectives publish and read payloads by (model-checked too).
 //! - [`Producer`] / [`Consumer`]: a single-producer single-consumer byte
 //!   ring, one direction of a link, with the armed words a sleeper and its
 //!   waker use (model-checked under `RUSTFLAGS="--cfg loom"`).
 
+pub mod arena;
 #[cfg(target_os = "linux")]
 mod fdpass;
 #[cfg(target_os = "linux")]

@@ -18,11 +18,11 @@
 //! links' sockets (a dead peer's closes); a peer's abort word makes it
 //! look at once.
 
-use super::{INLINE_BYTES, STAGE_BYTES, Slot, abort_word, line, stage};
+use super::{Slot, abort_word};
 use crate::transport::{LinkError, Transport};
 use ringwire_shm::Mapping;
+use ringwire_shm::arena;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 /// Pure spinning before a wait starts yielding (a cache line crosses
@@ -115,24 +115,13 @@ impl ArenaOp<'_> {
     }
 
     /// Publishes this rank's part of the op: `bytes` (at most
-    /// [`STAGE_BYTES`]), after waiting for every member's previous op.
+    /// `STAGE_BYTES`), after waiting for every member's previous op.
     pub(crate) fn publish(&self, bytes: &[u8], w: &Waiting<'_>) -> Result<(), WaitError> {
-        assert!(
-            bytes.len() <= STAGE_BYTES,
-            "staged more than the arena holds"
-        );
         if self.k > 0 {
             self.wait_for(self.others(), self.k - 1, None, w)?;
         }
         let (own, slot) = &self.arena.members[self.arena.me];
-        let at = line(*slot, self.k);
-        if bytes.len() <= INLINE_BYTES {
-            own.write(at + 16, bytes);
-        } else {
-            own.write(stage(*slot, self.k), bytes);
-        }
-        own.atomic(at + 8).store(self.tag, Ordering::Relaxed);
-        own.atomic(at).store(self.k + 1, Ordering::Release);
+        arena::publish(&**own, *slot, self.k, self.tag, bytes);
         Ok(())
     }
 
@@ -146,12 +135,7 @@ impl ArenaOp<'_> {
     /// op (`staged` bytes in all) into `dst`; once [`ArenaOp::wait`]ed for.
     pub(crate) fn read(&self, rank: usize, staged: usize, offset: usize, dst: &mut [u8]) {
         let (mapping, slot) = &self.arena.members[rank];
-        let base = if staged <= INLINE_BYTES {
-            line(*slot, self.k) + 16
-        } else {
-            stage(*slot, self.k)
-        };
-        mapping.read(base + offset, dst);
+        arena::read(&**mapping, *slot, self.k, staged, offset, dst);
     }
 
     /// The op is done on this rank.
@@ -173,9 +157,8 @@ impl ArenaOp<'_> {
                 let r = left.trailing_zeros() as usize;
                 left &= left - 1;
                 let (mapping, slot) = &members[r];
-                let at = line(*slot, k);
-                if mapping.atomic(at).load(Ordering::Acquire) > k {
-                    if tag.is_some_and(|t| mapping.atomic(at + 8).load(Ordering::Relaxed) != t) {
+                if let Some(theirs) = arena::published(&**mapping, *slot, k) {
+                    if tag.is_some_and(|t| theirs != t) {
                         return Err(WaitError::Mismatch { rank: r });
                     }
                     *ranks &= !(1u64 << r);

@@ -3,50 +3,20 @@
 //!
 //! One sealed memfd per process (`ringwire_shm::Segment`), passed to each
 //! local peer together with its shm link's rings; only this process writes
-//! it (every line has one writer), peers map it and read. It holds a
-//! header line (magic, abort word) and [`SLOTS`] slots, one per
-//! communicator that uses the arena; a slot holds, for each parity of the
-//! communicator's arena op count, a control line (step word, signature
-//! tag, inline payload) and a staging area. How ops use them is
-//! `exchange`'s business.
+//! it (every line has one writer), peers map it and read. Its layout and
+//! the publish protocol (model-checked) are `ringwire_shm::arena`'s; the
+//! slots and the abort word are here, how ops wait is `exchange`'s.
 
 pub(crate) mod exchange;
 
+use ringwire_shm::arena::{ABORT_WORD, ARENA_BYTES, MAGIC, MAGIC_WORD, SLOTS};
 use ringwire_shm::{Mapping, Segment};
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
-/// A cache line: the unit of one writer.
-pub(crate) const LINE: usize = 64;
-/// Communicators of one process that can use the arena at once; one more
-/// runs its ops over the links (the vote says so, `comm::arena`).
-pub(crate) const SLOTS: usize = 16;
-/// Bytes one rank stages per op (each parity has its own area): ops whose
-/// largest staged input is larger run over the links.
-pub(crate) const STAGE_BYTES: usize = 256 << 10;
-/// Payload bytes that travel in the control line itself.
-pub(crate) const INLINE_BYTES: usize = LINE - 16;
-
-const MAGIC: u64 = u64::from_le_bytes(*b"RWARENA1");
-const MAGIC_WORD: usize = 0;
-const ABORT_WORD: usize = 8;
-const HEADER_BYTES: usize = LINE;
-const SLOT_BYTES: usize = 2 * LINE + 2 * STAGE_BYTES;
-/// The arena's size; a peer's is checked against it when mapped.
-pub(crate) const ARENA_BYTES: usize = HEADER_BYTES + SLOTS * SLOT_BYTES;
-
-/// Offset of the control line of `slot` for ops of `parity` (0 or 1):
-/// its step word, then its tag word, then [`INLINE_BYTES`] of payload.
-pub(crate) fn line(slot: usize, parity: u64) -> usize {
-    HEADER_BYTES + slot * SLOT_BYTES + (parity as usize & 1) * LINE
-}
-
-/// Offset of the staging area of `slot` for ops of `parity`.
-pub(crate) fn stage(slot: usize, parity: u64) -> usize {
-    HEADER_BYTES + slot * SLOT_BYTES + 2 * LINE + (parity as usize & 1) * STAGE_BYTES
-}
+pub(crate) use ringwire_shm::arena::STAGE_BYTES;
 
 /// The abort word of an arena: it changes whenever its owner aborts a
 /// communicator, so ranks waiting on the owner's lines look at once.
@@ -92,11 +62,7 @@ impl Arena {
         let mut taken = crate::transport::lock(&self.taken);
         let index = taken.iter().position(|t| !t)?;
         taken[index] = true;
-        for parity in 0..2 {
-            let at = line(index, parity);
-            self.mapping.atomic(at).store(0, Ordering::Release);
-            self.mapping.atomic(at + 8).store(0, Ordering::Release);
-        }
+        ringwire_shm::arena::reset(&*self.mapping, index);
         Some(Slot {
             arena: self.clone(),
             index,
@@ -138,7 +104,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn slots_are_taken_once_freed_when_dropped_and_lines_do_not_overlap_stages() {
+    fn slots_are_taken_once_and_freed_when_dropped() {
         let arena = Arena::create().unwrap();
         assert!(is_arena(&arena.mapping));
         let slots: Vec<Slot> = (0..SLOTS).map(|_| arena.take_slot().unwrap()).collect();
@@ -147,14 +113,6 @@ mod tests {
         drop(slots);
         assert_eq!(arena.take_slot().unwrap().index(), 0);
         assert!(freed < SLOTS);
-        for s in 0..SLOTS {
-            assert!(line(s, 1) + LINE <= stage(s, 0));
-            assert!(stage(s, 0) + STAGE_BYTES <= stage(s, 1));
-            assert!(stage(s, 1) + STAGE_BYTES <= ARENA_BYTES);
-            if s + 1 < SLOTS {
-                assert_eq!(stage(s, 1) + STAGE_BYTES, line(s + 1, 0));
-            }
-        }
         let before = abort_word(&arena.mapping);
         arena.mark_abort();
         assert_eq!(abort_word(&arena.mapping), before + 1);

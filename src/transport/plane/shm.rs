@@ -19,13 +19,14 @@
 use super::{
     ControlSent, Established, Fabric, LinkPlane, PlaneConfig, lost, recv_ready, send_stop,
 };
-use crate::arena::{ARENA_BYTES, Arena};
+use crate::arena::Arena;
 use crate::transport::conn::Conn;
 use crate::transport::failure::LinkFailure;
 use crate::transport::framing::padded_head;
 use crate::transport::inbox::{Await, Inbox};
 use crate::transport::{AlignedBuf, Incoming, LinkError, Received, lock};
 use crate::wire::{FrameKind, HEADER_LEN, Header};
+use ringwire_shm::arena::ARENA_BYTES;
 use ringwire_shm::{Consumer, MappedRing, Producer, RING_HEADER, Segment, recv_fd, send_fd};
 use std::io::{self, Read};
 use std::os::fd::AsFd;

@@ -1,0 +1,308 @@
+//! The arena's layout and its publish protocol: how ranks of one
+//! communicator hand each other small payloads through shared memory
+//! (ringwire's collectives native to it; its decision 0030). The policy
+//! around it (how long to spin, what else to look at while waiting) is
+//! ringwire's; the counters are here, generic over the memory, so that the
+//! protocol is model-checked with loom as the rings are.
+//!
+//! Each process owns one arena and is its only writer: a header line
+//! (magic, abort word), then [`SLOTS`] slots, one per communicator using
+//! it. A slot has, for each parity of its communicator's op count, a
+//! control line (step word, tag word, [`INLINE_BYTES`] of payload) and a
+//! staging area of [`STAGE_BYTES`].
+//!
+//! Op `k` uses parity `k % 2`. Its owner *publishes* it: the payload (in
+//! the line when it fits, else in the staging area), then the op's tag,
+//! then the step word `k + 1` with release ordering. A reader that loads
+//! the step word with acquire ordering and finds `k + 1` reads the payload
+//! whole. The rule that makes two parities enough: **publish op `k` only
+//! after every peer has published op `k - 1`** (each peer publishes `k - 1`
+//! only after reading everything of `k - 2`, whose parity `k` overwrites).
+//! A peer that breaks the rule can garble data, not this process's memory.
+
+#[cfg(loom)]
+use loom::sync::atomic::Ordering;
+#[cfg(not(loom))]
+use std::sync::atomic::Ordering;
+
+/// A cache line: the unit of one writer.
+pub const LINE: usize = 64;
+/// Communicators of one process that can use the arena at once.
+pub const SLOTS: usize = 16;
+/// Bytes one rank stages per op, for each parity.
+pub const STAGE_BYTES: usize = 256 << 10;
+/// Payload bytes that travel in the control line itself.
+pub const INLINE_BYTES: usize = LINE - 16;
+
+/// The header's words: a magic (the layout's version) and the abort word.
+pub const MAGIC_WORD: usize = 0;
+pub const ABORT_WORD: usize = 8;
+/// What [`MAGIC_WORD`] holds in an arena of this layout.
+pub const MAGIC: u64 = u64::from_le_bytes(*b"RWARENA1");
+
+const HEADER_BYTES: usize = LINE;
+const SLOT_BYTES: usize = 2 * LINE + 2 * STAGE_BYTES;
+/// An arena's size.
+pub const ARENA_BYTES: usize = HEADER_BYTES + SLOTS * SLOT_BYTES;
+
+/// Offset of the control line of `slot` for ops of `parity`: its step
+/// word, then its tag word, then [`INLINE_BYTES`] of payload.
+pub fn line(slot: usize, parity: u64) -> usize {
+    HEADER_BYTES + slot * SLOT_BYTES + (parity as usize & 1) * LINE
+}
+
+/// Offset of the staging area of `slot` for ops of `parity`.
+pub fn stage(slot: usize, parity: u64) -> usize {
+    HEADER_BYTES + slot * SLOT_BYTES + 2 * LINE + (parity as usize & 1) * STAGE_BYTES
+}
+
+/// One process's arena as another (or the owner) sees it.
+pub trait ArenaMemory {
+    /// The 8-byte word at `off` (a step, tag, magic or abort word).
+    fn load(&self, off: usize, order: Ordering) -> u64;
+    fn store(&self, off: usize, value: u64, order: Ordering);
+    /// Copies into the arena at `at`.
+    fn write(&self, at: usize, src: &[u8]);
+    /// Copies out of the arena at `at`.
+    fn read(&self, at: usize, dst: &mut [u8]);
+}
+
+/// Where the payload of op `k` of `slot` is, for a payload of `staged`
+/// bytes.
+fn payload_at(slot: usize, k: u64, staged: usize) -> usize {
+    match staged <= INLINE_BYTES {
+        true => line(slot, k) + 16,
+        false => stage(slot, k),
+    }
+}
+
+/// Makes `slot` fresh in its owner's arena: no op published.
+pub fn reset<M: ArenaMemory>(own: &M, slot: usize) {
+    for parity in 0..2 {
+        own.store(line(slot, parity), 0, Ordering::Release);
+        own.store(line(slot, parity) + 8, 0, Ordering::Release);
+    }
+}
+
+/// Publishes op `k` of `slot` in the owner's arena `own`: `bytes` (at most
+/// [`STAGE_BYTES`]) staged, then `tag`, then the step word. The caller has
+/// seen every peer publish op `k - 1` (see the module docs).
+pub fn publish<M: ArenaMemory>(own: &M, slot: usize, k: u64, tag: u64, bytes: &[u8]) {
+    assert!(
+        bytes.len() <= STAGE_BYTES,
+        "staged more than the arena holds"
+    );
+    own.write(payload_at(slot, k, bytes.len()), bytes);
+    let at = line(slot, k);
+    own.store(at + 8, tag, Ordering::Relaxed);
+    own.store(at, k + 1, Ordering::Release);
+}
+
+/// The tag of op `k` of `slot` if `arena`'s owner has published it (then
+/// what it staged may be read).
+pub fn published<M: ArenaMemory>(arena: &M, slot: usize, k: u64) -> Option<u64> {
+    let at = line(slot, k);
+    (arena.load(at, Ordering::Acquire) > k).then(|| arena.load(at + 8, Ordering::Relaxed))
+}
+
+/// Copies `dst.len()` bytes at `offset` of what op `k` of `slot` staged
+/// (`staged` bytes in all), once [`published`].
+pub fn read<M: ArenaMemory>(
+    arena: &M,
+    slot: usize,
+    k: u64,
+    staged: usize,
+    offset: usize,
+    dst: &mut [u8],
+) {
+    arena.read(payload_at(slot, k, staged) + offset, dst);
+}
+
+#[cfg(not(loom))]
+impl ArenaMemory for crate::Mapping {
+    fn load(&self, off: usize, order: Ordering) -> u64 {
+        self.atomic(off).load(order)
+    }
+    fn store(&self, off: usize, value: u64, order: Ordering) {
+        self.atomic(off).store(value, order);
+    }
+    fn write(&self, at: usize, src: &[u8]) {
+        crate::Mapping::write(self, at, src);
+    }
+    fn read(&self, at: usize, dst: &mut [u8]) {
+        crate::Mapping::read(self, at, dst);
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lines_and_stages_of_every_slot_are_apart_and_inside_the_arena() {
+        for s in 0..SLOTS {
+            assert!(line(s, 1) + LINE <= stage(s, 0));
+            assert!(stage(s, 0) + STAGE_BYTES <= stage(s, 1));
+            assert!(stage(s, 1) + STAGE_BYTES <= ARENA_BYTES);
+            if s + 1 < SLOTS {
+                assert_eq!(stage(s, 1) + STAGE_BYTES, line(s + 1, 0));
+            }
+        }
+        assert_eq!(line(0, 0), LINE);
+    }
+}
+
+/// The protocol under loom: `RUSTFLAGS="--cfg loom" cargo test -p
+/// ringwire-shm --release arena::loom_model`.
+#[cfg(all(test, loom))]
+mod loom_model {
+    use super::*;
+    use loom::cell::UnsafeCell;
+    use loom::sync::Arc;
+    use loom::sync::atomic::AtomicU64;
+
+    /// Slot 0 of an arena as loom sees it: the step and tag words of both
+    /// parities, and the payload bytes as cells (the first 64 of each
+    /// staging area), so that reading a byte its owner is writing is a race
+    /// loom reports.
+    struct Mem {
+        words: [AtomicU64; 4],
+        inline: Vec<UnsafeCell<u8>>,
+        staged: Vec<UnsafeCell<u8>>,
+    }
+
+    impl Mem {
+        fn new() -> Arc<Mem> {
+            Arc::new(Mem {
+                words: std::array::from_fn(|_| AtomicU64::new(0)),
+                inline: (0..2 * INLINE_BYTES).map(|_| UnsafeCell::new(0)).collect(),
+                staged: (0..2 * LINE).map(|_| UnsafeCell::new(0)).collect(),
+            })
+        }
+
+        fn word(&self, off: usize) -> &AtomicU64 {
+            let parity = usize::from(off >= line(0, 1));
+            let tag = usize::from(off % LINE == 8);
+            &self.words[2 * parity + tag]
+        }
+
+        fn cell(&self, off: usize) -> &UnsafeCell<u8> {
+            for parity in 0..2 {
+                let (l, s) = (line(0, parity) + 16, stage(0, parity));
+                if (l..l + INLINE_BYTES).contains(&off) {
+                    return &self.inline[parity as usize * INLINE_BYTES + off - l];
+                }
+                if (s..s + LINE).contains(&off) {
+                    return &self.staged[parity as usize * LINE + off - s];
+                }
+            }
+            unreachable!("the model holds slot 0's payloads only")
+        }
+    }
+
+    impl ArenaMemory for Arc<Mem> {
+        fn load(&self, off: usize, order: Ordering) -> u64 {
+            self.word(off).load(order)
+        }
+        fn store(&self, off: usize, value: u64, order: Ordering) {
+            self.word(off).store(value, order)
+        }
+        #[allow(unsafe_code)]
+        fn write(&self, at: usize, src: &[u8]) {
+            for (i, &b) in src.iter().enumerate() {
+                // SAFETY: loom checks, in every interleaving, that no other
+                // access to this byte runs at the same time (the property
+                // under test); the pointer is its cell's, valid here.
+                self.cell(at + i).with_mut(|p| unsafe { *p = b });
+            }
+        }
+        #[allow(unsafe_code)]
+        fn read(&self, at: usize, dst: &mut [u8]) {
+            for (i, d) in dst.iter_mut().enumerate() {
+                // SAFETY: as for `write`.
+                *d = self.cell(at + i).with(|p| unsafe { *p });
+            }
+        }
+    }
+
+    /// What rank `r` stages for op `k`: alternately inline and in the
+    /// staging area.
+    fn payload(k: u64, r: u8) -> Vec<u8> {
+        let len = if k % 2 == 0 { 2 } else { INLINE_BYTES + 1 };
+        vec![(k as u8) * 16 + r; len]
+    }
+
+    /// Two ranks run three ops, each reading the other's payload: no byte
+    /// is read before it is published or overwritten before it is read
+    /// (loom reports such a race), and every payload arrives whole.
+    #[test]
+    fn payloads_are_never_read_early_nor_overwritten_before_read() {
+        loom::model(|| {
+            let arenas = [Mem::new(), Mem::new()];
+            let rank = |me: u8, arenas: [Arc<Mem>; 2]| {
+                let (own, peer) = (&arenas[me as usize], &arenas[1 - me as usize]);
+                for k in 0..3u64 {
+                    if k > 0 {
+                        while published(peer, 0, k - 1).is_none() {
+                            loom::thread::yield_now();
+                        }
+                    }
+                    publish(own, 0, k, 100 + k, &payload(k, me));
+                    let tag = loop {
+                        match published(peer, 0, k) {
+                            Some(tag) => break tag,
+                            None => loom::thread::yield_now(),
+                        }
+                    };
+                    assert_eq!(tag, 100 + k);
+                    let want = payload(k, 1 - me);
+                    let mut got = vec![0u8; want.len()];
+                    read(peer, 0, k, want.len(), 0, &mut got);
+                    assert_eq!(got, want);
+                }
+            };
+            let other = arenas.clone();
+            let one = loom::thread::spawn(move || rank(1, other));
+            rank(0, arenas);
+            one.join().unwrap();
+        });
+    }
+
+    /// A broadcast's root waits for no one's current op, only for every
+    /// peer's previous one (the rule): it still never overwrites a
+    /// payload its peer is reading. (Without the rule loom finds the race:
+    /// all ranks reading each other's ops, as above, imply it.)
+    #[test]
+    fn a_root_that_waits_for_no_ones_current_op_never_overwrites_a_payload_being_read() {
+        loom::model(|| {
+            let (root, leaf) = (Mem::new(), Mem::new());
+            let (root2, leaf2) = (root.clone(), leaf.clone());
+            let root_thread = loom::thread::spawn(move || {
+                for k in 0..3u64 {
+                    if k > 0 {
+                        while published(&leaf2, 0, k - 1).is_none() {
+                            loom::thread::yield_now();
+                        }
+                    }
+                    publish(&root2, 0, k, 7, &payload(k, 0));
+                }
+            });
+            for k in 0..3u64 {
+                if k > 0 {
+                    while published(&root, 0, k - 1).is_none() {
+                        loom::thread::yield_now();
+                    }
+                }
+                publish(&leaf, 0, k, 7, &[]);
+                while published(&root, 0, k).is_none() {
+                    loom::thread::yield_now();
+                }
+                let want = payload(k, 0);
+                let mut got = vec![0u8; want.len()];
+                read(&root, 0, k, want.len(), 0, &mut got);
+                assert_eq!(got, want);
+            }
+            root_thread.join().unwrap();
+        });
+    }
+}
