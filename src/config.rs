@@ -43,7 +43,7 @@ impl TransportKind {
 pub enum LocalLinks {
     /// Unix-domain sockets: the same frames without the TCP stack, about
     /// twice the bandwidth on loopback (decision 0009). Plaintext jobs only:
-    /// with TLS every link is TCP.
+    /// with TLS every link is TCP. The default before shared memory.
     Unix,
     /// TCP over loopback, like links between hosts.
     Tcp,
@@ -51,15 +51,17 @@ pub enum LocalLinks {
     /// passed over the pair's Unix socket (which stays for wake-ups and to
     /// see a dead peer); no system call per frame. Where memory cannot be
     /// shared (memfd or mmap refused), a link stays a Unix socket, with a
-    /// warning. Plaintext jobs only.
+    /// warning. Plaintext jobs only. The default: communicators whose
+    /// ranks all share the host also run their small collectives on a
+    /// shared-memory arena (decision 0030).
     Shm,
 }
 
 impl LocalLinks {
     fn parse(var: &'static str, value: &str) -> Result<LocalLinks, Error> {
         match value.trim().to_ascii_lowercase().as_str() {
-            "shm" => Ok(LocalLinks::Shm),
-            "unix" | "" => Ok(LocalLinks::Unix),
+            "shm" | "" => Ok(LocalLinks::Shm),
+            "unix" => Ok(LocalLinks::Unix),
             "tcp" => Ok(LocalLinks::Tcp),
             _ => Err(invalid(
                 var,
@@ -372,7 +374,7 @@ impl Overrides {
             Some(l) => l,
             None => match lookup("RINGWIRE_LOCAL_LINKS") {
                 Some(v) => LocalLinks::parse("RINGWIRE_LOCAL_LINKS", &v)?,
-                None => LocalLinks::Unix,
+                None => LocalLinks::Shm,
             },
         };
         let tcp_lanes = match self.tcp_lanes {
@@ -544,6 +546,10 @@ mod tests {
             .resolve(&vars(&[("RINGWIRE_SPIN_US", "40")]))
             .unwrap();
         assert_eq!(t.spin, Duration::from_micros(40));
+        assert_eq!(t.local_links, LocalLinks::Shm);
+        let t = Overrides::default()
+            .resolve(&vars(&[("RINGWIRE_LOCAL_LINKS", "unix")]))
+            .unwrap();
         assert_eq!(t.local_links, LocalLinks::Unix);
         let t = Overrides::default()
             .resolve(&vars(&[("RINGWIRE_LOCAL_LINKS", "TCP")]))

@@ -18,9 +18,11 @@ use std::time::Duration;
 pub struct Stats {
     /// Ops that completed successfully.
     pub ops: u64,
-    /// Payload bytes this rank sent.
+    /// Payload bytes this rank sent (of an op on the shared-memory arena:
+    /// the bytes it staged, once for every rank that read them).
     pub bytes_sent: u64,
-    /// Payload bytes this rank received.
+    /// Payload bytes this rank received (on the arena: read from other
+    /// ranks' staging).
     pub bytes_received: u64,
     /// Median op latency.
     pub p50: Duration,

@@ -4,8 +4,8 @@
 //! and then every small collective runs there. Checked against the
 //! reference at several world sizes, with lengths 0, 1, p-1 and uneven;
 //! more communicators than the arena has slots; a mismatched collective.
-//! (The whole collectives sweep, every dtype and reduce op, also runs over
-//! shared-memory links: `tests/collectives.rs`'s `over_shm_links_too`.)
+//! (The whole collectives sweep, every dtype and reduce op, runs on
+//! shared-memory links too, the default: `tests/collectives.rs`.)
 
 mod common;
 

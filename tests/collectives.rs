@@ -56,13 +56,13 @@ fn world_8() {
     sweep(8);
 }
 
-/// Tests that count the bytes a schedule sends over the links: where local
-/// links run on shared memory (the shm rerun), small ops would run on the
-/// arena instead (tests/arena.rs), so these keep Unix sockets there.
+/// Tests that count the bytes a schedule sends over the links: on shared
+/// memory (the default) small ops would run on the arena instead
+/// (tests/arena.rs), so these keep Unix sockets unless the run asks for TCP.
 fn schedules_over_links(b: ringwire::Builder) -> ringwire::Builder {
     match std::env::var("RINGWIRE_LOCAL_LINKS").as_deref() {
-        Ok("shm") => b.local_links(ringwire::LocalLinks::Unix),
-        _ => b,
+        Ok("tcp") => b,
+        _ => b.local_links(ringwire::LocalLinks::Unix),
     }
 }
 
@@ -545,6 +545,6 @@ fn over_tcp_local_links_too() {
 
 /// Every other test of this file, again with local ranks on shared memory.
 #[test]
-fn over_shm_links_too() {
-    common::rerun_over_shm_links("over_shm_links_too");
+fn over_unix_links_too() {
+    common::rerun_over_unix_links("over_unix_links_too");
 }

@@ -421,6 +421,6 @@ fn over_tcp_local_links_too() {
 
 /// Every other test of this file, again with local ranks on shared memory.
 #[test]
-fn over_shm_links_too() {
-    common::rerun_over_shm_links("over_shm_links_too");
+fn over_unix_links_too() {
+    common::rerun_over_unix_links("over_unix_links_too");
 }

@@ -121,8 +121,9 @@ ops: all_reduce broadcast reduce all_gather reduce_scatter all_to_all gather sca
       --transport T  portable, uring or all (default all: every available one, interleaved size by size)
       --blocking     call the blocking forms on borrowed slices (all_reduce_slice, ...:
                      as MPI's blocking calls), not owned buffers and wait()
-      --local-links L  shm, unix, tcp or all: what links ranks on the same host (default unix,
-                     as ringwire does; other rows are labelled uring-shm, uring-tcp, ...)
+      --local-links L  shm, unix, tcp or all: what links ranks on the same host (default shm,
+                     as ringwire does; rows are labelled uring (Unix sockets), uring-shm,
+                     uring-tcp, ...)
       --link-limit   measure the ring link limit first (over each kind of link measured)
                      and show busbw as a percentage of it; from 1 MiB, of the mean of
                      two limits measured just before and just after that size
@@ -192,7 +193,7 @@ pub(crate) fn parse(args: &[String]) -> Result<Args, String> {
         root: 0,
         check: true,
         transport: TransportChoice::All,
-        links: LinksChoice::Unix,
+        links: LinksChoice::Shm,
         link_limit: false,
         link_buffer: 4 << 20,
         link_buffer_op: false,

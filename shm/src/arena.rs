@@ -29,8 +29,10 @@ use std::sync::atomic::Ordering;
 pub const LINE: usize = 64;
 /// Communicators of one process that can use the arena at once.
 pub const SLOTS: usize = 16;
-/// Bytes one rank stages per op, for each parity.
-pub const STAGE_BYTES: usize = 256 << 10;
+/// Bytes one rank stages per op, for each parity: ringwire runs ops of up
+/// to 8 KiB staged on the arena (larger ones are faster over the links),
+/// so 16 slots cost half a MiB per process.
+pub const STAGE_BYTES: usize = 16 << 10;
 /// Payload bytes that travel in the control line itself.
 pub const INLINE_BYTES: usize = LINE - 16;
 

@@ -22,6 +22,7 @@ use super::{Slot, abort_word};
 use crate::transport::{LinkError, Transport};
 use ringwire_shm::Mapping;
 use ringwire_shm::arena;
+use std::cell::Cell;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -88,6 +89,8 @@ impl CommArena {
             arena: self,
             k,
             tag,
+            staged: Cell::new(0),
+            read: Cell::new(0),
         }
     }
 }
@@ -97,6 +100,10 @@ pub(crate) struct ArenaOp<'a> {
     arena: &'a mut CommArena,
     k: u64,
     tag: u64,
+    /// Bytes this rank staged, and read from other ranks' staging (the
+    /// op's traffic, for the stats).
+    staged: Cell<u64>,
+    read: Cell<u64>,
 }
 
 impl ArenaOp<'_> {
@@ -122,6 +129,7 @@ impl ArenaOp<'_> {
         }
         let (own, slot) = &self.arena.members[self.arena.me];
         arena::publish(&**own, *slot, self.k, self.tag, bytes);
+        self.staged.set(self.staged.get() + bytes.len() as u64);
         Ok(())
     }
 
@@ -136,6 +144,14 @@ impl ArenaOp<'_> {
     pub(crate) fn read(&self, rank: usize, staged: usize, offset: usize, dst: &mut [u8]) {
         let (mapping, slot) = &self.arena.members[rank];
         arena::read(&**mapping, *slot, self.k, staged, offset, dst);
+        if rank != self.arena.me {
+            self.read.set(self.read.get() + dst.len() as u64);
+        }
+    }
+
+    /// Bytes staged and bytes read from other ranks so far.
+    pub(crate) fn traffic(&self) -> (u64, u64) {
+        (self.staged.get(), self.read.get())
     }
 
     /// The op is done on this rank.

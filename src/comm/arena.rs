@@ -116,6 +116,11 @@ impl Ctx<'_> {
         };
         let op = arena.op(self.arena_tag());
         let done = body(&op, &waiting);
+        // Traffic on the arena: bytes staged once for every reader count as
+        // sent, bytes read from other ranks as received.
+        let (sent, received) = op.traffic();
+        self.traffic.sent += sent;
+        self.traffic.received += received;
         if done.is_ok() {
             op.finish();
         }

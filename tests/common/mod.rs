@@ -107,18 +107,19 @@ pub(crate) fn rerun_on_portable(this_test: &str) {
 }
 
 /// Runs every other test of this binary again with links between local
-/// ranks forced to TCP (`RINGWIRE_LOCAL_LINKS=tcp`; they are Unix sockets by
-/// default), on the default transport. Call it from one test named
+/// ranks forced to TCP (`RINGWIRE_LOCAL_LINKS=tcp`; they are shared memory
+/// by default), on the default transport. Call it from one test named
 /// `this_test`.
 pub(crate) fn rerun_over_tcp_local_links(this_test: &str) {
     rerun_over_local_links(this_test, "tcp", "over TCP local links");
 }
 
 /// Runs every other test of this binary again with links between local
-/// ranks on shared memory (`RINGWIRE_LOCAL_LINKS=shm`), on the default
-/// transport. Call it from one test named `this_test`.
-pub(crate) fn rerun_over_shm_links(this_test: &str) {
-    rerun_over_local_links(this_test, "shm", "over shared-memory links");
+/// ranks on Unix sockets (`RINGWIRE_LOCAL_LINKS=unix`; shared memory is the
+/// default), on the default transport. Call it from one test named
+/// `this_test`.
+pub(crate) fn rerun_over_unix_links(this_test: &str) {
+    rerun_over_local_links(this_test, "unix", "over Unix-socket links");
 }
 
 /// The reruns with `RINGWIRE_LOCAL_LINKS=links`, skipping the other
@@ -133,7 +134,7 @@ fn rerun_over_local_links(this_test: &str, links: &str, there: &str) {
         this_test,
         "on_the_portable_transport_too",
         "over_tcp_local_links_too",
-        "over_shm_links_too",
+        "over_unix_links_too",
     ];
     rerun_with(("RINGWIRE_LOCAL_LINKS", links), &skip, there);
 }
@@ -157,13 +158,13 @@ fn rerun_with((name, value): (&str, &str), skip: &[&str], there: &str) {
     assert!(stdout.contains("test result: ok"), "{stdout}");
 }
 
-/// What links local ranks in this run: `unix` unless RINGWIRE_LOCAL_LINKS
-/// says `tcp` or `shm`.
+/// What links local ranks in this run: `shm` unless RINGWIRE_LOCAL_LINKS
+/// says `tcp` or `unix`.
 pub(crate) fn expected_local_link() -> &'static str {
     match std::env::var("RINGWIRE_LOCAL_LINKS").as_deref() {
         Ok("tcp") => "tcp",
-        Ok("shm") => "shm",
-        _ => "unix",
+        Ok("unix") => "unix",
+        _ => "shm",
     }
 }
 
