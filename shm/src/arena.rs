@@ -19,11 +19,17 @@
 //! after every peer has published op `k - 1`** (each peer publishes `k - 1`
 //! only after reading everything of `k - 2`, whose parity `k` overwrites).
 //! A peer that breaks the rule can garble data, not this process's memory.
+//!
+//! A rank that stops spinning says so on its slot's sleep word, fences,
+//! and looks again before it sleeps; a publisher fences after its step
+//! word and rings every peer whose sleep word is set (ringwire rings on
+//! the link's socket). With a full fence on both sides one of them sees
+//! the other: nobody sleeps through a publish (Dekker, as the rings).
 
 #[cfg(loom)]
-use loom::sync::atomic::Ordering;
+use loom::sync::atomic::{Ordering, fence};
 #[cfg(not(loom))]
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{Ordering, fence};
 
 /// A cache line: the unit of one writer.
 pub const LINE: usize = 64;
@@ -43,7 +49,7 @@ pub const ABORT_WORD: usize = 8;
 pub const MAGIC: u64 = u64::from_le_bytes(*b"RWARENA1");
 
 const HEADER_BYTES: usize = LINE;
-const SLOT_BYTES: usize = 2 * LINE + 2 * STAGE_BYTES;
+const SLOT_BYTES: usize = 3 * LINE + 2 * STAGE_BYTES;
 /// An arena's size.
 pub const ARENA_BYTES: usize = HEADER_BYTES + SLOTS * SLOT_BYTES;
 
@@ -55,7 +61,13 @@ pub fn line(slot: usize, parity: u64) -> usize {
 
 /// Offset of the staging area of `slot` for ops of `parity`.
 pub fn stage(slot: usize, parity: u64) -> usize {
-    HEADER_BYTES + slot * SLOT_BYTES + 2 * LINE + (parity as usize & 1) * STAGE_BYTES
+    HEADER_BYTES + slot * SLOT_BYTES + 3 * LINE + (parity as usize & 1) * STAGE_BYTES
+}
+
+/// Offset of the sleep word of `slot` (on a line of its own): non-zero
+/// while its owner sleeps until a peer publishes.
+pub fn sleep_word(slot: usize) -> usize {
+    HEADER_BYTES + slot * SLOT_BYTES + 2 * LINE
 }
 
 /// One process's arena as another (or the owner) sees it.
@@ -78,12 +90,32 @@ fn payload_at(slot: usize, k: u64, staged: usize) -> usize {
     }
 }
 
-/// Makes `slot` fresh in its owner's arena: no op published.
+/// Makes `slot` fresh in its owner's arena: no op published, nobody
+/// asleep.
 pub fn reset<M: ArenaMemory>(own: &M, slot: usize) {
     for parity in 0..2 {
         own.store(line(slot, parity), 0, Ordering::Release);
         own.store(line(slot, parity) + 8, 0, Ordering::Release);
     }
+    own.store(sleep_word(slot), 0, Ordering::Release);
+}
+
+/// The owner of `slot` is about to sleep: it must look again after this
+/// (a publish it missed has seen the word, and rings).
+pub fn arm<M: ArenaMemory>(own: &M, slot: usize) {
+    own.store(sleep_word(slot), 1, Ordering::Relaxed);
+    fence(Ordering::SeqCst);
+}
+
+/// The owner of `slot` is awake again.
+pub fn disarm<M: ArenaMemory>(own: &M, slot: usize) {
+    own.store(sleep_word(slot), 0, Ordering::Relaxed);
+}
+
+/// Whether the owner of `arena`'s `slot` sleeps (read by a publisher
+/// after [`publish`], which fences): ring it.
+pub fn sleeping<M: ArenaMemory>(arena: &M, slot: usize) -> bool {
+    arena.load(sleep_word(slot), Ordering::Relaxed) != 0
 }
 
 /// Publishes op `k` of `slot` in the owner's arena `own`: `bytes` (at most
@@ -98,6 +130,8 @@ pub fn publish<M: ArenaMemory>(own: &M, slot: usize, k: u64, tag: u64, bytes: &[
     let at = line(slot, k);
     own.store(at + 8, tag, Ordering::Relaxed);
     own.store(at, k + 1, Ordering::Release);
+    // Before the caller reads its peers' sleep words (see `arm`).
+    fence(Ordering::SeqCst);
 }
 
 /// The tag of op `k` of `slot` if `arena`'s owner has published it (then
@@ -143,6 +177,8 @@ mod tests {
     #[test]
     fn lines_and_stages_of_every_slot_are_apart_and_inside_the_arena() {
         for s in 0..SLOTS {
+            assert!(line(s, 1) + LINE <= sleep_word(s));
+            assert!(sleep_word(s) + LINE <= stage(s, 0));
             assert!(line(s, 1) + LINE <= stage(s, 0));
             assert!(stage(s, 0) + STAGE_BYTES <= stage(s, 1));
             assert!(stage(s, 1) + STAGE_BYTES <= ARENA_BYTES);
@@ -168,7 +204,7 @@ mod loom_model {
     /// staging area), so that reading a byte its owner is writing is a race
     /// loom reports.
     struct Mem {
-        words: [AtomicU64; 4],
+        words: [AtomicU64; 5],
         inline: Vec<UnsafeCell<u8>>,
         staged: Vec<UnsafeCell<u8>>,
     }
@@ -183,6 +219,9 @@ mod loom_model {
         }
 
         fn word(&self, off: usize) -> &AtomicU64 {
+            if off == sleep_word(0) {
+                return &self.words[4];
+            }
             let parity = usize::from(off >= line(0, 1));
             let tag = usize::from(off % LINE == 8);
             &self.words[2 * parity + tag]
@@ -267,6 +306,56 @@ mod loom_model {
             let one = loom::thread::spawn(move || rank(1, other));
             rank(0, arenas);
             one.join().unwrap();
+        });
+    }
+
+    /// A doorbell: a flag and a condition variable, as the link's socket.
+    #[derive(Default)]
+    struct Bell {
+        rung: loom::sync::Mutex<bool>,
+        cv: loom::sync::Condvar,
+    }
+
+    impl Bell {
+        fn ring(&self) {
+            *self.rung.lock().unwrap() = true;
+            self.cv.notify_one();
+        }
+        fn sleep(&self) {
+            let mut rung = self.rung.lock().unwrap();
+            while !*rung {
+                rung = self.cv.wait(rung).unwrap();
+            }
+            *rung = false;
+        }
+    }
+
+    /// A rank that sleeps until its peer publishes (sleep word, look
+    /// again, sleep) is always rung: loom reports a deadlock if it can
+    /// sleep through the publish.
+    #[test]
+    fn a_sleeper_is_always_rung() {
+        loom::model(|| {
+            let (waiter, publisher) = (Mem::new(), Mem::new());
+            let bell = Arc::new(Bell::default());
+            let (w2, p2, bell2) = (waiter.clone(), publisher.clone(), bell.clone());
+            let other = loom::thread::spawn(move || {
+                publish(&p2, 0, 0, 1, &[5]);
+                if sleeping(&w2, 0) {
+                    bell2.ring();
+                }
+            });
+            loop {
+                if published(&publisher, 0, 0).is_some() {
+                    break;
+                }
+                arm(&waiter, 0);
+                if published(&publisher, 0, 0).is_none() {
+                    bell.sleep();
+                }
+                disarm(&waiter, 0);
+            }
+            other.join().unwrap();
         });
     }
 

@@ -12,11 +12,12 @@
 //! two buffers suffice, no line has two writers, and nothing is locked.
 //!
 //! Waiting spins on the step words (not at all on crowded hosts), then
-//! yields until the spin budget (RINGWIRE_SPIN_US) is spent, then naps
-//! (50 us, doubling to 1 ms). All along it files what the links bring (an
-//! abort arrives as a frame), and past the spin budget it also checks the
-//! links' sockets (a dead peer's closes); a peer's abort word makes it
-//! look at once.
+//! yields until the spin budget (RINGWIRE_SPIN_US) is spent, then sleeps
+//! on the waited ranks' link sockets, said on its slot's sleep word: a
+//! publisher rings those asleep (`ringwire_shm::arena`). All along it
+//! files what the links bring (an abort arrives as a frame), and past the
+//! spin budget it also checks the links' sockets (a dead peer's closes);
+//! a peer's abort word makes it look at once.
 
 use super::{Slot, abort_word};
 use crate::transport::{LinkError, Transport};
@@ -31,8 +32,9 @@ use std::time::{Duration, Instant};
 const PURE_SPIN: Duration = Duration::from_micros(20);
 /// Spins between looks at the clock, the links and the abort words.
 const SPINS: u32 = 64;
-const FIRST_NAP: Duration = Duration::from_micros(50);
-const LONGEST_NAP: Duration = Duration::from_millis(1);
+/// A sleeper looks again at least this often (a doorbell may be read by
+/// another thread of this rank, which reads the link's socket too).
+const NAP: Duration = Duration::from_millis(2);
 
 /// A communicator's arena, as one rank sees it: its own slot, and every
 /// member's arena and slot (by rank in the communicator; its own too).
@@ -130,6 +132,16 @@ impl ArenaOp<'_> {
         let (own, slot) = &self.arena.members[self.arena.me];
         arena::publish(&**own, *slot, self.k, self.tag, bytes);
         self.staged.set(self.staged.get() + bytes.len() as u64);
+        // Wake the members asleep on their sleep words (`arena::arm`).
+        let mut left = self.others();
+        while left != 0 {
+            let r = left.trailing_zeros() as usize;
+            left &= left - 1;
+            let (mapping, slot) = &self.arena.members[r];
+            if arena::sleeping(&**mapping, *slot) {
+                w.transport.arena_ring(w.members[r]);
+            }
+        }
         Ok(())
     }
 
@@ -201,7 +213,6 @@ impl ArenaOp<'_> {
         // within the first spins, and a clock read costs as much as a look.
         let mut start = None;
         let pure_spin = if w.crowded { Duration::ZERO } else { PURE_SPIN };
-        let mut nap = FIRST_NAP;
         let mut spins = 0u32;
         loop {
             look(&mut ranks)?;
@@ -231,8 +242,24 @@ impl ArenaOp<'_> {
                 // would take a time slice per op).
                 ringwire_uring::poll_yield();
             } else {
-                std::thread::sleep(nap.min(w.deadline.saturating_duration_since(now)));
-                nap = (nap * 2).min(LONGEST_NAP);
+                // Sleep on the links' doorbells, said on the sleep word
+                // first and looked again after (a publish rings then).
+                let (own, slot) = &members[self.arena.me];
+                arena::arm(&**own, *slot);
+                let looked = look(&mut ranks);
+                if looked.is_ok() && ranks != 0 {
+                    let mut peers = Vec::with_capacity(ranks.count_ones() as usize);
+                    let mut left = ranks;
+                    while left != 0 {
+                        let r = left.trailing_zeros() as usize;
+                        left &= left - 1;
+                        peers.push(w.members[r]);
+                    }
+                    let until = w.deadline.saturating_duration_since(now).min(NAP);
+                    w.transport.arena_sleep(&peers, until);
+                }
+                arena::disarm(&**own, *slot);
+                looked?;
             }
         }
     }

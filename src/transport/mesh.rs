@@ -553,6 +553,38 @@ impl Transport for Mesh {
         }
     }
 
+    fn arena_ring(&self, peer: usize) {
+        if let Some(link) = self.hub.peers.ready(peer) {
+            link.plane.ring_doorbell();
+        }
+    }
+
+    fn arena_sleep(&self, peers: &[usize], timeout: Duration) {
+        use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+        let links: Vec<_> = peers
+            .iter()
+            .filter_map(|&p| self.hub.peers.ready(p))
+            .collect();
+        let mut fds: Vec<PollFd<'_>> = links
+            .iter()
+            .filter_map(|l| l.plane.doorbell())
+            .map(|fd| PollFd::new(fd, PollFlags::POLLIN))
+            .collect();
+        if fds.is_empty() {
+            std::thread::sleep(timeout);
+            return;
+        }
+        let ms = timeout.as_millis().clamp(1, i32::MAX as u128) as i32;
+        let _ = poll(
+            &mut fds,
+            PollTimeout::try_from(ms).unwrap_or(PollTimeout::ZERO),
+        );
+        drop(fds);
+        for link in &links {
+            link.plane.hear_doorbell(&*self.hub);
+        }
+    }
+
     fn link_failure(&self, peer: usize) -> Option<LinkError> {
         self.hub.peers.failure(peer).map(LinkError::Lost)
     }

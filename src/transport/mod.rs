@@ -286,6 +286,17 @@ pub(crate) trait Transport: Send + Sync {
         let _ = (comm_id, deep);
         Ok(())
     }
+    /// Rings `peer`'s doorbell (a byte on its shared-memory link's socket):
+    /// a rank sleeping on an arena word wakes.
+    fn arena_ring(&self, peer: usize) {
+        let _ = peer;
+    }
+    /// Sleeps until a link to one of `peers` rings (or carries anything,
+    /// or closes), or `timeout` passes; then hears what their sockets say.
+    fn arena_sleep(&self, peers: &[usize], timeout: std::time::Duration) {
+        let _ = peers;
+        std::thread::sleep(timeout);
+    }
     /// Why the link to `peer` is gone, if it is.
     fn link_failure(&self, peer: usize) -> Option<LinkError> {
         let _ = peer;

@@ -171,6 +171,21 @@ pub(crate) trait LinkPlane: Send + Sync {
     fn peer_arena(&self) -> Option<Arc<ringwire_shm::Mapping>> {
         None
     }
+
+    /// Rings the peer's doorbell (shared-memory links: a byte on the
+    /// socket, never blocking).
+    fn ring_doorbell(&self) {}
+
+    /// The socket a thread sleeping for this link's doorbell polls.
+    fn doorbell(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        None
+    }
+
+    /// Reads the doorbells the socket holds and notices the peer's end
+    /// (then files what the link holds, unless another thread reads it).
+    fn hear_doorbell(&self, fabric: &dyn Fabric) {
+        let _ = fabric;
+    }
 }
 
 /// Which plane a link gets; chosen before its handshake, whose socket

@@ -899,6 +899,22 @@ impl LinkPlane for ShmLink {
     fn peer_arena(&self) -> Option<Arc<ringwire_shm::Mapping>> {
         self.peer_arena.clone()
     }
+
+    fn ring_doorbell(&self) {
+        self.shared.ring(DATA);
+    }
+
+    fn doorbell(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        Some(self.shared.sock.as_fd())
+    }
+
+    fn hear_doorbell(&self, fabric: &dyn Fabric) {
+        let s = &*self.shared;
+        s.check_alive(fabric);
+        if let Ok(mut rx) = s.rx.try_lock() {
+            s.drain(&mut rx, fabric);
+        }
+    }
 }
 
 #[cfg(test)]
