@@ -7,17 +7,20 @@
 //!
 //! Each process owns one arena and is its only writer: a header line
 //! (magic, abort word), then [`SLOTS`] slots, one per communicator using
-//! it. A slot has, for each parity of its communicator's op count, a
-//! control line (step word, tag word, [`INLINE_BYTES`] of payload) and a
-//! staging area of [`STAGE_BYTES`].
+//! it. A slot has [`DEPTH`] buffers, each a control line (step word, tag
+//! word, [`INLINE_BYTES`] of payload) and a staging area of
+//! [`STAGE_BYTES`], and a sleep word on a line of its own.
 //!
-//! Op `k` uses parity `k % 2`. Its owner *publishes* it: the payload (in
-//! the line when it fits, else in the staging area), then the op's tag,
-//! then the step word `k + 1` with release ordering. A reader that loads
-//! the step word with acquire ordering and finds `k + 1` reads the payload
-//! whole. The rule that makes two parities enough: **publish op `k` only
-//! after every peer has published op `k - 1`** (each peer publishes `k - 1`
-//! only after reading everything of `k - 2`, whose parity `k` overwrites).
+//! Op `k` uses buffer `k % DEPTH`. Its owner *publishes* it: the payload
+//! (in the line when it fits, else in the staging area), then the op's
+//! tag, then the step word `k + 1` with release ordering. A reader that
+//! loads the step word with acquire ordering and finds `k + 1` (or more)
+//! reads the payload whole. The rule that makes [`DEPTH`] buffers enough:
+//! **publish op `k` only after every peer has published op
+//! `k - (DEPTH - 1)`** ([`must_see`]): each peer publishes an op only after
+//! reading everything of the op before it, so it has read op `k - DEPTH`,
+//! whose buffer op `k` overwrites. A rank that waits for no one's current
+//! op (a broadcast's root) runs at most `DEPTH - 1` ops ahead.
 //! A peer that breaks the rule can garble data, not this process's memory.
 //!
 //! A rank that stops spinning says so on its slot's sleep word, fences,
@@ -35,10 +38,14 @@ use std::sync::atomic::{Ordering, fence};
 pub const LINE: usize = 64;
 /// Communicators of one process that can use the arena at once.
 pub const SLOTS: usize = 16;
-/// Bytes one rank stages per op, for each parity: ringwire runs ops of up
+/// Bytes one rank stages per op, in each buffer: ringwire runs ops of up
 /// to 8 KiB staged on the arena (larger ones are faster over the links),
-/// so 16 slots cost half a MiB per process.
+/// so 16 slots cost about 1 MiB per process.
 pub const STAGE_BYTES: usize = 16 << 10;
+/// Buffers per slot: a rank runs at most `DEPTH - 1` ops ahead of its
+/// slowest peer.
+pub const DEPTH: u64 = 4;
+const DEPTH_USIZE: usize = DEPTH as usize;
 /// Payload bytes that travel in the control line itself.
 pub const INLINE_BYTES: usize = LINE - 16;
 
@@ -49,25 +56,31 @@ pub const ABORT_WORD: usize = 8;
 pub const MAGIC: u64 = u64::from_le_bytes(*b"RWARENA1");
 
 const HEADER_BYTES: usize = LINE;
-const SLOT_BYTES: usize = 3 * LINE + 2 * STAGE_BYTES;
+const SLOT_BYTES: usize = (DEPTH_USIZE + 1) * LINE + DEPTH_USIZE * STAGE_BYTES;
 /// An arena's size.
 pub const ARENA_BYTES: usize = HEADER_BYTES + SLOTS * SLOT_BYTES;
 
-/// Offset of the control line of `slot` for ops of `parity`: its step
-/// word, then its tag word, then [`INLINE_BYTES`] of payload.
-pub fn line(slot: usize, parity: u64) -> usize {
-    HEADER_BYTES + slot * SLOT_BYTES + (parity as usize & 1) * LINE
-}
-
-/// Offset of the staging area of `slot` for ops of `parity`.
-pub fn stage(slot: usize, parity: u64) -> usize {
-    HEADER_BYTES + slot * SLOT_BYTES + 3 * LINE + (parity as usize & 1) * STAGE_BYTES
+/// Offset of the control line of `slot` for op `k`: its step word, then
+/// its tag word, then [`INLINE_BYTES`] of payload.
+pub fn line(slot: usize, k: u64) -> usize {
+    HEADER_BYTES + slot * SLOT_BYTES + (k % DEPTH) as usize * LINE
 }
 
 /// Offset of the sleep word of `slot` (on a line of its own): non-zero
 /// while its owner sleeps until a peer publishes.
 pub fn sleep_word(slot: usize) -> usize {
-    HEADER_BYTES + slot * SLOT_BYTES + 2 * LINE
+    HEADER_BYTES + slot * SLOT_BYTES + DEPTH_USIZE * LINE
+}
+
+/// Offset of the staging area of `slot` for op `k`.
+pub fn stage(slot: usize, k: u64) -> usize {
+    sleep_word(slot) + LINE + (k % DEPTH) as usize * STAGE_BYTES
+}
+
+/// The op every peer must have published before op `k` may be (the rule
+/// above); `None` for the first ops.
+pub fn must_see(k: u64) -> Option<u64> {
+    k.checked_sub(DEPTH - 1)
 }
 
 /// One process's arena as another (or the owner) sees it.
@@ -93,9 +106,9 @@ fn payload_at(slot: usize, k: u64, staged: usize) -> usize {
 /// Makes `slot` fresh in its owner's arena: no op published, nobody
 /// asleep.
 pub fn reset<M: ArenaMemory>(own: &M, slot: usize) {
-    for parity in 0..2 {
-        own.store(line(slot, parity), 0, Ordering::Release);
-        own.store(line(slot, parity) + 8, 0, Ordering::Release);
+    for k in 0..DEPTH {
+        own.store(line(slot, k), 0, Ordering::Release);
+        own.store(line(slot, k) + 8, 0, Ordering::Release);
     }
     own.store(sleep_word(slot), 0, Ordering::Release);
 }
@@ -120,7 +133,7 @@ pub fn sleeping<M: ArenaMemory>(arena: &M, slot: usize) -> bool {
 
 /// Publishes op `k` of `slot` in the owner's arena `own`: `bytes` (at most
 /// [`STAGE_BYTES`]) staged, then `tag`, then the step word. The caller has
-/// seen every peer publish op `k - 1` (see the module docs).
+/// seen every peer publish op [`must_see`]`(k)` (see the module docs).
 pub fn publish<M: ArenaMemory>(own: &M, slot: usize, k: u64, tag: u64, bytes: &[u8]) {
     assert!(
         bytes.len() <= STAGE_BYTES,
@@ -176,17 +189,23 @@ mod tests {
 
     #[test]
     fn lines_and_stages_of_every_slot_are_apart_and_inside_the_arena() {
+        let last = DEPTH - 1;
         for s in 0..SLOTS {
-            assert!(line(s, 1) + LINE <= sleep_word(s));
-            assert!(sleep_word(s) + LINE <= stage(s, 0));
-            assert!(line(s, 1) + LINE <= stage(s, 0));
-            assert!(stage(s, 0) + STAGE_BYTES <= stage(s, 1));
-            assert!(stage(s, 1) + STAGE_BYTES <= ARENA_BYTES);
-            if s + 1 < SLOTS {
-                assert_eq!(stage(s, 1) + STAGE_BYTES, line(s + 1, 0));
+            for k in 0..last {
+                assert_eq!(line(s, k) + LINE, line(s, k + 1));
+                assert_eq!(stage(s, k) + STAGE_BYTES, stage(s, k + 1));
             }
+            assert_eq!(line(s, last) + LINE, sleep_word(s));
+            assert_eq!(sleep_word(s) + LINE, stage(s, 0));
+            assert!(stage(s, last) + STAGE_BYTES <= ARENA_BYTES);
+            if s + 1 < SLOTS {
+                assert_eq!(stage(s, last) + STAGE_BYTES, line(s + 1, 0));
+            }
+            assert_eq!(line(s, DEPTH), line(s, 0));
         }
         assert_eq!(line(0, 0), LINE);
+        assert_eq!(must_see(DEPTH - 2), None);
+        assert_eq!(must_see(DEPTH - 1), Some(0));
     }
 }
 
@@ -204,7 +223,7 @@ mod loom_model {
     /// staging area), so that reading a byte its owner is writing is a race
     /// loom reports.
     struct Mem {
-        words: [AtomicU64; 5],
+        words: [AtomicU64; 2 * DEPTH_USIZE + 1],
         inline: Vec<UnsafeCell<u8>>,
         staged: Vec<UnsafeCell<u8>>,
     }
@@ -213,28 +232,32 @@ mod loom_model {
         fn new() -> Arc<Mem> {
             Arc::new(Mem {
                 words: std::array::from_fn(|_| AtomicU64::new(0)),
-                inline: (0..2 * INLINE_BYTES).map(|_| UnsafeCell::new(0)).collect(),
-                staged: (0..2 * LINE).map(|_| UnsafeCell::new(0)).collect(),
+                inline: (0..DEPTH_USIZE * INLINE_BYTES)
+                    .map(|_| UnsafeCell::new(0))
+                    .collect(),
+                staged: (0..DEPTH_USIZE * LINE)
+                    .map(|_| UnsafeCell::new(0))
+                    .collect(),
             })
         }
 
         fn word(&self, off: usize) -> &AtomicU64 {
             if off == sleep_word(0) {
-                return &self.words[4];
+                return &self.words[2 * DEPTH_USIZE];
             }
-            let parity = usize::from(off >= line(0, 1));
+            let buffer = (off - line(0, 0)) / LINE;
             let tag = usize::from(off % LINE == 8);
-            &self.words[2 * parity + tag]
+            &self.words[2 * buffer + tag]
         }
 
         fn cell(&self, off: usize) -> &UnsafeCell<u8> {
-            for parity in 0..2 {
-                let (l, s) = (line(0, parity) + 16, stage(0, parity));
+            for k in 0..DEPTH {
+                let (l, s) = (line(0, k) + 16, stage(0, k));
                 if (l..l + INLINE_BYTES).contains(&off) {
-                    return &self.inline[parity as usize * INLINE_BYTES + off - l];
+                    return &self.inline[k as usize * INLINE_BYTES + off - l];
                 }
                 if (s..s + LINE).contains(&off) {
-                    return &self.staged[parity as usize * LINE + off - s];
+                    return &self.staged[k as usize * LINE + off - s];
                 }
             }
             unreachable!("the model holds slot 0's payloads only")
@@ -283,8 +306,8 @@ mod loom_model {
             let rank = |me: u8, arenas: [Arc<Mem>; 2]| {
                 let (own, peer) = (&arenas[me as usize], &arenas[1 - me as usize]);
                 for k in 0..3u64 {
-                    if k > 0 {
-                        while published(peer, 0, k - 1).is_none() {
+                    if let Some(seen) = must_see(k) {
+                        while published(peer, 0, seen).is_none() {
                             loom::thread::yield_now();
                         }
                     }
@@ -360,27 +383,29 @@ mod loom_model {
     }
 
     /// A broadcast's root waits for no one's current op, only for every
-    /// peer's previous one (the rule): it still never overwrites a
-    /// payload its peer is reading. (Without the rule loom finds the race:
-    /// all ranks reading each other's ops, as above, imply it.)
+    /// peer's op `DEPTH - 1` back (the rule): running ahead it still never
+    /// overwrites a payload its peer is reading. (Without the rule loom
+    /// finds the race: all ranks reading each other's ops, as above, imply
+    /// it.) One op more than the buffers, so the root wraps around.
     #[test]
     fn a_root_that_waits_for_no_ones_current_op_never_overwrites_a_payload_being_read() {
+        const OPS: u64 = DEPTH + 1;
         loom::model(|| {
             let (root, leaf) = (Mem::new(), Mem::new());
             let (root2, leaf2) = (root.clone(), leaf.clone());
             let root_thread = loom::thread::spawn(move || {
-                for k in 0..3u64 {
-                    if k > 0 {
-                        while published(&leaf2, 0, k - 1).is_none() {
+                for k in 0..OPS {
+                    if let Some(seen) = must_see(k) {
+                        while published(&leaf2, 0, seen).is_none() {
                             loom::thread::yield_now();
                         }
                     }
                     publish(&root2, 0, k, 7, &payload(k, 0));
                 }
             });
-            for k in 0..3u64 {
-                if k > 0 {
-                    while published(&root, 0, k - 1).is_none() {
+            for k in 0..OPS {
+                if let Some(seen) = must_see(k) {
+                    while published(&root, 0, seen).is_none() {
                         loom::thread::yield_now();
                     }
                 }

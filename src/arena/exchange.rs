@@ -2,14 +2,16 @@
 //! protocol every arena collective runs (`comm::arena` builds each on it).
 //!
 //! Op `k` of a communicator (its arena ops counted alike on every rank)
-//! uses parity `k % 2` of each rank's slot. A rank *publishes* op `k`: it
-//! writes what it stages (in the control line itself when it fits, else in
-//! the staging area), then the op's tag, then the step word `k + 1` with
-//! release ordering; a reader loads the step word with acquire ordering,
-//! so what it reads after is whole. Before publishing op `k` a rank waits
-//! until every member has published op `k - 1`: each did so only after
-//! reading everything of op `k - 2`, whose parity op `k` overwrites. So
-//! two buffers suffice, no line has two writers, and nothing is locked.
+//! uses buffer `k % DEPTH` of each rank's slot. A rank *publishes* op `k`:
+//! it writes what it stages (in the control line itself when it fits, else
+//! in the staging area), then the op's tag, then the step word `k + 1`
+//! with release ordering; a reader loads the step word with acquire
+//! ordering, so what it reads after is whole. Before publishing op `k` a
+//! rank waits until every member has published op `k - (DEPTH - 1)`
+//! (`ringwire_shm::arena::must_see`): each did so only after reading
+//! everything of the op `DEPTH` back, whose buffer op `k` overwrites. No
+//! line has two writers, nothing is locked, and a broadcast's root runs up
+//! to `DEPTH - 1` ops ahead of its slowest receiver.
 //!
 //! Waiting spins on the step words (not at all on crowded hosts), then
 //! yields until the spin budget (RINGWIRE_SPIN_US) is spent, then sleeps
@@ -124,10 +126,10 @@ impl ArenaOp<'_> {
     }
 
     /// Publishes this rank's part of the op: `bytes` (at most
-    /// `STAGE_BYTES`), after waiting for every member's previous op.
+    /// `STAGE_BYTES`), after waiting for every member's op `DEPTH - 1` back.
     pub(crate) fn publish(&self, bytes: &[u8], w: &Waiting<'_>) -> Result<(), WaitError> {
-        if self.k > 0 {
-            self.wait_for(self.others(), self.k - 1, None, w)?;
+        if let Some(seen) = arena::must_see(self.k) {
+            self.wait_for(self.others(), seen, None, w)?;
         }
         let (own, slot) = &self.arena.members[self.arena.me];
         arena::publish(&**own, *slot, self.k, self.tag, bytes);
