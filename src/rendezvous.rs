@@ -305,8 +305,9 @@ impl Builder {
     }
 
     /// What carries links to ranks on the same host (same kernel and
-    /// network namespace): Unix-domain sockets by default, or TCP like
-    /// links between hosts. Env: RINGWIRE_LOCAL_LINKS=unix|tcp.
+    /// network namespace): shared memory by default (where memfd works;
+    /// else that link stays a Unix-domain socket), Unix-domain sockets, or
+    /// TCP like links between hosts. Env: RINGWIRE_LOCAL_LINKS=shm|unix|tcp.
     pub fn local_links(mut self, kind: LocalLinks) -> Builder {
         self.overrides.local_links = Some(kind);
         self

@@ -511,6 +511,21 @@ fn kill_9_rank_2_of_4(
 /// /dev/shm (the segments never had a name).
 #[test]
 fn processes_kill_9_on_shared_memory_fails_the_others_within_a_second() {
+    kill_9_on_shared_memory(16 << 20, false);
+}
+
+/// The same during small all-reduces, which run on the shared-memory arena
+/// (ranks spin on each other's step words, not on frames): the others
+/// still fail within about a second naming rank 2 (its link's socket
+/// closes; their waits look at the links), and let go of every mapping.
+#[test]
+fn processes_kill_9_during_arena_all_reduces_fails_the_others_within_a_second() {
+    kill_9_on_shared_memory(16, true);
+}
+
+/// Rank 2 of 4 killed during all-reduces of `len` elements on shared
+/// memory (on the arena, checked, if `arena`).
+fn kill_9_on_shared_memory(len: usize, arena: bool) {
     if std::env::var_os("RINGWIRE_LOCAL_LINKS").is_some()
         || std::env::var_os("RINGWIRE_TRANSPORT").is_some()
     {
@@ -528,50 +543,22 @@ fn processes_kill_9_on_shared_memory_fails_the_others_within_a_second() {
         v
     };
     let before = dev_shm();
-    let env = [
+    let mut env = vec![
         ("RINGWIRE_TEST_MODE", "loop".to_string()),
-        ("RINGWIRE_TEST_LEN", (16usize << 20).to_string()),
+        ("RINGWIRE_TEST_LEN", len.to_string()),
         ("RINGWIRE_LOCAL_LINKS", "shm".into()),
         ("RINGWIRE_TIMEOUT", "60".into()),
     ];
+    if arena {
+        env.push(("RINGWIRE_TEST_EXPECT_ARENA", "1".into()));
+    }
     for (rank, took, msg, stdout) in kill_9_rank_2_of_4(&env, Duration::from_millis(2500)) {
         assert!(
             took < 2_000,
             "rank {rank} took {took} ms to see rank 2 die: {msg}"
         );
         assert!(
-            stdout.contains("CHILD-SHM-MAPPINGS 0"),
-            "rank {rank} kept shared memory mapped:\n{stdout}"
-        );
-    }
-    assert_eq!(dev_shm(), before, "something was left in /dev/shm");
-}
-
-/// The same during small all-reduces, which run on the shared-memory arena
-/// (ranks spin on each other's step words, not on frames): the others
-/// still fail within about a second naming rank 2 (its link's socket
-/// closes; their waits look at the links), and let go of every mapping.
-#[test]
-fn processes_kill_9_during_arena_all_reduces_fails_the_others_within_a_second() {
-    if std::env::var_os("RINGWIRE_LOCAL_LINKS").is_some()
-        || std::env::var_os("RINGWIRE_TRANSPORT").is_some()
-    {
-        return; // a parametrised run: this one sets its own links
-    }
-    let env = [
-        ("RINGWIRE_TEST_MODE", "loop".to_string()),
-        ("RINGWIRE_TEST_LEN", "16".to_string()),
-        ("RINGWIRE_TEST_EXPECT_ARENA", "1".to_string()),
-        ("RINGWIRE_LOCAL_LINKS", "shm".into()),
-        ("RINGWIRE_TIMEOUT", "60".into()),
-    ];
-    for (rank, took, msg, stdout) in kill_9_rank_2_of_4(&env, Duration::from_millis(2500)) {
-        assert!(
-            took < 2_000,
-            "rank {rank} took {took} ms to see rank 2 die: {msg}"
-        );
-        assert!(
-            stdout.contains("CHILD-ARENA Some(true)"),
+            !arena || stdout.contains("CHILD-ARENA Some(true)"),
             "rank {rank} did not run on the arena:\n{stdout}"
         );
         assert!(
@@ -579,6 +566,7 @@ fn processes_kill_9_during_arena_all_reduces_fails_the_others_within_a_second() 
             "rank {rank} kept shared memory mapped:\n{stdout}"
         );
     }
+    assert_eq!(dev_shm(), before, "something was left in /dev/shm");
 }
 
 #[test]

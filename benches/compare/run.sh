@@ -186,8 +186,8 @@ has gloo && versions+="; torch $("$TORCHPY" -c 'import torch; print(torch.__vers
 COMMON=(-b "$MINB" -e "$MAXB" -f "$FACTOR" -w "$WARMUP" -n "$ITERS")
 run_ringwire() {
     # Four variants, one process group each, one after another like the
-    # peers: the engine with ringwire's default Unix-socket links between
-    # local ranks, with shared-memory links, the engine over TCP (like the
+    # peers: the engine with Unix-socket links between local ranks, with
+    # shared-memory links (ringwire's default), the engine over TCP (like the
     # TCP peers), and the portable transport over TCP. (Interleaved in one
     # group, the variants' idle threads made the scheduler stack ranks: 4
     # ranks at 8 B took 95-112 us against 61-63 in a group of their own.)

@@ -214,6 +214,7 @@ mod tests {
 #[cfg(all(test, loom))]
 mod loom_model {
     use super::*;
+    use crate::loom_bell::Bell;
     use loom::cell::UnsafeCell;
     use loom::sync::Arc;
     use loom::sync::atomic::AtomicU64;
@@ -330,27 +331,6 @@ mod loom_model {
             rank(0, arenas);
             one.join().unwrap();
         });
-    }
-
-    /// A doorbell: a flag and a condition variable, as the link's socket.
-    #[derive(Default)]
-    struct Bell {
-        rung: loom::sync::Mutex<bool>,
-        cv: loom::sync::Condvar,
-    }
-
-    impl Bell {
-        fn ring(&self) {
-            *self.rung.lock().unwrap() = true;
-            self.cv.notify_one();
-        }
-        fn sleep(&self) {
-            let mut rung = self.rung.lock().unwrap();
-            while !*rung {
-                rung = self.cv.wait(rung).unwrap();
-            }
-            *rung = false;
-        }
     }
 
     /// A rank that sleeps until its peer publishes (sleep word, look

@@ -15,6 +15,8 @@
 pub mod arena;
 #[cfg(target_os = "linux")]
 mod fdpass;
+#[cfg(all(test, loom))]
+mod loom_bell;
 #[cfg(target_os = "linux")]
 mod mapping;
 pub mod ring;

@@ -374,9 +374,10 @@ mod tests {
 #[cfg(all(test, loom))]
 mod loom_model {
     use super::*;
+    use crate::loom_bell::Bell;
     use loom::cell::UnsafeCell;
+    use loom::sync::Arc;
     use loom::sync::atomic::AtomicU64;
-    use loom::sync::{Arc, Condvar, Mutex};
 
     /// A ring's memory as loom sees it: the data bytes are cells, so a
     /// read of a byte not yet published (or a write over one not yet
@@ -434,27 +435,6 @@ mod loom_model {
             ],
             data: (0..capacity).map(|_| UnsafeCell::new(0)).collect(),
         })
-    }
-
-    /// A doorbell: a flag and a condition variable, as the link's socket.
-    #[derive(Default)]
-    struct Bell {
-        rung: Mutex<bool>,
-        cv: Condvar,
-    }
-
-    impl Bell {
-        fn ring(&self) {
-            *self.rung.lock().unwrap() = true;
-            self.cv.notify_one();
-        }
-        fn sleep(&self) {
-            let mut rung = self.rung.lock().unwrap();
-            while !*rung {
-                rung = self.cv.wait(rung).unwrap();
-            }
-            *rung = false;
-        }
     }
 
     #[test]

@@ -46,21 +46,19 @@ pub(super) const VOTED_YES: u8 = 1;
 pub(super) const VOTED_NO: u8 = 2;
 
 /// Whether a communicator uses its arena.
-#[derive(Default)]
 pub(super) enum ArenaState {
     /// Not voted yet.
     Unvoted,
-    /// Ops run over the links (voted no, or could never: left by a panic
-    /// too).
-    #[default]
+    /// Ops run over the links (voted no, the vote failed, or it could
+    /// never).
     Off,
     On(CommArena),
 }
 
 impl ArenaState {
     /// The state a communicator starts in: whether it may ever vote.
-    pub(super) fn initial(ex_could: bool) -> ArenaState {
-        match ex_could {
+    pub(super) fn initial(could: bool) -> ArenaState {
+        match could {
             true => ArenaState::Unvoted,
             false => ArenaState::Off,
         }
@@ -156,7 +154,8 @@ impl Ctx<'_> {
                 peer: rank,
                 detail: format!(
                     "rank {rank} runs another collective on shared memory (its kind, type, count, \
-                     reduce op or root differs from {})",
+                     reduce op or root differs from {}); every rank must call the same \
+                     collectives in the same order with the same arguments",
                     self.op
                 ),
             },
@@ -288,19 +287,12 @@ fn combine_through<T: Element>(
 pub(super) fn all_reduce<T: Element>(
     op: &ArenaOp<'_>,
     w: &Waiting<'_>,
-    (rank, size): (usize, usize),
+    size: usize,
     data: &mut [T],
     reduce: ReduceOp,
 ) -> Result<(), WaitError> {
-    let staged = size_of_val(data);
     op.publish(data.as_bytes(), w)?;
-    op.wait(op.others(), w)?;
-    let _ = rank;
-    combine(op, size, staged, 0, data, reduce);
-    if reduce == ReduceOp::Avg {
-        T::finish_avg(data, size);
-    }
-    Ok(())
+    combine_all(op, w, size, size_of_val(data), 0, data, reduce)
 }
 
 pub(super) fn reduce<T: Element>(
@@ -311,15 +303,42 @@ pub(super) fn reduce<T: Element>(
     data: &mut [T],
     reduce: ReduceOp,
 ) -> Result<(), WaitError> {
-    let staged = size_of_val(data);
     op.publish(data.as_bytes(), w)?;
     if rank != root {
         return Ok(());
     }
+    combine_all(op, w, size, size_of_val(data), 0, data, reduce)
+}
+
+pub(super) fn reduce_scatter<T: Element>(
+    op: &ArenaOp<'_>,
+    w: &Waiting<'_>,
+    (rank, size): (usize, usize),
+    input: &[T],
+    output: &mut [T],
+    reduce: ReduceOp,
+) -> Result<(), WaitError> {
+    let mine = algo::block(input.len(), size, rank);
+    op.publish(input.as_bytes(), w)?;
+    combine_all(op, w, size, size_of_val(input), mine.start, output, reduce)
+}
+
+/// Waits for every other rank's staging, then combines elements `from..`
+/// of every rank's (`staged` bytes each) into `out` and finishes an
+/// average.
+fn combine_all<T: Element>(
+    op: &ArenaOp<'_>,
+    w: &Waiting<'_>,
+    size: usize,
+    staged: usize,
+    from: usize,
+    out: &mut [T],
+    reduce: ReduceOp,
+) -> Result<(), WaitError> {
     op.wait(op.others(), w)?;
-    combine(op, size, staged, 0, data, reduce);
+    combine(op, size, staged, from, out, reduce);
     if reduce == ReduceOp::Avg {
-        T::finish_avg(data, size);
+        T::finish_avg(out, size);
     }
     Ok(())
 }
@@ -334,58 +353,7 @@ pub(super) fn broadcast<T: Element>(
     if rank == root {
         return op.publish(data.as_bytes(), w);
     }
-    op.publish(&[], w)?;
-    op.wait(1 << root, w)?;
-    op.read(root, size_of_val(data), 0, data.as_mut_bytes());
-    Ok(())
-}
-
-pub(super) fn all_gather<T: Element>(
-    op: &ArenaOp<'_>,
-    w: &Waiting<'_>,
-    (rank, size): (usize, usize),
-    input: &[T],
-    output: &mut [T],
-) -> Result<(), WaitError> {
-    let n = input.len();
-    op.publish(input.as_bytes(), w)?;
-    output[rank * n..(rank + 1) * n].copy_from_slice(input);
-    op.wait(op.others(), w)?;
-    for r in (0..size).filter(|&r| r != rank) {
-        op.read(
-            r,
-            size_of_val(input),
-            0,
-            output[r * n..(r + 1) * n].as_mut_bytes(),
-        );
-    }
-    Ok(())
-}
-
-pub(super) fn gather<T: Element>(
-    op: &ArenaOp<'_>,
-    w: &Waiting<'_>,
-    (rank, size): (usize, usize),
-    root: usize,
-    input: &[T],
-    output: &mut [T],
-) -> Result<(), WaitError> {
-    let n = input.len();
-    op.publish(input.as_bytes(), w)?;
-    if rank != root {
-        return Ok(());
-    }
-    output[rank * n..(rank + 1) * n].copy_from_slice(input);
-    op.wait(op.others(), w)?;
-    for r in (0..size).filter(|&r| r != rank) {
-        op.read(
-            r,
-            size_of_val(input),
-            0,
-            output[r * n..(r + 1) * n].as_mut_bytes(),
-        );
-    }
-    Ok(())
+    receive_from(op, w, root, size_of_val(data), 0, data.as_mut_bytes())
 }
 
 pub(super) fn scatter<T: Element>(
@@ -402,33 +370,50 @@ pub(super) fn scatter<T: Element>(
         output.copy_from_slice(&input[rank * n..(rank + 1) * n]);
         return Ok(());
     }
+    let (staged, at) = (bytes_of::<T>(n * size), bytes_of::<T>(rank * n));
+    receive_from(op, w, root, staged, at, output.as_mut_bytes())
+}
+
+/// A rank that stages nothing: publishes that, waits for `root`, and
+/// copies `dst.len()` bytes at `offset` of its staging (`staged` bytes).
+fn receive_from(
+    op: &ArenaOp<'_>,
+    w: &Waiting<'_>,
+    root: usize,
+    staged: usize,
+    offset: usize,
+    dst: &mut [u8],
+) -> Result<(), WaitError> {
     op.publish(&[], w)?;
     op.wait(1 << root, w)?;
-    op.read(
-        root,
-        bytes_of::<T>(n * size),
-        bytes_of::<T>(rank * n),
-        output.as_mut_bytes(),
-    );
+    op.read(root, staged, offset, dst);
     Ok(())
 }
 
-pub(super) fn reduce_scatter<T: Element>(
+pub(super) fn all_gather<T: Element>(
     op: &ArenaOp<'_>,
     w: &Waiting<'_>,
-    (rank, size): (usize, usize),
+    at: (usize, usize),
     input: &[T],
     output: &mut [T],
-    reduce: ReduceOp,
 ) -> Result<(), WaitError> {
-    let mine = algo::block(input.len(), size, rank);
     op.publish(input.as_bytes(), w)?;
-    op.wait(op.others(), w)?;
-    combine(op, size, size_of_val(input), mine.start, output, reduce);
-    if reduce == ReduceOp::Avg {
-        T::finish_avg(output, size);
+    collect(op, w, at, input, 0, output)
+}
+
+pub(super) fn gather<T: Element>(
+    op: &ArenaOp<'_>,
+    w: &Waiting<'_>,
+    at: (usize, usize),
+    root: usize,
+    input: &[T],
+    output: &mut [T],
+) -> Result<(), WaitError> {
+    op.publish(input.as_bytes(), w)?;
+    if at.0 != root {
+        return Ok(());
     }
-    Ok(())
+    collect(op, w, at, input, 0, output)
 }
 
 pub(super) fn all_to_all<T: Element>(
@@ -440,15 +425,27 @@ pub(super) fn all_to_all<T: Element>(
 ) -> Result<(), WaitError> {
     let per = input.len() / size;
     op.publish(input.as_bytes(), w)?;
-    output[rank * per..(rank + 1) * per].copy_from_slice(&input[rank * per..(rank + 1) * per]);
+    collect(op, w, (rank, size), input, rank * per, output)
+}
+
+/// Fills `output`'s block of each rank (`output.len() / size` elements)
+/// with the block at element `from` of what that rank staged (its whole
+/// `input`, as this rank's): this rank's from `input` itself, the others'
+/// once every one of them has published.
+fn collect<T: Element>(
+    op: &ArenaOp<'_>,
+    w: &Waiting<'_>,
+    (rank, size): (usize, usize),
+    input: &[T],
+    from: usize,
+    output: &mut [T],
+) -> Result<(), WaitError> {
+    let n = output.len() / size;
+    output[rank * n..(rank + 1) * n].copy_from_slice(&input[from..from + n]);
     op.wait(op.others(), w)?;
     for r in (0..size).filter(|&r| r != rank) {
-        op.read(
-            r,
-            size_of_val(input),
-            bytes_of::<T>(rank * per),
-            output[r * per..(r + 1) * per].as_mut_bytes(),
-        );
+        let block = output[r * n..(r + 1) * n].as_mut_bytes();
+        op.read(r, size_of_val(input), bytes_of::<T>(from), block);
     }
     Ok(())
 }

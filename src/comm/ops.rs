@@ -121,7 +121,7 @@ impl<T: Element> InPlace<T> for AllReduce {
         let n = data.len();
         let algo = cx.shape().all_reduce(size_of_val(data));
         let on_arena = cx.on_arena(size_of_val(data), arena::ALL_REDUCE_MAX_BYTES, |op, w| {
-            arena::all_reduce(op, w, (rank, size), data, self.0)
+            arena::all_reduce(op, w, size, data, self.0)
         })?;
         if on_arena {
             return Ok(());

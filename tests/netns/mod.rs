@@ -108,6 +108,18 @@ fn spawn_of(
     cmd.spawn().expect("spawn a rank in its namespace")
 }
 
+/// Waits for every child rank and asserts each ran its sweep.
+fn all_ran_the_sweep(children: Vec<Child>) {
+    for (rank, c) in children.into_iter().enumerate() {
+        let out = c.wait_with_output().unwrap();
+        assert!(
+            out.status.success() && text(&out).contains("CHILD-OK"),
+            "rank {rank}:\n{}",
+            text(&out)
+        );
+    }
+}
+
 fn text(out: &Output) -> String {
     format!(
         "{}\n{}",
@@ -143,14 +155,7 @@ fn collectives_stay_correct_over_delay_and_loss() {
         }
     }
     let children: Vec<_> = (0..2).map(|r| spawn_in(&net, r, "netem", &[])).collect();
-    for (rank, c) in children.into_iter().enumerate() {
-        let out = c.wait_with_output().unwrap();
-        assert!(
-            out.status.success() && text(&out).contains("CHILD-OK"),
-            "rank {rank}:\n{}",
-            text(&out)
-        );
-    }
+    all_ran_the_sweep(children);
 }
 
 /// A job of two hosts (namespaces) of two ranks each, shared memory asked
@@ -164,14 +169,7 @@ fn two_namespaces_of_two_ranks_share_memory_inside_and_tcp_across() {
     let children: Vec<_> = (0..4)
         .map(|r| spawn_of(&net, (r, 4, 2), "netem", &extra))
         .collect();
-    for (rank, c) in children.into_iter().enumerate() {
-        let out = c.wait_with_output().unwrap();
-        assert!(
-            out.status.success() && text(&out).contains("CHILD-OK"),
-            "rank {rank}:\n{}",
-            text(&out)
-        );
-    }
+    all_ran_the_sweep(children);
 }
 
 #[test]

@@ -101,10 +101,7 @@ impl ShmLinks {
     /// dead peers (the heartbeat thread's turn).
     pub(super) fn tick(&self, fabric: &dyn Fabric) {
         for link in self.live() {
-            if let Ok(mut rx) = link.rx.try_lock() {
-                link.check_alive(fabric);
-                link.drain(&mut rx, fabric);
-            }
+            link.hear(fabric);
         }
     }
 
@@ -581,6 +578,15 @@ impl Shared {
         any
     }
 
+    /// Reads the socket's doorbells (noticing a dead peer), and files what
+    /// the ring holds unless another thread reads it.
+    fn hear(&self, fabric: &dyn Fabric) {
+        self.check_alive(fabric);
+        if let Ok(mut rx) = self.rx.try_lock() {
+            self.drain(&mut rx, fabric);
+        }
+    }
+
     /// Reads what the socket holds (doorbells) without waiting; notices a
     /// broken socket (and fails the link) or a closed one (and says so:
     /// the reader fails the link once it has read what came before).
@@ -909,11 +915,7 @@ impl LinkPlane for ShmLink {
     }
 
     fn hear_doorbell(&self, fabric: &dyn Fabric) {
-        let s = &*self.shared;
-        s.check_alive(fabric);
-        if let Ok(mut rx) = s.rx.try_lock() {
-            s.drain(&mut rx, fabric);
-        }
+        self.shared.hear(fabric);
     }
 }
 
