@@ -159,6 +159,23 @@ fn spawn_ranks(world: usize, seed: u64, extra_env: &[(&str, String)]) -> Vec<Chi
         .collect()
 }
 
+/// Copies of every socket of process `pid` (pidfd_getfd), as a child it
+/// forked (a data loader's worker, say) would hold them: while they are
+/// open, its peers see none of its sockets close when it dies.
+fn hold_sockets_of(pid: u32) -> Vec<std::os::fd::OwnedFd> {
+    use rustix::process::{Pid, PidfdFlags, PidfdGetfdFlags, pidfd_getfd, pidfd_open};
+    let pidfd = pidfd_open(Pid::from_raw(pid as i32).unwrap(), PidfdFlags::empty()).unwrap();
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .flatten()
+        .filter(|e| {
+            std::fs::read_link(e.path()).is_ok_and(|l| l.to_string_lossy().starts_with("socket:"))
+        })
+        .filter_map(|e| e.file_name().to_str()?.parse().ok())
+        .filter_map(|fd| pidfd_getfd(&pidfd, fd, PidfdGetfdFlags::empty()).ok())
+        .collect()
+}
+
 fn unix_ms() -> u128 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -467,6 +484,10 @@ fn processes_kill_9_one_of_four_fails_every_other_rank() {
     }
 }
 
+/// In `kill_9_rank_2_of_4`'s env: this process holds copies of rank 2's
+/// sockets while it dies (the child sees no such variable).
+const HOLD_RANK_2_SOCKETS: &str = "RINGWIRE_TEST_HOLD_RANK_2_SOCKETS";
+
 /// Starts four ranks with `env`, kills rank 2 with SIGKILL after `settle`,
 /// and checks that every other rank failed naming rank 2; returns each
 /// one's rank, how long after the kill it failed (ms), its error and its
@@ -478,6 +499,10 @@ fn kill_9_rank_2_of_4(
     let mut children = spawn_ranks(4, 1, env);
     std::thread::sleep(settle);
     let victim = children.remove(2);
+    let held = match env.iter().any(|(k, _)| *k == HOLD_RANK_2_SOCKETS) {
+        true => hold_sockets_of(victim.id()),
+        false => Vec::new(),
+    };
     let killed_at = unix_ms();
     let pid = nix::unistd::Pid::from_raw(victim.id() as i32);
     nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL).unwrap();
@@ -501,6 +526,13 @@ fn kill_9_rank_2_of_4(
         );
         survivors.push((rank, took, msg, stdout));
     }
+    // Its links to 3 peers and the store, at least; open until now.
+    assert!(
+        held.is_empty() || held.len() >= 4,
+        "held {} of rank 2's sockets",
+        held.len()
+    );
+    drop(held);
     survivors
 }
 
@@ -511,7 +543,7 @@ fn kill_9_rank_2_of_4(
 /// /dev/shm (the segments never had a name).
 #[test]
 fn processes_kill_9_on_shared_memory_fails_the_others_within_a_second() {
-    kill_9_on_shared_memory(16 << 20, false);
+    kill_9_on_shared_memory(16 << 20, false, false);
 }
 
 /// The same during small all-reduces, which run on the shared-memory arena
@@ -520,12 +552,24 @@ fn processes_kill_9_on_shared_memory_fails_the_others_within_a_second() {
 /// closes; their waits look at the links), and let go of every mapping.
 #[test]
 fn processes_kill_9_during_arena_all_reduces_fails_the_others_within_a_second() {
-    kill_9_on_shared_memory(16, true);
+    kill_9_on_shared_memory(16, true, false);
+}
+
+/// Another process holds rank 2's sockets open while it dies (as a data
+/// loader's forked workers hold every socket of their trainer: here the
+/// test takes copies with pidfd_getfd), so none of them closes: the others
+/// still fail within about a second, from its pidfd, not after the 10 s
+/// heartbeat timeout; on the rings and on the arena.
+#[test]
+fn processes_kill_9_of_a_rank_whose_forked_child_holds_its_links_is_seen_within_a_second() {
+    kill_9_on_shared_memory(16 << 20, false, true);
+    kill_9_on_shared_memory(16, true, true);
 }
 
 /// Rank 2 of 4 killed during all-reduces of `len` elements on shared
-/// memory (on the arena, checked, if `arena`).
-fn kill_9_on_shared_memory(len: usize, arena: bool) {
+/// memory (on the arena, checked, if `arena`; with a forked child of rank
+/// 2 holding its links open, if `held`).
+fn kill_9_on_shared_memory(len: usize, arena: bool, held: bool) {
     if std::env::var_os("RINGWIRE_LOCAL_LINKS").is_some()
         || std::env::var_os("RINGWIRE_TRANSPORT").is_some()
     {
@@ -551,6 +595,9 @@ fn kill_9_on_shared_memory(len: usize, arena: bool) {
     ];
     if arena {
         env.push(("RINGWIRE_TEST_EXPECT_ARENA", "1".into()));
+    }
+    if held {
+        env.push((HOLD_RANK_2_SOCKETS, "1".into()));
     }
     for (rank, took, msg, stdout) in kill_9_rank_2_of_4(&env, Duration::from_millis(2500)) {
         assert!(

@@ -41,6 +41,11 @@
 #                   (on a noisy VM one sweep's ratios swing 2x); the table shows
 #                   per-size medians over the rounds, and the median and range
 #                   of the per-round ratios [ROUNDS]
+# Prebuilt binaries (a host with no Rust or no compiler, such as a lent
+# many-core machine; see benches/compare/device.sh): RWBENCH (a
+# ringwire-bench to run instead of building one), MPIBIN (an mpi_coll built
+# against the mpirun on PATH). RW_VARIANTS picks ringwire's variants
+# (default "unix shm tcp portable"), MPI_MODES Open MPI's ("tcp sm").
 # Also: VENV (torch venv, default the one .ci/setup-launchers makes:
 # $RINGWIRE_PY_VENV or ~/.cache/ringwire/torch-venv), TORCH_SPEC (pip
 # requirement, default torch), PYTHON (for the venv, default python3).
@@ -57,6 +62,8 @@ WARMUP=${WARMUP:-3}
 ITERS=${ITERS:-200}
 MAX_SECONDS=${MAX_SECONDS:-1}
 PEERS=${PEERS:-"ringwire mpi gloo"}
+RW_VARIANTS=${RW_VARIANTS:-"unix shm tcp portable"}
+MPI_MODES=${MPI_MODES:-"tcp sm"}
 NO_INSTALL=${NO_INSTALL:-0}
 VENV=${VENV:-${RINGWIRE_PY_VENV:-$HOME/.cache/ringwire/torch-venv}}
 TORCH_SPEC=${TORCH_SPEC:-torch}
@@ -107,14 +114,21 @@ has() { case " $PEERS " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
 drop() { PEERS=$(echo " $PEERS " | sed "s/ $1 / /; s/^ *//; s/ *$//"); log "skipping $1: $2"; }
 
 # ---------------------------------------------------------------- installs
-if has ringwire; then
-    log "building ringwire-bench (cargo, incremental)"
-    (cd "$ROOT" && cargo build --release -q -p ringwire-bench) || drop ringwire "cargo build failed"
+if [ -n "${RWBENCH:-}" ]; then
+    [ -x "$RWBENCH" ] || drop ringwire "RWBENCH=$RWBENCH is not an executable"
+else
+    if has ringwire; then
+        log "building ringwire-bench (cargo, incremental)"
+        (cd "$ROOT" && cargo build --release -q -p ringwire-bench) || drop ringwire "cargo build failed"
+    fi
+    RWBENCH=$ROOT/target/release/ringwire-bench
 fi
-RWBENCH=$ROOT/target/release/ringwire-bench
 
-MPIBIN=$BUILD/mpi_coll
-if has mpi; then
+PREBUILT_MPI=${MPIBIN:+1}
+MPIBIN=${MPIBIN:-$BUILD/mpi_coll}
+if has mpi && [ -n "$PREBUILT_MPI" ]; then
+    { [ -x "$MPIBIN" ] && command -v mpirun >/dev/null; } || drop mpi "MPIBIN=$MPIBIN or mpirun missing"
+elif has mpi; then
     if ! command -v mpicc >/dev/null || ! command -v mpirun >/dev/null; then
         if [ "$NO_INSTALL" = 1 ]; then
             drop mpi "mpicc/mpirun not found and --no-install"
@@ -192,8 +206,11 @@ run_ringwire() {
     # group, the variants' idle threads made the scheduler stack ranks: 4
     # ranks at 8 B took 95-112 us against 61-63 in a group of their own.)
     local ranks=$1 variant transport links
-    for variant in "uring unix" "uring shm" "uring tcp" "portable tcp"; do
-        read -r transport links <<<"$variant"
+    for variant in $RW_VARIANTS; do
+        case $variant in
+            portable) transport=portable links=tcp ;;
+            *) transport=uring links=$variant ;;
+        esac
         # --blocking: the slice forms, called and waited for in place, as
         # MPI's blocking calls (and gloo's wait) are.
         "$RWBENCH" "$OP" --ranks "$ranks" "${COMMON[@]}" --max-seconds "$MAX_SECONDS" \
@@ -202,12 +219,18 @@ run_ringwire() {
     done
 }
 run_mpi() {
+    case " $MPI_MODES " in *" tcp "*) run_mpi_tcp "$1" || return ;; esac
+    case " $MPI_MODES " in *" sm "*) run_mpi_sm "$1" ;; esac
+}
+run_mpi_tcp() {
     # btl tcp,self: TCP even between local ranks (no shared memory); pml ob1:
     # the BTL path, not UCX; --bind-to none: scheduled like the other two.
     mpirun --allow-run-as-root --oversubscribe -np "$1" --bind-to none \
         --mca btl tcp,self --mca pml ob1 --mca btl_tcp_if_include lo \
-        "$MPIBIN" -c "$OP" "${COMMON[@]}" -m "$MAX_SECONDS" -o "$OUT/mpi-p$1$TAG.json" || return
-    # Then with its own defaults on one host (shared memory between the
+        "$MPIBIN" -c "$OP" "${COMMON[@]}" -m "$MAX_SECONDS" -o "$OUT/mpi-p$1$TAG.json"
+}
+run_mpi_sm() {
+    # With its own defaults on one host (shared memory between the
     # ranks, its binding), what a user of mpirun gets.
     mpirun --allow-run-as-root --oversubscribe -np "$1" \
         "$MPIBIN" -c "$OP" "${COMMON[@]}" -m "$MAX_SECONDS" -o "$OUT/mpi-sm-p$1$TAG.json"

@@ -15,6 +15,10 @@ use std::time::Duration;
 pub enum LinkFailure {
     /// The peer closed the connection: its process exited or crashed.
     Closed,
+    /// The peer's process exited (its pidfd said so) while another process
+    /// still holds its end of the link: a child it forked, say. (A local
+    /// shared-memory link; elsewhere such a death is a heartbeat timeout.)
+    Exited { pid: u32 },
     /// Nothing came from the peer, not even heartbeats, for `silent`: its
     /// process is stopped or hung, or the network partitioned.
     HeartbeatTimeout { silent: Duration },
@@ -69,6 +73,7 @@ impl LinkFailure {
     pub fn kind(&self) -> &'static str {
         match self {
             LinkFailure::Closed => "closed",
+            LinkFailure::Exited { .. } => "exited",
             LinkFailure::HeartbeatTimeout { .. } => "heartbeat_timeout",
             LinkFailure::StoppedReading => "stopped_reading",
             LinkFailure::BadFrame(_) => "bad_frame",
@@ -103,6 +108,11 @@ impl fmt::Display for Loss {
             LinkFailure::Closed => write!(
                 f,
                 "rank {peer} closed the connection (did its process exit or crash?)"
+            ),
+            LinkFailure::Exited { pid } => write!(
+                f,
+                "rank {peer}'s process (pid {pid}) exited; another process still holds its end of \
+                 the link (a child it forked?)"
             ),
             LinkFailure::HeartbeatTimeout { silent } => write!(
                 f,
@@ -162,6 +172,9 @@ mod tests {
         )));
         assert!(bad.starts_with("rank 3 sent a bad frame: abort frame: payload of 9000"));
         assert!(say(LinkFailure::StoppedReading).starts_with("rank 3 stopped reading"));
+        assert!(
+            say(LinkFailure::Exited { pid: 77 }).starts_with("rank 3's process (pid 77) exited")
+        );
     }
 
     #[test]

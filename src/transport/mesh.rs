@@ -567,7 +567,8 @@ impl Transport for Mesh {
             .collect();
         let mut fds: Vec<PollFd<'_>> = links
             .iter()
-            .filter_map(|l| l.plane.doorbell())
+            .flat_map(|l| [l.plane.doorbell(), l.plane.death_watch()])
+            .flatten()
             .map(|fd| PollFd::new(fd, PollFlags::POLLIN))
             .collect();
         if fds.is_empty() {

@@ -12,6 +12,7 @@
 //! - `uring`: every link on one io_uring (`ringwire_uring::FrameEngine`),
 //!   driven by the thread that waits (decision 0007).
 
+mod peer_process;
 mod portable;
 mod shm;
 mod uring;
@@ -178,6 +179,12 @@ pub(crate) trait LinkPlane: Send + Sync {
 
     /// The socket a thread sleeping for this link's doorbell polls.
     fn doorbell(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        None
+    }
+
+    /// What turns readable when the peer's process exits, for a sleeper
+    /// to poll beside `doorbell` (shared-memory links: its pidfd).
+    fn death_watch(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
         None
     }
 

@@ -7,7 +7,8 @@
 //!
 //! The Unix socket stays: a sleeper is woken by a one-byte doorbell on it,
 //! sent only when the sleeper said it sleeps (the rings' armed words), and
-//! its end of stream is how a dead peer is seen. A thread that waits for a
+//! its end of stream is how a dead peer is seen (and the peer's pidfd,
+//! `peer_process`, where a child it forked holds the socket open). A thread that waits for a
 //! frame of this link reads the ring itself and files what it finds (one
 //! at a time: others wait on their inboxes); the heartbeat thread drains it
 //! when nobody waits, so heartbeats and aborts are heard.
@@ -16,6 +17,7 @@
 //! memory limit), the link stays a plain Unix link on the other plane; the
 //! log says so once.
 
+use super::peer_process::PeerProcess;
 use super::{
     ControlSent, Established, Fabric, LinkPlane, PlaneConfig, lost, recv_ready, send_stop,
 };
@@ -162,6 +164,7 @@ pub(super) fn start(
         Err(e) => return Err((link, e)),
     };
     let _ = sock.set_read_timeout(None);
+    let peer_process = PeerProcess::of(sock);
     let dialed = link.dialed;
     let sock = match link.conn {
         Conn::Unix(s) => s,
@@ -171,7 +174,7 @@ pub(super) fn start(
     let shared = shared(
         Arc::new(segment.into_mapping()),
         dialed,
-        sock,
+        (sock, peer_process),
         peer,
         config,
         links,
@@ -235,11 +238,12 @@ fn take_arena(sock: &UnixStream) -> io::Result<Option<Arc<ringwire_shm::Mapping>
 }
 
 /// One end of a link on `mapping`'s rings (ring 0 carries dialer ->
-/// acceptor, ring 1 the other way), signalling over `sock`.
+/// acceptor, ring 1 the other way), signalling over `sock`, to the peer
+/// `process` (where it can be watched).
 fn shared(
     mapping: Arc<ringwire_shm::Mapping>,
     dialed: bool,
-    sock: UnixStream,
+    (sock, process): (UnixStream, Option<PeerProcess>),
     peer: usize,
     config: &PlaneConfig,
     links: &Arc<ShmLinks>,
@@ -264,6 +268,8 @@ fn shared(
         sock,
         dead: AtomicBool::new(false),
         eof: AtomicBool::new(false),
+        process,
+        exited: AtomicBool::new(false),
         config: config.clone(),
         links: Arc::downgrade(links),
         rx_bytes: recv_view,
@@ -412,6 +418,11 @@ struct Shared {
     /// The peer closed its end: what it wrote before is still read (a
     /// peer that sent its last frame and exited), then the link fails.
     eof: AtomicBool,
+    /// The peer's process, watched by its pidfd where it could be opened.
+    process: Option<PeerProcess>,
+    /// That process exited while its socket stays open (a child it forked
+    /// holds it): read what it wrote, then fail the link, as on `eof`.
+    exited: AtomicBool,
     config: PlaneConfig,
     /// The process's shm links, drained by this link's waiting threads.
     links: Weak<ShmLinks>,
@@ -437,6 +448,29 @@ impl Shared {
     fn drain_others(&self, fabric: &dyn Fabric) {
         if let Some(links) = self.links.upgrade() {
             links.drain_all(fabric);
+        }
+    }
+
+    /// Whether the peer is gone (its socket closed or its process exited):
+    /// what it wrote before is read, then the link fails.
+    fn ended(&self) -> bool {
+        self.eof.load(Ordering::Relaxed) || self.exited.load(Ordering::Relaxed)
+    }
+
+    /// What wakes a sleeper when the peer's process exits: its pidfd, or
+    /// (where it has none) the socket again, which its end wakes.
+    fn death_watch(&self) -> std::os::fd::BorrowedFd<'_> {
+        match &self.process {
+            Some(process) => process.fd(),
+            None => self.sock.as_fd(),
+        }
+    }
+
+    /// Why the link fails once the ended peer's bytes are read.
+    fn end_failure(&self) -> LinkFailure {
+        match (&self.process, self.eof.load(Ordering::SeqCst)) {
+            (Some(process), false) => LinkFailure::Exited { pid: process.pid() },
+            _ => LinkFailure::Closed,
         }
     }
 
@@ -572,8 +606,8 @@ impl Shared {
             self.ring(SPACE);
         }
         // Everything the peer wrote before it closed is read: now it is gone.
-        if self.eof.load(Ordering::SeqCst) && rx.ring.available() == 0 {
-            self.fail(fabric, LinkFailure::Closed);
+        if self.ended() && rx.ring.available() == 0 {
+            self.fail(fabric, self.end_failure());
         }
         any
     }
@@ -588,8 +622,9 @@ impl Shared {
     }
 
     /// Reads what the socket holds (doorbells) without waiting; notices a
-    /// broken socket (and fails the link) or a closed one (and says so:
-    /// the reader fails the link once it has read what came before).
+    /// broken socket (and fails the link), or a closed one or an exited
+    /// process (and says so: the reader fails the link once it has read
+    /// what came before).
     fn check_alive(&self, fabric: &dyn Fabric) {
         let mut buf = [0u8; 64];
         loop {
@@ -603,10 +638,18 @@ impl Shared {
                     return;
                 }
                 Ok(_) => continue,
-                Err(nix::errno::Errno::EAGAIN) => return,
+                Err(nix::errno::Errno::EAGAIN) => break,
                 Err(nix::errno::Errno::EINTR) => continue,
                 Err(e) => return self.fail(fabric, LinkFailure::of_io(&io::Error::from(e), false)),
             }
+        }
+        // The socket is open: is the process? (A sleeper's poll wakes on
+        // its pidfd too, so a death is seen at once, not at the next tick.)
+        if let Some(process) = &self.process
+            && !self.exited.load(Ordering::Relaxed)
+            && process.exited()
+        {
+            self.exited.store(true, Ordering::SeqCst);
         }
     }
 
@@ -622,7 +665,8 @@ impl Shared {
     fn nap(&self, fabric: &dyn Fabric, until: Instant) {
         use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
         let wait = until.saturating_duration_since(Instant::now()).min(NAP);
-        let mut fds = [PollFd::new(self.sock.as_fd(), PollFlags::POLLIN)];
+        let mut fds =
+            [self.sock.as_fd(), self.death_watch()].map(|fd| PollFd::new(fd, PollFlags::POLLIN));
         let ms = PollTimeout::try_from(wait.as_millis().max(1) as i32).unwrap_or(PollTimeout::ZERO);
         let _ = poll(&mut fds, ms);
         self.check_alive(fabric);
@@ -680,7 +724,7 @@ impl Shared {
         while !ready()
             && Instant::now() < deadline
             && !self.dead.load(Ordering::Relaxed)
-            && !self.eof.load(Ordering::Relaxed)
+            && !self.ended()
         {
             if !arm() {
                 self.nap(fabric, deadline);
@@ -721,9 +765,10 @@ impl LinkPlane for ShmLink {
         for part in parts {
             let mut at = 0;
             while at < part.len() {
-                if s.dead.load(Ordering::Relaxed) || s.eof.load(Ordering::Relaxed) {
-                    s.fail(fabric, LinkFailure::Closed);
-                    return Err(lost(fabric, header.comm_id, peer, LinkFailure::Closed));
+                if s.dead.load(Ordering::Relaxed) || s.ended() {
+                    let failure = s.end_failure();
+                    s.fail(fabric, failure.clone());
+                    return Err(lost(fabric, header.comm_id, peer, failure));
                 }
                 let n = tx.push(&part[at..]);
                 at += n;
@@ -914,6 +959,10 @@ impl LinkPlane for ShmLink {
         Some(self.shared.sock.as_fd())
     }
 
+    fn death_watch(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        self.shared.process.as_ref().map(PeerProcess::fd)
+    }
+
     fn hear_doorbell(&self, fabric: &dyn Fabric) {
         self.shared.hear(fabric);
     }
@@ -978,8 +1027,8 @@ mod tests {
             handshake_timeout: Duration::from_secs(5),
         };
         let links = Arc::new(ShmLinks::new(0));
-        let zero = shared(mapping.clone(), true, s0, 1, &config, &links);
-        let one = shared(mapping, false, s1, 0, &config, &links);
+        let zero = shared(mapping.clone(), true, (s0, None), 1, &config, &links);
+        let one = shared(mapping, false, (s1, None), 0, &config, &links);
         (
             ShmLink {
                 shared: zero,
