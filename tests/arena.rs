@@ -124,6 +124,73 @@ fn world_5() {
     every_op_on_the_arena(5);
 }
 
+/// All-reduces past the small tier run on the arena in chunks of its
+/// staging (the large tier): every dtype and reduce op, on lengths with a
+/// short last chunk, a last chunk of fewer elements than ranks, and many
+/// chunks, against the reference at 2, 3 and 5 ranks; at 3 and 5 the
+/// bytes each rank staged say they ran there.
+#[test]
+fn large_all_reduces_run_on_the_arena_in_chunks() {
+    let seed = seed();
+    for world in [2, 3, 5] {
+        let (_store, comms) = shm_group(world);
+        let results = on_all(&comms, |c| {
+            // The vote (its frames count as sent) in an op of its own.
+            c.barrier().wait().map_err(|e| e.to_string())?;
+            let mut case = 0;
+            chunked_all_reduces::<f32>(c, seed, &mut case)?;
+            chunked_all_reduces::<f64>(c, seed, &mut case)?;
+            chunked_all_reduces::<half::f16>(c, seed, &mut case)?;
+            chunked_all_reduces::<half::bf16>(c, seed, &mut case)?;
+            chunked_all_reduces::<i32>(c, seed, &mut case)?;
+            chunked_all_reduces::<i64>(c, seed, &mut case)?;
+            chunked_all_reduces::<u8>(c, seed, &mut case)
+        });
+        for r in results {
+            r.unwrap();
+        }
+        for c in &comms {
+            assert_eq!(c.shared_memory_arena(), Some(true));
+        }
+    }
+}
+
+fn chunked_all_reduces<T: ringwire::Element>(
+    c: &Communicator,
+    seed: u64,
+    case: &mut u64,
+) -> Result<(), String> {
+    let (rank, p) = (c.rank(), c.world_size());
+    // Elements per chunk: the arena's staging of one op.
+    let per = ringwire_shm::arena::STAGE_BYTES / size_of::<T>();
+    for len in [per + 1, 2 * per + p - 1, 5 * per] {
+        for op in ReduceOp::ALL {
+            *case += 1;
+            let ins = common::sweep::inputs::<T>(seed, *case, p, len, op);
+            let what = format!("seed {seed} {} p={p} n={len} {op} rank {rank}", T::DTYPE);
+            let before = c.stats().bytes_sent;
+            let got = c
+                .all_reduce(ins[rank].clone(), op)
+                .wait()
+                .map_err(|e| format!("{what}: {e}"))?;
+            check_close(&got, &reference_reduce(&ins, op), p)
+                .map_err(|e| format!("{what}: {e}"))?;
+            // Each rank stages its chunks but its own share, then its
+            // reduced share: its input's bytes in all. A ring over the links
+            // sends 2(p-1)/p of them: as much at 2 ranks (there only the
+            // results say), 4/3 at 3, 8/5 at 5.
+            let sent = c.stats().bytes_sent - before;
+            let staged = size_of_val(&ins[rank][..]) as u64;
+            if sent != staged {
+                return Err(format!(
+                    "{what}: sent {sent} bytes, the chunked arena stages {staged}"
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Links that are Unix sockets (the default) never vote: no arena.
 #[test]
 fn over_unix_sockets_there_is_no_arena() {

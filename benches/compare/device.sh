@@ -17,6 +17,18 @@
 # MPI with its own defaults (VARIANTS and MODES change that), rotated ROUNDS
 # (2) times, and leaves one .tgz per op in $OUT (each holds run.sh's JSON,
 # logs and table.md). Each op is capped at OP_TIMEOUT seconds (110).
+#
+#   bash benches/compare/device.sh rotate    # there: builds of ringwire
+#                                            # against each other
+#
+# rotate runs every .dev/rw-LABEL (ringwire-bench builds to compare, staged
+# here by hand: `strip -o .dev/rw-old target/rotate-old/release/ringwire-bench`)
+# and Open MPI (with its own defaults) through ROUNDS (3) rounds of OP
+# (all_reduce) at RANKS ("2 4 8"), -b MINB (16K) -e MAXB (256M) -f 4, the
+# order rotated each round, blocking forms; one JSON per run in
+# $OUT/rotate.tgz, and medians per label and size printed
+# (benches/compare/rotate_table.py, which also runs here on the unpacked
+# files).
 set -euo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 ROOT=$(cd "$HERE/../.." && pwd)
@@ -65,8 +77,38 @@ run)
         awk -F'|' '/^\| ranks/ { n++ } n == 1 && /^\| [0-9]/ { print $2, $3, $(NF-1) }' "$work/$op/table.md" || true
     done
     ;;
+rotate)
+    : "${OUT:?rotate wants OUT, the folder results go to}"
+    rm -rf /tmp/ompi && cp -r "$DEV/ompi" /tmp/ompi
+    export PATH=/tmp/ompi/bin:$PATH
+    chmod +x "$DEV"/rw-* "$DEV/mpi_coll"
+    work=$(mktemp -d)/rotate && mkdir -p "$work"
+    op=${OP:-all_reduce}
+    labels=$(cd "$DEV" && ls rw-* | sed 's/^rw-//')
+    args=(-b "${MINB:-16K}" -e "${MAXB:-256M}" -f 4 -w 3 -n 100)
+    for round in $(seq 1 "${ROUNDS:-3}"); do
+        for p in ${RANKS:-2 4 8}; do
+            # Rotate: round k starts k places further along.
+            all=($labels mpi)
+            n=${#all[@]}
+            for i in $(seq 0 $((n - 1))); do
+                label=${all[$(((i + round) % n))]}
+                out=$work/$label-p$p-r$round.json
+                if [ "$label" = mpi ]; then
+                    timeout 120 mpirun --allow-run-as-root --oversubscribe -np "$p" "$DEV/mpi_coll" \
+                        -c "$op" "${args[@]}" -m "${MAX_SECONDS:-0.2}" -o "$out" >>"$work/log" 2>&1
+                else
+                    timeout 120 "$DEV/rw-$label" "$op" --ranks "$p" "${args[@]}" \
+                        --max-seconds "${MAX_SECONDS:-0.2}" --blocking --json "$out" >>"$work/log" 2>&1
+                fi || echo "$label p$p r$round: exit $?" | tee -a "$work/log"
+            done
+        done
+    done
+    tar czf "$OUT/rotate.tgz" -C "$(dirname "$work")" rotate
+    python3 "$HERE/rotate_table.py" "$work"
+    ;;
 *)
-    echo "usage: device.sh prepare | run (see the top of this file)" >&2
+    echo "usage: device.sh prepare | run | rotate (see the top of this file)" >&2
     exit 2
     ;;
 esac

@@ -38,10 +38,11 @@ use std::sync::atomic::{Ordering, fence};
 pub const LINE: usize = 64;
 /// Communicators of one process that can use the arena at once.
 pub const SLOTS: usize = 16;
-/// Bytes one rank stages per op, in each buffer: ringwire runs ops of up
-/// to 8 KiB staged on the arena (larger ones are faster over the links),
-/// so 16 slots cost about 1 MiB per process.
-pub const STAGE_BYTES: usize = 16 << 10;
+/// Bytes one rank stages per op, in each buffer: small ops stage up to
+/// 8 KiB, the chunked all-reduce a chunk of this size per op (64 KiB was
+/// 1.06-2.25x faster than 16 KiB chunks on a 16-core host, docs/perf.md),
+/// so 16 slots cost about 4 MiB per process.
+pub const STAGE_BYTES: usize = 64 << 10;
 /// Buffers per slot: a rank runs at most `DEPTH - 1` ops ahead of its
 /// slowest peer.
 pub const DEPTH: u64 = 4;
@@ -144,6 +145,30 @@ pub fn publish<M: ArenaMemory>(own: &M, slot: usize, k: u64, tag: u64, bytes: &[
     own.store(at + 8, tag, Ordering::Relaxed);
     own.store(at, k + 1, Ordering::Release);
     // Before the caller reads its peers' sleep words (see `arm`).
+    fence(Ordering::SeqCst);
+}
+
+/// [`publish`], staging all of `bytes` but the range `skip` (bytes no
+/// reader reads: a chunked all-reduce's own share). Readers address what
+/// was staged as if all of `bytes` were.
+pub fn publish_except<M: ArenaMemory>(
+    own: &M,
+    slot: usize,
+    k: u64,
+    tag: u64,
+    bytes: &[u8],
+    skip: std::ops::Range<usize>,
+) {
+    assert!(
+        bytes.len() <= STAGE_BYTES && skip.start <= skip.end && skip.end <= bytes.len(),
+        "staged more than the arena holds"
+    );
+    let at = payload_at(slot, k, bytes.len());
+    own.write(at, &bytes[..skip.start]);
+    own.write(at + skip.end, &bytes[skip.end..]);
+    let at = line(slot, k);
+    own.store(at + 8, tag, Ordering::Relaxed);
+    own.store(at, k + 1, Ordering::Release);
     fence(Ordering::SeqCst);
 }
 

@@ -128,12 +128,27 @@ impl ArenaOp<'_> {
     /// Publishes this rank's part of the op: `bytes` (at most
     /// `STAGE_BYTES`), after waiting for every member's op `DEPTH - 1` back.
     pub(crate) fn publish(&self, bytes: &[u8], w: &Waiting<'_>) -> Result<(), WaitError> {
+        self.publish_except(bytes, 0..0, w)
+    }
+
+    /// [`ArenaOp::publish`], staging all of `bytes` but the range `skip`,
+    /// which no member reads.
+    pub(crate) fn publish_except(
+        &self,
+        bytes: &[u8],
+        skip: std::ops::Range<usize>,
+        w: &Waiting<'_>,
+    ) -> Result<(), WaitError> {
         if let Some(seen) = arena::must_see(self.k) {
             self.wait_for(self.others(), seen, None, w)?;
         }
         let (own, slot) = &self.arena.members[self.arena.me];
-        arena::publish(&**own, *slot, self.k, self.tag, bytes);
-        self.staged.set(self.staged.get() + bytes.len() as u64);
+        let staged = bytes.len() - skip.len();
+        match skip.is_empty() {
+            true => arena::publish(&**own, *slot, self.k, self.tag, bytes),
+            false => arena::publish_except(&**own, *slot, self.k, self.tag, bytes, skip),
+        }
+        self.staged.set(self.staged.get() + staged as u64);
         // Wake the members asleep on their sleep words (`arena::arm`).
         let mut left = self.others();
         while left != 0 {

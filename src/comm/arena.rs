@@ -25,11 +25,11 @@ use zerocopy::{FromBytes, IntoBytes};
 const VOTE_STEP: u32 = u32::MAX - 1;
 
 /// Largest reduction (all-reduce, reduce, reduce-scatter; the bytes each
-/// rank stages, its whole input) that runs on the arena. Above it the
-/// schedules over the links are faster: every rank reads every staged
-/// copy, and writing lines another core just read is slow (measured at 2
-/// ranks on the 2-core VM, docs/perf.md: all-reduce 1.14x at 8 KiB, 0.82x
-/// at 16 KiB).
+/// rank stages, its whole input) that runs on the arena in one op. Above
+/// it every rank reading every staged copy is slower (measured at 2 ranks
+/// on the 2-core VM, docs/perf.md: all-reduce 1.14x at 8 KiB, 0.82x at
+/// 16 KiB): reduce and reduce-scatter run over the links, all-reduce in
+/// chunks ([`all_reduce_chunked`]).
 pub(super) const ALL_REDUCE_MAX_BYTES: usize = 8 << 10;
 /// The same for the ops that copy (broadcast, scatter: the root's input;
 /// all-gather, gather, all-to-all: each rank's input): a placed receive
@@ -85,10 +85,22 @@ impl Ctx<'_> {
         max: usize,
         body: impl FnOnce(&ArenaOp<'_>, &Waiting<'_>) -> Result<(), WaitError>,
     ) -> Result<bool, Error> {
-        let ex: &Executor = self.ex;
         if staged > max.min(STAGE_BYTES) {
             return Ok(false);
         }
+        self.on_arena_ops(|ops, w| ops.run(|op| body(op, w)))
+    }
+
+    /// Runs `body` on the communicator's arena, as a sequence of arena ops
+    /// it starts itself ([`ArenaOps::run`]), voting first if the
+    /// communicator has not. The caller decided the op may run there (a
+    /// function of facts every member agrees on). `Ok(false)`: the op runs
+    /// over the links.
+    pub(super) fn on_arena_ops(
+        &mut self,
+        body: impl FnOnce(&mut ArenaOps<'_>, &Waiting<'_>) -> Result<(), WaitError>,
+    ) -> Result<bool, Error> {
+        let ex: &Executor = self.ex;
         // Held for the op: one op of a communicator runs at a time.
         let mut state = super::lock(&ex.arena);
         if matches!(*state, ArenaState::Unvoted) {
@@ -112,16 +124,17 @@ impl Ctx<'_> {
             crowded: ex.world.crowded,
             spin: ex.tunables.spin,
         };
-        let op = arena.op(self.arena_tag());
-        let done = body(&op, &waiting);
+        let mut ops = ArenaOps {
+            arena,
+            tag: self.arena_tag(),
+            runs: 0,
+            traffic: (0, 0),
+        };
+        let done = body(&mut ops, &waiting);
         // Traffic on the arena: bytes staged once for every reader count as
         // sent, bytes read from other ranks as received.
-        let (sent, received) = op.traffic();
-        self.traffic.sent += sent;
-        self.traffic.received += received;
-        if done.is_ok() {
-            op.finish();
-        }
+        self.traffic.sent += ops.traffic.0;
+        self.traffic.received += ops.traffic.1;
         drop(state);
         done.map(|()| true).map_err(|e| self.wait_error(e))
     }
@@ -220,6 +233,41 @@ impl Ctx<'_> {
     }
 }
 
+/// The arena ops one collective runs (one for most; the chunked
+/// all-reduce runs two per chunk), each with the collective's tag mixed
+/// with its index, so a member running another collective is still seen.
+pub(super) struct ArenaOps<'a> {
+    arena: &'a mut CommArena,
+    tag: u64,
+    runs: u64,
+    /// Bytes staged, and read from other ranks, by the ops so far.
+    traffic: (u64, u64),
+}
+
+impl ArenaOps<'_> {
+    /// Runs the collective's next arena op: `body` publishes, waits and
+    /// reads through it; counted done if `body` succeeds.
+    pub(super) fn run<R>(
+        &mut self,
+        body: impl FnOnce(&ArenaOp<'_>) -> Result<R, WaitError>,
+    ) -> Result<R, WaitError> {
+        let tag = match self.runs {
+            0 => self.tag,
+            i => super::mix(self.tag, i),
+        };
+        self.runs += 1;
+        let op = self.arena.op(tag);
+        let done = body(&op);
+        let (sent, received) = op.traffic();
+        self.traffic.0 += sent;
+        self.traffic.1 += received;
+        if done.is_ok() {
+            op.finish();
+        }
+        done
+    }
+}
+
 fn bytes_of<T: Element>(n: usize) -> usize {
     n * size_of::<T>()
 }
@@ -293,6 +341,108 @@ pub(super) fn all_reduce<T: Element>(
 ) -> Result<(), WaitError> {
     op.publish(data.as_bytes(), w)?;
     combine_all(op, w, size, size_of_val(data), 0, data, reduce)
+}
+
+/// All-reduce in chunks of the staging (the large tier): for each chunk,
+/// every rank stages its input, then reduces its share of the chunk
+/// (`algo::block`) from every rank's staged copy, in rank order, and
+/// stages the result; then every rank copies each rank's reduced share
+/// into its output. Two arena ops per chunk; each element is combined by
+/// one rank, so all ranks get the same bits. Each rank copies about three
+/// times its input (stage, read for its share, read the shares) and waits
+/// twice per chunk, where the ring over the links passes 2(p-1) steps.
+pub(super) fn all_reduce_chunked<T: Element>(
+    ops: &mut ArenaOps<'_>,
+    w: &Waiting<'_>,
+    (rank, size): (usize, usize),
+    data: &mut [T],
+    reduce: ReduceOp,
+) -> Result<(), WaitError> {
+    let per = STAGE_BYTES / size_of::<T>();
+    for chunk in data.chunks_mut(per) {
+        let share = algo::block(chunk.len(), size, rank);
+        let staged = size_of_val(chunk);
+        let own = bytes_of::<T>(share.start)..bytes_of::<T>(share.end);
+        ops.run(|op| {
+            // Its own share only this rank reads: not staged.
+            op.publish_except(chunk.as_bytes(), own, w)?;
+            op.wait(op.others(), w)?;
+            combine_share(
+                op,
+                (rank, size),
+                staged,
+                share.start,
+                &mut chunk[share.clone()],
+                reduce,
+            );
+            Ok(())
+        })?;
+        let mine = &mut chunk[share.clone()];
+        if reduce == ReduceOp::Avg {
+            T::finish_avg(mine, size);
+        }
+        ops.run(|op| {
+            op.publish(chunk[share.clone()].as_bytes(), w)?;
+            op.wait(op.others(), w)?;
+            for r in (0..size).filter(|&r| r != rank) {
+                let theirs = algo::block(chunk.len(), size, r);
+                let dst = &mut chunk[theirs];
+                op.read(r, size_of_val(dst), 0, dst.as_mut_bytes());
+            }
+            Ok(())
+        })?;
+    }
+    Ok(())
+}
+
+/// The first `n` elements of `words`.
+fn as_elements<T: Element>(words: &mut [u64], n: usize) -> &mut [T] {
+    <[T]>::mut_from_bytes(&mut words.as_mut_bytes()[..bytes_of::<T>(n)])
+        .expect("8-byte words hold any element type")
+}
+
+/// Combines elements `from..` of every rank's staged chunk (`staged` bytes
+/// each) into `mine` in rank order, `mine` holding this rank's own
+/// elements on entry (not staged): through two buffers, unless this rank
+/// is the first.
+fn combine_share<T: Element>(
+    op: &ArenaOp<'_>,
+    (rank, ranks): (usize, usize),
+    staged: usize,
+    from: usize,
+    mine: &mut [T],
+    reduce: ReduceOp,
+) {
+    PIECE.with_borrow_mut(|words| {
+        if words.is_empty() {
+            words.resize(PIECE_BYTES / 8, 0);
+        }
+        let (acc, buf) = words.split_at_mut(PIECE_BYTES / 16);
+        let piece = size_of_val(acc) / size_of::<T>();
+        for (i, own) in mine.chunks_mut(piece).enumerate() {
+            let offset = bytes_of::<T>(from + i * piece);
+            let buf = as_elements::<T>(buf, own.len());
+            if rank == 0 {
+                for r in 1..ranks {
+                    op.read(r, staged, offset, buf.as_mut_bytes());
+                    T::reduce_into(own, buf, reduce);
+                }
+                continue;
+            }
+            let acc = as_elements::<T>(acc, own.len());
+            op.read(0, staged, offset, acc.as_mut_bytes());
+            for r in 1..ranks {
+                match r == rank {
+                    true => T::reduce_into(acc, own, reduce),
+                    false => {
+                        op.read(r, staged, offset, buf.as_mut_bytes());
+                        T::reduce_into(acc, buf, reduce);
+                    }
+                }
+            }
+            own.copy_from_slice(acc);
+        }
+    });
 }
 
 pub(super) fn reduce<T: Element>(

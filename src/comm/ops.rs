@@ -120,9 +120,17 @@ impl<T: Element> InPlace<T> for AllReduce {
         let (rank, size) = cx.rank_and_size();
         let n = data.len();
         let algo = cx.shape().all_reduce(size_of_val(data));
-        let on_arena = cx.on_arena(size_of_val(data), arena::ALL_REDUCE_MAX_BYTES, |op, w| {
-            arena::all_reduce(op, w, size, data, self.0)
-        })?;
+        let bytes = size_of_val(data);
+        let on_arena = match bytes <= arena::ALL_REDUCE_MAX_BYTES {
+            true => cx.on_arena(bytes, arena::ALL_REDUCE_MAX_BYTES, |op, w| {
+                arena::all_reduce(op, w, size, data, self.0)
+            })?,
+            // The large tier: faster than the schedules over the links at
+            // every size from 16 KiB to 256 MiB, 2 to 8 ranks (decision 0032).
+            false => cx.on_arena_ops(|ops, w| {
+                arena::all_reduce_chunked(ops, w, (rank, size), data, self.0)
+            })?,
+        };
         if on_arena {
             return Ok(());
         }
