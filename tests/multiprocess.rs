@@ -228,14 +228,20 @@ fn child_rank() {
         .expect("join from env");
     if let Ok(mode) = std::env::var("RINGWIRE_TEST_MODE") {
         if mode == "loop" {
-            // All-reduce until something fails (or a minute passes). 4 MiB:
-            // at 4 ranks its 1 MiB blocks go on lanes over TCP links
-            // (decision 0018), so a peer killed mid-op is seen there too.
+            // All-reduce (or broadcast, RINGWIRE_TEST_OP) until something
+            // fails (or a minute passes). 4 MiB: at 4 ranks its 1 MiB
+            // blocks go on lanes over TCP links (decision 0018), so a peer
+            // killed mid-op is seen there too.
             let start = Instant::now();
             let len = std::env::var("RINGWIRE_TEST_LEN").map_or(1 << 20, |v| v.parse().unwrap());
+            let broadcast = std::env::var("RINGWIRE_TEST_OP").is_ok_and(|op| op == "broadcast");
             let mut buf = vec![1.0f32; len];
             while start.elapsed() < Duration::from_secs(60) {
-                match comm.all_reduce(buf, ringwire::ReduceOp::Max).wait() {
+                let op = match broadcast {
+                    true => comm.broadcast(buf, 0),
+                    false => comm.all_reduce(buf, ringwire::ReduceOp::Max),
+                };
+                match op.wait() {
                     Ok(b) => buf = b,
                     Err(e) => {
                         println!("CHILD-LOOP-ERR {} {e}", unix_ms());
@@ -537,13 +543,15 @@ fn kill_9_rank_2_of_4(
 }
 
 /// Ranks on shared memory: one of four killed in the middle of 64 MiB
-/// all-reduces; every other rank fails within about a second naming it
-/// (its socket's end, then the abort flood), and nothing is left behind:
-/// no mapping in the survivors once their communicator is gone, nothing in
-/// /dev/shm (the segments never had a name).
+/// all-reduces (on the arena, in chunks), then of 64 MiB broadcasts (over
+/// the links' rings); every other rank fails within about a second naming
+/// it (its socket's end, then the abort flood), and nothing is left
+/// behind: no mapping in the survivors once their communicator is gone,
+/// nothing in /dev/shm (the segments never had a name).
 #[test]
 fn processes_kill_9_on_shared_memory_fails_the_others_within_a_second() {
-    kill_9_on_shared_memory(16 << 20, false, false);
+    kill_9_on_shared_memory(16 << 20, Loop::AllReduce, false);
+    kill_9_on_shared_memory(16 << 20, Loop::Broadcast, false);
 }
 
 /// The same during small all-reduces, which run on the shared-memory arena
@@ -552,7 +560,7 @@ fn processes_kill_9_on_shared_memory_fails_the_others_within_a_second() {
 /// closes; their waits look at the links), and let go of every mapping.
 #[test]
 fn processes_kill_9_during_arena_all_reduces_fails_the_others_within_a_second() {
-    kill_9_on_shared_memory(16, true, false);
+    kill_9_on_shared_memory(16, Loop::AllReduce, false);
 }
 
 /// Another process holds rank 2's sockets open while it dies (as a data
@@ -562,14 +570,22 @@ fn processes_kill_9_during_arena_all_reduces_fails_the_others_within_a_second() 
 /// heartbeat timeout; on the rings and on the arena.
 #[test]
 fn processes_kill_9_of_a_rank_whose_forked_child_holds_its_links_is_seen_within_a_second() {
-    kill_9_on_shared_memory(16 << 20, false, true);
-    kill_9_on_shared_memory(16, true, true);
+    kill_9_on_shared_memory(16 << 20, Loop::Broadcast, true);
+    kill_9_on_shared_memory(16, Loop::AllReduce, true);
 }
 
-/// Rank 2 of 4 killed during all-reduces of `len` elements on shared
-/// memory (on the arena, checked, if `arena`; with a forked child of rank
-/// 2 holding its links open, if `held`).
-fn kill_9_on_shared_memory(len: usize, arena: bool, held: bool) {
+/// What the ranks of `kill_9_on_shared_memory` run in a loop.
+#[derive(Clone, Copy, PartialEq)]
+enum Loop {
+    /// All-reduces: on the arena (checked).
+    AllReduce,
+    /// Broadcasts of more than the arena's 4 KiB: over the links' rings.
+    Broadcast,
+}
+
+/// Rank 2 of 4 killed during `ops` of `len` elements on shared memory
+/// (with a forked child of rank 2 holding its links open, if `held`).
+fn kill_9_on_shared_memory(len: usize, ops: Loop, held: bool) {
     if std::env::var_os("RINGWIRE_LOCAL_LINKS").is_some()
         || std::env::var_os("RINGWIRE_TRANSPORT").is_some()
     {
@@ -593,8 +609,10 @@ fn kill_9_on_shared_memory(len: usize, arena: bool, held: bool) {
         ("RINGWIRE_LOCAL_LINKS", "shm".into()),
         ("RINGWIRE_TIMEOUT", "60".into()),
     ];
-    if arena {
-        env.push(("RINGWIRE_TEST_EXPECT_ARENA", "1".into()));
+    let arena = ops == Loop::AllReduce;
+    match ops {
+        Loop::AllReduce => env.push(("RINGWIRE_TEST_EXPECT_ARENA", "1".into())),
+        Loop::Broadcast => env.push(("RINGWIRE_TEST_OP", "broadcast".into())),
     }
     if held {
         env.push((HOLD_RANK_2_SOCKETS, "1".into()));
