@@ -245,6 +245,11 @@ fn child_rank() {
                     Ok(b) => buf = b,
                     Err(e) => {
                         println!("CHILD-LOOP-ERR {} {e}", unix_ms());
+                        // Stay linked a moment: a survivor that exited at
+                        // once could fail another, still in a send to it,
+                        // with its own end ("lost rank 2: broken pipe")
+                        // before that one read the abort naming the cause.
+                        std::thread::sleep(Duration::from_millis(500));
                         if std::env::var_os("RINGWIRE_TEST_EXPECT_ARENA").is_some() {
                             println!("CHILD-ARENA {:?}", comm.shared_memory_arena());
                         }
