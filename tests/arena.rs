@@ -191,6 +191,80 @@ fn chunked_all_reduces<T: ringwire::Element>(
     Ok(())
 }
 
+/// Broadcasts and all-gathers past the small tier run on the arena in
+/// chunks too (broadcasts at 2 ranks only up to 64 KiB): lengths with a
+/// short last chunk and many chunks, u8 and f64, against the inputs at 2,
+/// 3 and 5 ranks. From 3 ranks the bytes sent say where they ran: on the
+/// arena only the root stages a broadcast (over the links every rank but
+/// the root receives it, so as much again was sent at least), and each
+/// rank stages its all-gather input once (a ring sends p-1 blocks).
+#[test]
+fn large_broadcasts_and_all_gathers_run_on_the_arena_in_chunks() {
+    let seed = seed();
+    for world in [2, 3, 5] {
+        let (_store, comms) = shm_group(world);
+        let sent =
+            |comms: &[Communicator]| -> u64 { comms.iter().map(|c| c.stats().bytes_sent).sum() };
+        let results = on_all(&comms, |c| {
+            c.barrier().wait().map_err(|e| e.to_string())?;
+            chunked_copies::<u8>(c, seed)?;
+            chunked_copies::<f64>(c, seed)
+        });
+        for r in results {
+            r.unwrap();
+        }
+        // One more of each, counted across ranks (all are done between).
+        let len = 3 * ringwire_shm::arena::STAGE_BYTES / 8 + 1;
+        let bytes = (len * 8) as u64;
+        let before = sent(&comms);
+        on_all(&comms, |c| {
+            c.broadcast(vec![c.rank() as f64; len], 1).wait().unwrap()
+        });
+        let broadcast = sent(&comms) - before;
+        let before = sent(&comms);
+        on_all(&comms, |c| {
+            let mut out = vec![0f64; len * world];
+            c.all_gather_slice(&vec![1f64; len], &mut out).unwrap()
+        });
+        let all_gather = sent(&comms) - before;
+        if world > 2 {
+            assert_eq!(
+                broadcast, bytes,
+                "world {world}: the broadcast's root alone stages"
+            );
+            assert_eq!(
+                all_gather,
+                bytes * world as u64,
+                "world {world}: each rank stages once"
+            );
+        }
+    }
+}
+
+fn chunked_copies<T: ringwire::Element>(c: &Communicator, seed: u64) -> Result<(), String> {
+    let (rank, p) = (c.rank(), c.world_size());
+    let per = ringwire_shm::arena::STAGE_BYTES / size_of::<T>();
+    for (case, len) in [per + 1, 2 * per + p - 1, 5 * per].into_iter().enumerate() {
+        let ins = common::sweep::inputs::<T>(seed, case as u64, p, len, ReduceOp::Sum);
+        let what = format!("seed {seed} {} p={p} n={len} rank {rank}", T::DTYPE);
+        let root = (case + 1) % p;
+        let got = c
+            .broadcast(ins[rank].clone(), root)
+            .wait()
+            .map_err(|e| format!("{what}: {e}"))?;
+        if got != ins[root] {
+            return Err(format!("{what}: broadcast"));
+        }
+        let mut all = vec![T::default(); len * p];
+        c.all_gather_slice(&ins[rank], &mut all)
+            .map_err(|e| format!("{what}: {e}"))?;
+        if all != ins.concat() {
+            return Err(format!("{what}: all_gather"));
+        }
+    }
+    Ok(())
+}
+
 /// Links that are Unix sockets (the default) never vote: no arena.
 #[test]
 fn over_unix_sockets_there_is_no_arena() {

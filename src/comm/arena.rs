@@ -37,6 +37,16 @@ pub(super) const ALL_REDUCE_MAX_BYTES: usize = 8 << 10;
 /// 1.37x at 4 KiB, 0.59x at 8 KiB).
 pub(super) const COPY_MAX_BYTES: usize = 4 << 10;
 
+/// Whether a broadcast of `bytes` over `size` ranks runs on the arena in
+/// chunks ([`broadcast_chunked`]) once past the small tier: from 3 ranks
+/// always (1.5-3.9x the links' tree and chain on a 16-core host, 16 KiB
+/// to 64 MiB), at 2 ranks up to 64 KiB (1.2-1.3x; above it the link's
+/// placed receive, one copy, was 1.1-1.2x the arena's two). All-gather
+/// runs in chunks at every size past the small tier (decision 0032).
+pub(super) fn broadcast_in_chunks(size: usize, bytes: usize) -> bool {
+    size > 2 || bytes <= 64 << 10
+}
+
 /// Reductions read peers' staging through a buffer of this many bytes (a
 /// piece stays in L1 while every rank's is combined into it).
 const PIECE_BYTES: usize = 16 << 10;
@@ -506,6 +516,22 @@ pub(super) fn broadcast<T: Element>(
     receive_from(op, w, root, size_of_val(data), 0, data.as_mut_bytes())
 }
 
+/// Broadcast in chunks of the staging: one arena op per chunk, the root
+/// staging it and every other rank reading it (the root runs up to
+/// `DEPTH - 1` chunks ahead of its slowest reader).
+pub(super) fn broadcast_chunked<T: Element>(
+    ops: &mut ArenaOps<'_>,
+    w: &Waiting<'_>,
+    rank: usize,
+    root: usize,
+    data: &mut [T],
+) -> Result<(), WaitError> {
+    for chunk in data.chunks_mut(STAGE_BYTES / size_of::<T>()) {
+        ops.run(|op| broadcast(op, w, rank, root, chunk))?;
+    }
+    Ok(())
+}
+
 pub(super) fn scatter<T: Element>(
     op: &ArenaOp<'_>,
     w: &Waiting<'_>,
@@ -549,6 +575,34 @@ pub(super) fn all_gather<T: Element>(
 ) -> Result<(), WaitError> {
     op.publish(input.as_bytes(), w)?;
     collect(op, w, at, input, 0, output)
+}
+
+/// All-gather in chunks of the staging: one arena op per chunk of every
+/// rank's input, each rank staging its chunk and reading every other's
+/// into its block of `output`.
+pub(super) fn all_gather_chunked<T: Element>(
+    ops: &mut ArenaOps<'_>,
+    w: &Waiting<'_>,
+    (rank, size): (usize, usize),
+    input: &[T],
+    output: &mut [T],
+) -> Result<(), WaitError> {
+    let n = input.len();
+    output[rank * n..(rank + 1) * n].copy_from_slice(input);
+    let per = STAGE_BYTES / size_of::<T>();
+    for at in (0..n).step_by(per) {
+        let piece = at..(at + per).min(n);
+        ops.run(|op| {
+            op.publish(input[piece.clone()].as_bytes(), w)?;
+            op.wait(op.others(), w)?;
+            for r in (0..size).filter(|&r| r != rank) {
+                let dst = &mut output[r * n + piece.start..r * n + piece.end];
+                op.read(r, size_of_val(dst), 0, dst.as_mut_bytes());
+            }
+            Ok(())
+        })?;
+    }
+    Ok(())
 }
 
 pub(super) fn gather<T: Element>(

@@ -161,10 +161,18 @@ impl<T: Element> InPlace<T> for Broadcast {
     fn run(self, cx: &mut Ctx<'_>, data: &mut [T]) -> Result<(), Error> {
         let (rank, size) = cx.rank_and_size();
         let (n, root) = (data.len(), self.root);
-        let choice = cx.shape().broadcast(size_of_val(data));
-        if cx.on_arena(size_of_val(data), arena::COPY_MAX_BYTES, |op, w| {
-            arena::broadcast(op, w, rank, root, data)
-        })? {
+        let bytes = size_of_val(data);
+        let choice = cx.shape().broadcast(bytes);
+        let on_arena = match bytes <= arena::COPY_MAX_BYTES {
+            true => cx.on_arena(bytes, arena::COPY_MAX_BYTES, |op, w| {
+                arena::broadcast(op, w, rank, root, data)
+            })?,
+            false if arena::broadcast_in_chunks(size, bytes) => {
+                cx.on_arena_ops(|ops, w| arena::broadcast_chunked(ops, w, rank, root, data))?
+            }
+            false => false,
+        };
+        if on_arena {
             return Ok(());
         }
         cx.pace = choice.paced;
@@ -244,9 +252,16 @@ impl<T: Element> InToOut<T> for AllGather {
     fn run(&self, cx: &mut Ctx<'_>, input: &[T], output: &mut [T]) -> Result<(), Error> {
         let (rank, size) = cx.rank_and_size();
         let n = input.len();
-        if cx.on_arena(size_of_val(input), arena::COPY_MAX_BYTES, |op, w| {
-            arena::all_gather(op, w, (rank, size), input, output)
-        })? {
+        let bytes = size_of_val(input);
+        let on_arena = match bytes <= arena::COPY_MAX_BYTES {
+            true => cx.on_arena(bytes, arena::COPY_MAX_BYTES, |op, w| {
+                arena::all_gather(op, w, (rank, size), input, output)
+            })?,
+            false => cx.on_arena_ops(|ops, w| {
+                arena::all_gather_chunked(ops, w, (rank, size), input, output)
+            })?,
+        };
+        if on_arena {
             return Ok(());
         }
         output[rank * n..(rank + 1) * n].copy_from_slice(input);
