@@ -1,9 +1,11 @@
 //! Collectives on the shared-memory arena (issue 31, part 3; decision
 //! 0030): communicators whose members share this host, with local links on
 //! shared memory, vote in their first small op to stage it in the arena,
-//! and then every small collective runs there. Checked against the
-//! reference at several world sizes, with lengths 0, 1, p-1 and uneven;
-//! more communicators than the arena has slots; a mismatched collective.
+//! and then every small collective runs there, and larger all-reduces,
+//! all-gathers and broadcasts in chunks (decision 0032). Checked against
+//! the reference at several world sizes, with lengths 0, 1, p-1, uneven
+//! and across chunks; more communicators than the arena has slots; a
+//! mismatched collective.
 //! (The whole collectives sweep, every dtype and reduce op, runs on
 //! shared-memory links too, the default: `tests/collectives.rs`.)
 
