@@ -457,6 +457,14 @@ impl Shared {
         self.eof.load(Ordering::Relaxed) || self.exited.load(Ordering::Relaxed)
     }
 
+    /// Whether the peer is known gone: the link failed, its socket closed
+    /// or its process exited (asked of its pidfd now).
+    fn gone(&self) -> bool {
+        self.dead.load(Ordering::Relaxed)
+            || self.ended()
+            || self.process.as_ref().is_some_and(PeerProcess::exited)
+    }
+
     /// What wakes a sleeper when the peer's process exits: its pidfd, or
     /// (where it has none) the socket again, which its end wakes.
     fn death_watch(&self) -> std::os::fd::BorrowedFd<'_> {
@@ -922,10 +930,11 @@ impl LinkPlane for ShmLink {
         // A full ring is busy; waiting (an abort's own thread), the peer
         // gets a second to make room (it reads whenever it waits, and its
         // heartbeat thread drains it), never more: a peer that stopped
-        // reading must not hold the abort of the others.
+        // reading must not hold the abort of the others, nor one that is
+        // gone (its ring full of what it will never read).
         let until = Instant::now() + Duration::from_secs(1);
         while tx.free() < frame.len() {
-            if !wait || s.dead.load(Ordering::Relaxed) || Instant::now() >= until {
+            if !wait || s.gone() || Instant::now() >= until {
                 return ControlSent::Busy;
             }
             std::thread::sleep(Duration::from_micros(200));
