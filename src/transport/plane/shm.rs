@@ -476,8 +476,13 @@ impl Shared {
 
     /// Why the link fails once the ended peer's bytes are read.
     fn end_failure(&self) -> LinkFailure {
-        match (&self.process, self.eof.load(Ordering::SeqCst)) {
-            (Some(process), false) => LinkFailure::Exited { pid: process.pid() },
+        let eof = self.eof.load(Ordering::SeqCst);
+        match &self.process {
+            Some(process) if !eof && self.exited.load(Ordering::SeqCst) => {
+                LinkFailure::Exited { pid: process.pid() }
+            }
+            // (A link already failed for another reason keeps that one:
+            // the fabric holds the first failure.)
             _ => LinkFailure::Closed,
         }
     }
