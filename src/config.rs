@@ -57,6 +57,44 @@ pub enum LocalLinks {
     Shm,
 }
 
+/// Whether collectives of communicators spanning several hosts run in two
+/// levels (within each host, then across hosts, then within each host
+/// again; decision 0033).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TwoLevel {
+    /// Where the cost model (`algo::levels`) says two levels are faster,
+    /// given the link rate between hosts (`Builder::inter_host_gbps`).
+    Auto,
+    /// Always, where the members form at least two hosts of the same
+    /// number of ranks, two or more.
+    Always,
+    /// Never: every op runs one schedule over all members.
+    Never,
+}
+
+impl TwoLevel {
+    fn parse(var: &'static str, value: &str) -> Result<TwoLevel, Error> {
+        match value.trim().to_ascii_lowercase().as_str() {
+            "auto" | "" => Ok(TwoLevel::Auto),
+            "always" | "on" | "1" => Ok(TwoLevel::Always),
+            "never" | "off" | "0" => Ok(TwoLevel::Never),
+            _ => Err(invalid(var, value, "auto, always (on) or never (off)")),
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            TwoLevel::Auto => "auto",
+            TwoLevel::Always => "always",
+            TwoLevel::Never => "never",
+        }
+    }
+}
+
+/// The link rate between hosts the cost model assumes by default, in
+/// gigabits per second (a common cloud and cluster NIC).
+pub const DEFAULT_INTER_HOST_GBPS: f64 = 25.0;
+
 impl LocalLinks {
     fn parse(var: &'static str, value: &str) -> Result<LocalLinks, Error> {
         match value.trim().to_ascii_lowercase().as_str() {
@@ -120,6 +158,11 @@ pub(crate) struct Tunables {
     pub(crate) socket_buffer: Option<usize>,
     pub(crate) transport: TransportKind,
     pub(crate) local_links: LocalLinks,
+    /// Two-level collectives across hosts (RINGWIRE_TWO_LEVEL; decision 0033).
+    pub(crate) two_level: TwoLevel,
+    /// The link rate between hosts the cost model assumes, in Gb/s
+    /// (RINGWIRE_INTER_HOST_GBPS).
+    pub(crate) inter_host_gbps: f64,
     /// TCP links on the uring engine add two one-way lanes for the payloads
     /// of large frames (RINGWIRE_TCP_LANES, default on; decision 0018).
     pub(crate) tcp_lanes: bool,
@@ -171,7 +214,7 @@ impl Tunables {
         })
     }
 
-    fn shared_fields(&self) -> [(&'static str, &'static str, String); 3] {
+    fn shared_fields(&self) -> [(&'static str, &'static str, String); 5] {
         [
             (
                 "chunk_bytes",
@@ -187,6 +230,16 @@ impl Tunables {
                 "debug_checks",
                 "RINGWIRE_DEBUG (or Builder::debug_checks)",
                 if self.debug_checks { "detail" } else { "off" }.to_string(),
+            ),
+            (
+                "two_level",
+                "RINGWIRE_TWO_LEVEL (or Builder::two_level)",
+                self.two_level.name().to_string(),
+            ),
+            (
+                "inter_host_gbps",
+                "RINGWIRE_INTER_HOST_GBPS (or Builder::inter_host_gbps)",
+                self.inter_host_gbps.to_string(),
             ),
         ]
     }
@@ -252,6 +305,8 @@ pub(crate) struct Overrides {
     pub(crate) socket_buffer: Option<usize>,
     pub(crate) transport: Option<TransportKind>,
     pub(crate) local_links: Option<LocalLinks>,
+    pub(crate) two_level: Option<TwoLevel>,
+    pub(crate) inter_host_gbps: Option<f64>,
     pub(crate) tcp_lanes: Option<bool>,
     pub(crate) heartbeat_timeout: Option<Duration>,
     pub(crate) run_ahead_bytes: Option<usize>,
@@ -377,6 +432,34 @@ impl Overrides {
                 None => LocalLinks::Shm,
             },
         };
+        let two_level = match self.two_level {
+            Some(t) => t,
+            None => match lookup("RINGWIRE_TWO_LEVEL") {
+                Some(v) => TwoLevel::parse("RINGWIRE_TWO_LEVEL", &v)?,
+                None => TwoLevel::Auto,
+            },
+        };
+        let inter_host_gbps = match self.inter_host_gbps {
+            Some(g) => g,
+            None => env_parsed(
+                lookup,
+                "RINGWIRE_INTER_HOST_GBPS",
+                |v| v.parse::<f64>().ok(),
+                "a positive number of gigabits per second, e.g. 25 or 100",
+            )?
+            .unwrap_or(DEFAULT_INTER_HOST_GBPS),
+        };
+        if !(inter_host_gbps.is_finite() && inter_host_gbps > 0.0) {
+            let var = match self.inter_host_gbps {
+                Some(_) => "Builder::inter_host_gbps",
+                None => "RINGWIRE_INTER_HOST_GBPS",
+            };
+            return Err(invalid(
+                var,
+                &inter_host_gbps.to_string(),
+                "a positive number of gigabits per second, e.g. 25 or 100",
+            ));
+        }
         let tcp_lanes = match self.tcp_lanes {
             Some(l) => l,
             None => env_switch(lookup, "RINGWIRE_TCP_LANES")?.unwrap_or(true),
@@ -431,6 +514,8 @@ impl Overrides {
             socket_buffer,
             transport,
             local_links,
+            two_level,
+            inter_host_gbps,
             tcp_lanes,
             spin,
             heartbeat_timeout,
@@ -461,6 +546,12 @@ mod tests {
                 "RINGWIRE_SMALL_MESSAGE_BYTES",
             ),
             ("RINGWIRE_DEBUG", "detail", "RINGWIRE_DEBUG"),
+            ("RINGWIRE_TWO_LEVEL", "never", "RINGWIRE_TWO_LEVEL"),
+            (
+                "RINGWIRE_INTER_HOST_GBPS",
+                "100",
+                "RINGWIRE_INTER_HOST_GBPS",
+            ),
         ] {
             let other = Overrides::default()
                 .resolve(&vars(&[(var, value)]))
@@ -475,6 +566,33 @@ mod tests {
         // A rank 0 that publishes no such setting (an older build).
         let why = base.disagreement(2, "chunk_bytes=1048576").unwrap();
         assert!(why.contains("RINGWIRE_SMALL_MESSAGE_BYTES"), "{why}");
+    }
+
+    #[test]
+    fn two_level_settings_parse_and_refuse_nonsense() {
+        let t = |pairs: &[(&str, &str)]| Overrides::default().resolve(&vars(pairs));
+        let base = t(&[]).unwrap();
+        assert_eq!(base.two_level, TwoLevel::Auto);
+        assert_eq!(base.inter_host_gbps, DEFAULT_INTER_HOST_GBPS);
+        for (word, mode) in [
+            ("always", TwoLevel::Always),
+            ("ON", TwoLevel::Always),
+            ("never", TwoLevel::Never),
+            ("0", TwoLevel::Never),
+            ("auto", TwoLevel::Auto),
+        ] {
+            let got = t(&[("RINGWIRE_TWO_LEVEL", word)]).unwrap().two_level;
+            assert_eq!(got, mode, "{word}");
+        }
+        assert!(t(&[("RINGWIRE_TWO_LEVEL", "sometimes")]).is_err());
+        let gbps = t(&[("RINGWIRE_INTER_HOST_GBPS", "100")]).unwrap();
+        assert_eq!(gbps.inter_host_gbps, 100.0);
+        for bad in ["0", "-5", "fast", "inf", "NaN"] {
+            let e = t(&[("RINGWIRE_INTER_HOST_GBPS", bad)])
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("RINGWIRE_INTER_HOST_GBPS"), "{bad}: {e}");
+        }
     }
 
     #[test]

@@ -39,8 +39,9 @@ pub use algo::GATHER_IN_TURN_BYTES;
 pub use buffer::{Buffer, CollectiveBuffer};
 pub use comm::Communicator;
 pub use config::{
-    DEFAULT_CHUNK_BYTES, DEFAULT_HEARTBEAT_TIMEOUT, DEFAULT_SMALL_MESSAGE_BYTES, DEFAULT_SPIN,
-    DEFAULT_TIMEOUT, LocalLinks, TransportKind, uring_status,
+    DEFAULT_CHUNK_BYTES, DEFAULT_HEARTBEAT_TIMEOUT, DEFAULT_INTER_HOST_GBPS,
+    DEFAULT_SMALL_MESSAGE_BYTES, DEFAULT_SPIN, DEFAULT_TIMEOUT, LocalLinks, TransportKind,
+    TwoLevel, uring_status,
 };
 pub use dtype::{DType, Element, ReduceOp};
 pub use error::{Error, LinkFailure, OpContext, Result};

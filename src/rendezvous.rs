@@ -9,7 +9,7 @@
 //! has everything it needs.
 
 use crate::comm::Communicator;
-use crate::config::{LocalLinks, Overrides, TransportKind, Tunables};
+use crate::config::{LocalLinks, Overrides, TransportKind, Tunables, TwoLevel};
 use crate::env::{ElasticAttempt, StoreKind};
 use crate::error::Error;
 use crate::pending::{PendingCollective, pending};
@@ -69,6 +69,10 @@ pub struct Builder {
     /// loopback default, a port derived from the launcher's job id), for
     /// the error when rank 0 cannot listen there.
     master_from: Option<String>,
+    /// Which host this rank counts as for two-level collectives
+    /// (`Builder::host_id`, RINGWIRE_HOST_ID); else its kernel and network
+    /// namespace.
+    host_id: Option<String>,
 }
 
 impl Builder {
@@ -107,6 +111,11 @@ impl Builder {
         b.master_from = cfg.master_from;
         if let Some(job) = lookup("RINGWIRE_JOB_ID") {
             b = b.job(job);
+        }
+        if let Some(id) = lookup("RINGWIRE_HOST_ID")
+            && !id.trim().is_empty()
+        {
+            b = b.host_id(id.trim());
         }
         if let Some(value) = lookup("RINGWIRE_HOST_STORE")
             && !value.trim().is_empty()
@@ -234,6 +243,17 @@ impl Builder {
         self
     }
 
+    /// Which host this rank counts as when collectives run in two levels
+    /// (within each host, then across hosts; decision 0033), like
+    /// `NCCL_HOSTID`. By default ranks on one kernel and network namespace
+    /// form a host. It changes only that grouping: which peers are reached
+    /// over Unix sockets or shared memory still depends on where they run.
+    /// Env: RINGWIRE_HOST_ID.
+    pub fn host_id(mut self, id: impl Into<String>) -> Builder {
+        self.host_id = Some(id.into());
+        self
+    }
+
     /// Explicit SO_SNDBUF / SO_RCVBUF on every link. By default TCP links
     /// autotune, the io_uring engine's Unix links get 1 MiB and the
     /// portable plane's keep the kernel's default (decision 0015); 0 keeps
@@ -310,6 +330,26 @@ impl Builder {
     /// TCP like links between hosts. Env: RINGWIRE_LOCAL_LINKS=shm|unix|tcp.
     pub fn local_links(mut self, kind: LocalLinks) -> Builder {
         self.overrides.local_links = Some(kind);
+        self
+    }
+
+    /// Whether collectives of communicators spanning several hosts run in
+    /// two levels: within each host, across hosts (each local rank's share,
+    /// side by side), within each host again (decision 0033). `Auto` (the
+    /// default) asks a cost model, given [`Builder::inter_host_gbps`].
+    /// Hosts are kernels and network namespaces, or [`Builder::host_id`].
+    /// Env: RINGWIRE_TWO_LEVEL=auto|always|never. Every rank must use the
+    /// same value (checked at setup).
+    pub fn two_level(mut self, mode: TwoLevel) -> Builder {
+        self.overrides.two_level = Some(mode);
+        self
+    }
+
+    /// The rate of each host's link to the others, in gigabits per second,
+    /// that the two-level cost model assumes (default 25). Env:
+    /// RINGWIRE_INTER_HOST_GBPS. Every rank must use the same value.
+    pub fn inter_host_gbps(mut self, gbps: f64) -> Builder {
+        self.overrides.inter_host_gbps = Some(gbps);
         self
     }
 
@@ -465,6 +505,7 @@ fn rendezvous(
                 tcp_anywhere: false,
                 arena_everywhere: false,
                 local_ranks: vec![false],
+                hosts: vec![0],
             });
         }
         None => {
@@ -590,10 +631,19 @@ fn rendezvous(
     if let Some((_, published)) = &local {
         client.set(&key(&format!("local/{rank}")), published.as_bytes())?;
     }
+    // The host this rank counts as (two-level collectives, decision 0033);
+    // likewise published before the address.
+    let host = b
+        .host_id
+        .clone()
+        .or_else(host_identity)
+        .unwrap_or_else(|| format!("rank {rank}"));
+    client.set(&key(&format!("host/{rank}")), host.as_bytes())?;
     client.set(&key(&format!("addr/{rank}")), listen.to_string().as_bytes())?;
 
     let mut peers = Vec::with_capacity(size);
     let mut local_peers = Vec::with_capacity(size);
+    let mut host_names: Vec<Vec<u8>> = Vec::with_capacity(size);
     for q in 0..size {
         let raw = client.get(&key(&format!("addr/{q}")), t.connect_timeout).map_err(|e| match e {
             StoreError::Timeout { .. } => Error::Rendezvous(format!(
@@ -615,6 +665,13 @@ fn rendezvous(
             .parse()
             .map_err(|_| Error::Rendezvous(format!("rank {q} published a bad address {text:?}")))?;
         peers.push(addr);
+        // Absent only from a ringwire that does not publish it: a host of
+        // its own.
+        host_names.push(
+            client
+                .try_get(&key(&format!("host/{q}")))?
+                .unwrap_or_else(|| format!("rank {q}").into_bytes()),
+        );
         let local_peer = match (&local, q == rank) {
             (Some((_, mine)), false) => client
                 .try_get(&key(&format!("local/{q}")))?
@@ -699,7 +756,26 @@ fn rendezvous(
         tcp_anywhere,
         arena_everywhere,
         local_ranks,
+        hosts: number_hosts(&host_names),
     })
+}
+
+/// Each rank's host as a number, hosts numbered in order of their first
+/// rank: every rank reads the same names, so every rank numbers alike.
+fn number_hosts(names: &[Vec<u8>]) -> Vec<u32> {
+    let mut seen: Vec<&[u8]> = Vec::new();
+    names
+        .iter()
+        .map(
+            |name| match seen.iter().position(|s| *s == name.as_slice()) {
+                Some(h) => h as u32,
+                None => {
+                    seen.push(name);
+                    (seen.len() - 1) as u32
+                }
+            },
+        )
+        .collect()
 }
 
 /// What this process shares with the ranks its Unix sockets can reach:

@@ -45,6 +45,10 @@ pub(crate) struct World {
     pub(crate) arena_everywhere: bool,
     /// Which world ranks this rank reaches over Unix sockets (this host).
     pub(crate) local_ranks: Vec<bool>,
+    /// Each world rank's host, numbered from 0 in order of first rank
+    /// (boot id and network namespace, or `Builder::host_id`; the same on
+    /// every rank): two-level collectives group by it (decision 0033).
+    pub(crate) hosts: Vec<u32>,
 }
 
 impl World {

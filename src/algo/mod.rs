@@ -23,6 +23,7 @@ mod alltoall;
 mod broadcast;
 mod doubling;
 mod gather;
+pub mod levels;
 mod pacing;
 mod reduce;
 mod ring;

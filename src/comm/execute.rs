@@ -49,6 +49,11 @@ pub(super) struct Executor {
     /// How the vote went (`arena::VOTED_*`; 0 before it), for
     /// `Communicator::shared_memory_arena`.
     pub(super) arena_vote: std::sync::atomic::AtomicU8,
+    /// The members as hosts of equal size, where they form two or more
+    /// (from the hosts agreed at rendezvous; decision 0033).
+    pub(super) grid: Option<algo::levels::Grid>,
+    /// The groups of two-level ops, made at the first.
+    pub(super) levels: Mutex<Option<Arc<super::levels::Levels>>>,
 }
 
 /// Scratch space kept between ops; larger work spaces are freed after use.

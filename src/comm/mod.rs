@@ -10,12 +10,15 @@
 //! schedule `algo::select` picks), `forms` (the owned and blocking forms of
 //! every collective, and numbering), `execute` (what wraps every op, and the
 //! context schedules run in), `diagnose` (the debug signature check, who
-//! had not arrived at an op that timed out, the flight record's dump).
+//! had not arrived at an op that timed out, the flight record's dump),
+//! `arena` (ops on the shared-memory arena), `levels` (two-level ops
+//! across hosts).
 
 mod arena;
 mod diagnose;
 mod execute;
 mod forms;
+mod levels;
 mod ops;
 
 use crate::algo;
@@ -138,6 +141,10 @@ impl Communicator {
             pacing: Mutex::default(),
             arena: Mutex::new(arena::ArenaState::initial(arena::could(&world, &members))),
             arena_vote: std::sync::atomic::AtomicU8::new(0),
+            grid: algo::levels::Grid::of(
+                &members.iter().map(|&w| world.hosts[w]).collect::<Vec<_>>(),
+            ),
+            levels: Mutex::new(None),
         }));
         // The executor's poll between jobs only saves a wake-up when jobs
         // come back to back; a long one would crowd the ranks' cores.

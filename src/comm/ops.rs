@@ -121,6 +121,13 @@ impl<T: Element> InPlace<T> for AllReduce {
         let n = data.len();
         let algo = cx.shape().all_reduce(size_of_val(data));
         let bytes = size_of_val(data);
+        // Hosts of equal size: within each, across them, within each again
+        // (decision 0033), where the cost model says that pays.
+        if let Some(levels) =
+            cx.two_level(|grid, costs| algo::levels::two_level_all_reduce_pays(grid, bytes, costs))?
+        {
+            return super::levels::all_reduce(cx, &levels, data, self.0);
+        }
         let on_arena = match bytes <= arena::ALL_REDUCE_MAX_BYTES {
             true => cx.on_arena(bytes, arena::ALL_REDUCE_MAX_BYTES, |op, w| {
                 arena::all_reduce(op, w, size, data, self.0)

@@ -34,6 +34,10 @@ pub(crate) struct Control {
     me: usize,
     /// Communicators some rank aborted: comm id -> what it said.
     aborted: Mutex<HashMap<u64, AbortNote>>,
+    /// Communicators that run inside another's ops (a two-level op's
+    /// groups, decision 0033): parent comm id -> theirs. An abort of the
+    /// parent aborts them too, so an op waiting in one of them wakes.
+    nested: Mutex<HashMap<u64, Vec<u64>>>,
     /// Set once `aborted` has an entry: every op checks for an abort
     /// several times, and while none happened (nearly always) that costs
     /// one load instead of a lock.
@@ -59,6 +63,7 @@ impl Control {
         Control {
             me,
             aborted: Mutex::new(HashMap::new()),
+            nested: Mutex::new(HashMap::new()),
             any_aborted: AtomicBool::new(false),
             last_send: stamps(),
             last_recv: stamps(),
@@ -138,6 +143,14 @@ impl Control {
         );
         peers.notify();
         inboxes.wake(|c, _| c == comm_id);
+        let nested = lock(&self.nested)
+            .get(&comm_id)
+            .cloned()
+            .unwrap_or_default();
+        for inner in nested {
+            let again = wire::Abort::new(abort.origin_rank, abort.seq, abort.reason.clone());
+            self.on_abort(from, inner, again, peers, inboxes);
+        }
         let mut links = peers.ready_links();
         links.retain(|(p, _)| Some(*p) != from);
         let frame = wire::encode_abort(comm_id, abort.seq, &abort);
@@ -167,6 +180,21 @@ impl Control {
             });
         if spawned.is_err() {
             tracing::warn!(rank = me, "could not start a thread to forward an abort");
+        }
+    }
+
+    /// Communicator `inner` runs inside `outer`'s ops: an abort of `outer`
+    /// (already heard of, or later) aborts `inner` too.
+    pub(crate) fn nest(&self, outer: u64, inner: u64, peers: &PeerTable, inboxes: &Inboxes) {
+        lock(&self.nested).entry(outer).or_default().push(inner);
+        if let Some(LinkError::Aborted {
+            origin,
+            seq,
+            reason,
+        }) = self.aborted_error(outer)
+        {
+            let abort = wire::Abort::new(origin as u32, seq, reason);
+            self.on_abort(None, inner, abort, peers, inboxes);
         }
     }
 

@@ -475,6 +475,11 @@ impl Transport for Mesh {
         self.hub.inboxes.forget(comm_id);
     }
 
+    fn nest(&self, outer: u64, inner: u64) {
+        let hub = &self.hub;
+        hub.control.nest(outer, inner, &hub.peers, &hub.inboxes);
+    }
+
     fn abort(&self, comm_id: u64, seq: u64, reason: &str, members: &[usize]) {
         let hub = &self.hub;
         hub.on_abort(None, comm_id, wire::Abort::new(hub.me as u32, seq, reason));

@@ -256,6 +256,12 @@ pub(crate) trait Transport: Send + Sync {
     fn forget(&self, comm_id: u64) {
         let _ = comm_id;
     }
+    /// Communicator `inner` runs inside the ops of `outer` (decision
+    /// 0033): an abort of `outer`, heard of already or later, aborts
+    /// `inner` here too.
+    fn nest(&self, outer: u64, inner: u64) {
+        let _ = (outer, inner);
+    }
     /// A short name for logs (`portable`, `uring`).
     fn name(&self) -> &'static str;
     /// The calling thread stops waiting on the transport for now (its ops

@@ -1,0 +1,248 @@
+//! Two-level collectives (decision 0033): a communicator whose members
+//! form two or more hosts of the same number of ranks runs a large
+//! all-reduce as three ops on two groups it makes once, without a word to
+//! its peers (every rank derives them from the hosts agreed at
+//! rendezvous):
+//!
+//! 1. a reduce-scatter within the host (shared memory where it runs),
+//! 2. an all-reduce of this local rank's shard across hosts, with the
+//!    ranks of the same local rank on the other hosts (k such groups run
+//!    side by side, so k ranks' flows and cores drive each host's link),
+//! 3. an all-gather of the shards within the host.
+//!
+//! The groups are communicators of their own (their own op numbers and
+//! comm ids), nested in this one at the transport: an abort of this one
+//! aborts them, so a rank waiting in a group's op wakes when any rank's
+//! two-level op fails. Their errors come back as this op's, their ranks
+//! named as ranks of this communicator.
+
+use super::execute::Ctx;
+use super::{Communicator, lock, mix};
+use crate::algo::levels::{Costs, Grid};
+use crate::config::TwoLevel;
+use crate::error::{Error, OpContext};
+use crate::{Element, ReduceOp, algo};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// A communicator's two levels: the grid and the groups this rank is in.
+pub(super) struct Levels {
+    grid: Grid,
+    /// This rank's host: its members, ranks of the parent, by local rank.
+    host: Group,
+    /// The ranks of this rank's local rank on every host, by host.
+    cross: Group,
+}
+
+/// One level's communicator and its members as ranks of the parent.
+struct Group {
+    comm: Communicator,
+    members: Vec<usize>,
+}
+
+/// Where each level's op failed, for the error.
+#[derive(Clone, Copy)]
+enum Phase {
+    HostReduceScatter,
+    CrossAllReduce,
+    HostAllGather,
+}
+
+impl Phase {
+    fn words(self) -> &'static str {
+        match self {
+            Phase::HostReduceScatter => "the reduce-scatter within the host",
+            Phase::CrossAllReduce => "the all-reduce across hosts",
+            Phase::HostAllGather => "the all-gather within the host",
+        }
+    }
+}
+
+/// Salt of the groups' comm ids (host groups even, cross groups odd).
+const LEVELS_SALT: u64 = 0x6c65_7665_6c73_3233;
+
+impl Ctx<'_> {
+    /// This communicator's levels, if its ops run in two levels under the
+    /// settings and `pays` (the cost model, given the grid and costs)
+    /// agrees; made at the first op that runs in two levels.
+    pub(super) fn two_level(
+        &self,
+        pays: impl FnOnce(&Grid, &Costs) -> bool,
+    ) -> Result<Option<Arc<Levels>>, Error> {
+        let ex = self.ex;
+        let Some(grid) = &ex.grid else {
+            return Ok(None);
+        };
+        let wanted = match ex.tunables.two_level {
+            TwoLevel::Never => false,
+            TwoLevel::Always => true,
+            TwoLevel::Auto => pays(grid, &Costs::with_link_gbps(ex.tunables.inter_host_gbps)),
+        };
+        if !wanted {
+            return Ok(None);
+        }
+        let mut made = lock(&ex.levels);
+        if let Some(levels) = &*made {
+            return Ok(Some(levels.clone()));
+        }
+        let levels = Arc::new(Levels::make(ex, grid.clone())?);
+        *made = Some(levels.clone());
+        Ok(Some(levels))
+    }
+
+    /// What is left of this op's time, for a level's op.
+    fn time_left(&self) -> Duration {
+        self.timeout.saturating_sub(self.started.elapsed())
+    }
+}
+
+impl Levels {
+    fn make(ex: &super::execute::Executor, grid: Grid) -> Result<Levels, Error> {
+        let (h, l) = grid.place(ex.rank);
+        let host = grid.host_group(ex.rank).to_vec();
+        let cross = grid.cross_group(ex.rank);
+        let group = |members: Vec<usize>, salt: u64| -> Result<Group, Error> {
+            let comm_id = mix(mix(ex.comm_id, LEVELS_SALT), salt);
+            let rank = members
+                .iter()
+                .position(|&m| m == ex.rank)
+                .expect("a rank is in its own groups");
+            let world_ranks = members.iter().map(|&m| ex.members[m]).collect();
+            ex.world.transport.nest(ex.comm_id, comm_id);
+            let comm = Communicator::start_group(
+                ex.world.clone(),
+                ex.tunables.clone(),
+                rank,
+                comm_id,
+                Arc::new(world_ranks),
+            )?;
+            Ok(Group { comm, members })
+        };
+        Ok(Levels {
+            host: group(host, 2 * h as u64)?,
+            cross: group(cross, 2 * l as u64 + 1)?,
+            grid,
+        })
+    }
+}
+
+/// The two-level all-reduce of `data` (see the module docs). Avg sums in
+/// both levels and divides once, as the flat schedules do.
+pub(super) fn all_reduce<T: Element>(
+    cx: &mut Ctx<'_>,
+    levels: &Levels,
+    data: &mut [T],
+    op: ReduceOp,
+) -> Result<(), Error> {
+    let (rank, size) = cx.rank_and_size();
+    let (_, local) = levels.grid.place(rank);
+    let k = levels.grid.per_host;
+    let n = data.len();
+    let shard = algo::block(n, k, local).len();
+    let summed = match op {
+        ReduceOp::Avg => ReduceOp::Sum,
+        other => other,
+    };
+    let ctx = cx.op.clone();
+    let parent = cx.ex.members.clone();
+    cx.with_scratch(shard, |cx, mine: &mut [T]| {
+        let host = levels.host.comm.with_timeout(cx.time_left());
+        host.reduce_scatter_slice(data, mine, summed)
+            .map_err(|e| levels.host.lift(e, &ctx, &parent, Phase::HostReduceScatter))?;
+        let cross = levels.cross.comm.with_timeout(cx.time_left());
+        cross
+            .all_reduce_slice(mine, summed)
+            .map_err(|e| levels.cross.lift(e, &ctx, &parent, Phase::CrossAllReduce))?;
+        let host = levels.host.comm.with_timeout(cx.time_left());
+        let gathered = match n % k {
+            0 => host.all_gather_slice(mine, data),
+            _ => {
+                let counts: Vec<usize> = (0..k).map(|j| algo::block(n, k, j).len()).collect();
+                host.all_gather_v_slice(mine, data, &counts)
+            }
+        };
+        gathered.map_err(|e| levels.host.lift(e, &ctx, &parent, Phase::HostAllGather))
+    })?;
+    if op == ReduceOp::Avg {
+        T::finish_avg(data, size);
+    }
+    Ok(())
+}
+
+impl Group {
+    /// A level's error as the parent op's: its op context, its ranks as
+    /// the parent's, and which level it came from.
+    fn lift(&self, e: Error, ctx: &OpContext, parent: &[usize], phase: Phase) -> Error {
+        let rank = |r: usize| self.members.get(r).copied().unwrap_or(r);
+        // An abort's origin is a world rank where it is not a member: ask
+        // the transport which world rank it was, and name it as the
+        // parent's member where it is one.
+        let origin_in_parent = |origin: usize| {
+            let world = self
+                .comm
+                .inner
+                .world
+                .transport
+                .abort_notice(self.comm.inner.comm_id);
+            match world {
+                Some((w, _, _)) => parent.iter().position(|&m| m == w).unwrap_or(w),
+                None => rank(origin),
+            }
+        };
+        let renamed = match self.members.iter().enumerate().all(|(i, &m)| i == m) {
+            true => String::new(),
+            false => format!(
+                ", where ranks {:?} are this communicator's {:?}",
+                (0..self.members.len()).collect::<Vec<_>>(),
+                self.members
+            ),
+        };
+        let during = format!(" (in {} of a two-level {}{renamed})", phase.words(), ctx.op);
+        let ctx = ctx.clone();
+        match e {
+            Error::Timeout {
+                peer,
+                waited,
+                detail,
+                ..
+            } => Error::Timeout {
+                ctx,
+                peer: rank(peer),
+                waited,
+                detail: detail + &during,
+            },
+            Error::PeerLost {
+                peer,
+                reason,
+                cause,
+                ..
+            } => Error::PeerLost {
+                ctx,
+                peer: rank(peer),
+                reason: reason + &during,
+                cause,
+            },
+            Error::Aborted {
+                origin,
+                origin_seq,
+                reason,
+                ..
+            } => Error::Aborted {
+                ctx,
+                origin: origin_in_parent(origin),
+                origin_seq,
+                reason,
+            },
+            Error::Mismatch { peer, detail, .. } => Error::Mismatch {
+                ctx,
+                peer: rank(peer),
+                detail: detail + &during,
+            },
+            Error::Internal { detail, .. } => Error::Internal {
+                ctx,
+                detail: detail + &during,
+            },
+            other => other,
+        }
+    }
+}

@@ -1,0 +1,166 @@
+//! Two-level collectives across hosts (issue 33, part 4; decision 0033):
+//! ranks told they sit on different hosts (`Builder::host_id`, as
+//! `NCCL_HOSTID`) run all-reduce as a reduce-scatter within each host, an
+//! all-reduce of each local rank's shard across hosts and an all-gather
+//! within each host. Checked against the reference for every dtype and
+//! reduce op at 2 hosts of 2 and 3 ranks and 3 hosts of 2, lengths that do
+//! not divide; that the path ran (the parent communicator itself sends
+//! nothing: its groups do); that the cost model keeps small ops flat; and
+//! that a mismatch inside one level fails every rank, none left waiting.
+//! (Real hosts, network namespaces joined by veth: tests/netns.)
+
+mod common;
+
+use common::{local_group_per_rank, on_all, seed};
+use ringwire::testing::{Rng, check_close, random_data, reference_reduce};
+use ringwire::{Communicator, Error, ReduceOp, TwoLevel};
+use std::time::Duration;
+
+/// `hosts` hosts of `per_host` ranks (ranks 0..per_host on the first).
+fn hosts_of(
+    hosts: usize,
+    per_host: usize,
+    mode: TwoLevel,
+) -> (ringwire::store::StoreServer, Vec<Communicator>) {
+    local_group_per_rank(hosts * per_host, |rank, b| {
+        b.host_id(format!("host-{}", rank / per_host))
+            .two_level(mode)
+    })
+}
+
+/// Bytes this communicator itself sent while `f` ran (its groups' are
+/// their own).
+fn sent_by(comm: &Communicator, f: impl FnOnce()) -> u64 {
+    let before = comm.stats().bytes_sent;
+    f();
+    comm.stats().bytes_sent - before
+}
+
+fn every_dtype_and_op_in_two_levels(hosts: usize, per_host: usize) {
+    let seed = seed();
+    let (_store, comms) = hosts_of(hosts, per_host, TwoLevel::Always);
+    let results = on_all(&comms, |c| {
+        // Every collective (the others run flat), every dtype and op.
+        common::sweep::every_dtype(c, seed)?;
+        let (rank, p) = (c.rank(), c.world_size());
+        for len in [p * 1000 + 1, 70_000] {
+            for op in ReduceOp::ALL {
+                let ins: Vec<Vec<f32>> = (0..p)
+                    .map(|r| {
+                        random_data(&mut Rng::new(seed ^ (r as u64) << 9 ^ len as u64), len, op)
+                    })
+                    .collect();
+                let reference = reference_reduce(&ins, op);
+                let mut got = ins[rank].clone();
+                let sent = sent_by(c, || c.all_reduce_slice(&mut got, op).unwrap());
+                check_close(&got, &reference, p).map_err(|e| format!("n={len} {op}: {e}"))?;
+                if sent != 0 {
+                    return Err(format!("n={len} {op}: the parent sent {sent} bytes itself"));
+                }
+            }
+        }
+        Ok::<_, String>(())
+    });
+    for (rank, r) in results.into_iter().enumerate() {
+        r.unwrap_or_else(|e| panic!("{hosts} hosts of {per_host}, rank {rank}: {e}"));
+    }
+}
+
+#[test]
+fn two_hosts_of_two_ranks() {
+    every_dtype_and_op_in_two_levels(2, 2);
+}
+
+#[test]
+fn two_hosts_of_three_ranks() {
+    every_dtype_and_op_in_two_levels(2, 3);
+}
+
+#[test]
+fn three_hosts_of_two_ranks() {
+    every_dtype_and_op_in_two_levels(3, 2);
+}
+
+#[test]
+fn the_cost_model_keeps_small_ops_flat_and_runs_large_ones_in_two_levels() {
+    let (_store, comms) = hosts_of(2, 2, TwoLevel::Auto);
+    let sent = on_all(&comms, |c| {
+        let small = sent_by(c, || {
+            c.all_reduce_slice(&mut [1.0f32; 2], ReduceOp::Sum).unwrap()
+        });
+        let mut large = vec![1.0f32; 4 << 20];
+        let big = sent_by(c, || c.all_reduce_slice(&mut large, ReduceOp::Sum).unwrap());
+        assert!(large.iter().all(|&x| x == 4.0));
+        (small, big)
+    });
+    for (rank, (small, large)) in sent.into_iter().enumerate() {
+        assert!(small > 0, "rank {rank}: an 8-byte all-reduce runs flat");
+        assert_eq!(large, 0, "rank {rank}: a 16 MiB one runs in two levels");
+    }
+    // Told never, the same 16 MiB runs flat.
+    let (_store, comms) = hosts_of(2, 2, TwoLevel::Never);
+    for sent in on_all(&comms, |c| {
+        sent_by(c, || {
+            c.all_reduce_slice(&mut vec![1.0f32; 4 << 20], ReduceOp::Sum)
+                .unwrap()
+        })
+    }) {
+        assert!(sent > 0);
+    }
+}
+
+#[test]
+fn hosts_of_different_sizes_run_flat() {
+    // 3 ranks on one host, 1 on the other: no grid.
+    let (_store, comms) = local_group_per_rank(4, |rank, b| {
+        b.host_id(if rank < 3 { "a" } else { "b" })
+            .two_level(TwoLevel::Always)
+    });
+    for sent in on_all(&comms, |c| {
+        let mut data = vec![c.rank() as f32; 5000];
+        let sent = sent_by(c, || c.all_reduce_slice(&mut data, ReduceOp::Sum).unwrap());
+        assert!(data.iter().all(|&x| x == 6.0));
+        sent
+    }) {
+        assert!(sent > 0);
+    }
+}
+
+/// Rank 0 passes a different length: its host's reduce-scatter and its
+/// shard's cross-host all-reduce see the mismatch, and every rank's op
+/// ends with an error well before the timeout. The ranks of the other
+/// host and local rank (3 of 2 x 2) wait in a group rank 0 is not in:
+/// only the abort of the parent, nested into the groups, reaches them.
+#[test]
+fn a_mismatch_in_one_level_fails_every_rank() {
+    let timeout = Duration::from_secs(20);
+    let (_store, comms) = local_group_per_rank(4, |rank, b| {
+        b.host_id(format!("host-{}", rank / 2))
+            .two_level(TwoLevel::Always)
+            .timeout(timeout)
+    });
+    let errors = on_all(&comms, |c| {
+        let len = if c.rank() == 0 { 1000 } else { 1002 };
+        let started = std::time::Instant::now();
+        let e = c
+            .all_reduce(vec![1.0f32; len], ReduceOp::Sum)
+            .wait()
+            .expect_err("a mismatched all-reduce fails");
+        (e, started.elapsed())
+    });
+    for (rank, (e, took)) in errors.into_iter().enumerate() {
+        eprintln!("rank {rank} after {took:?}: {e}");
+        assert!(
+            !matches!(e, Error::Timeout { .. }) && took < timeout / 2,
+            "rank {rank} waited for its timeout: {e}"
+        );
+        assert!(
+            matches!(e, Error::Mismatch { .. } | Error::Aborted { .. }),
+            "rank {rank}: {e}"
+        );
+        if let Error::Mismatch { ctx, detail, .. } = &e {
+            assert_eq!(ctx.op, ringwire::OpKind::AllReduce, "{e}");
+            assert!(detail.contains("two-level"), "says which level: {e}");
+        }
+    }
+}
