@@ -4,7 +4,7 @@
 //! all-reduce of each local rank's shard across hosts and an all-gather
 //! within each host. Checked against the reference for every dtype and
 //! reduce op at 2 hosts of 2 and 3 ranks and 3 hosts of 2, lengths that do
-//! not divide; that the path ran (the parent communicator itself sends
+//! not divide, whole and in pipelined pieces; that the path ran (the parent communicator itself sends
 //! nothing: its groups do); that the cost model keeps small ops flat; and
 //! that a mismatch inside one level fails every rank, none left waiting.
 //! (Real hosts, network namespaces joined by veth: tests/netns.)
@@ -43,8 +43,15 @@ fn every_dtype_and_op_in_two_levels(hosts: usize, per_host: usize) {
         // Every collective (the others run flat), every dtype and op.
         common::sweep::every_dtype(c, seed)?;
         let (rank, p) = (c.rank(), c.world_size());
-        for len in [p * 1000 + 1, 70_000] {
-            for op in ReduceOp::ALL {
+        // Whole (one piece), and in 2 and 3 pieces of about 4 MiB,
+        // pipelined, lengths that divide neither by pieces nor by ranks.
+        let pipelined = [(9 << 20) / 4 + 5, (13 << 20) / 4 + 1];
+        for len in [p * 1000 + 1, 70_000].into_iter().chain(pipelined) {
+            let ops = match len < 1 << 20 {
+                true => &ReduceOp::ALL[..],
+                false => &[ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Max][..],
+            };
+            for &op in ops {
                 let ins: Vec<Vec<f32>> = (0..p)
                     .map(|r| {
                         random_data(&mut Rng::new(seed ^ (r as u64) << 9 ^ len as u64), len, op)

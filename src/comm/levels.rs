@@ -126,6 +126,15 @@ impl Levels {
     }
 }
 
+/// All-reduces of at least this many bytes run in pieces of about this
+/// size, pipelined: one piece's all-reduce across hosts runs (on the cross
+/// group's executor) while the next piece's reduce-scatter within the
+/// host runs here, so the link is not idle during the host's phases.
+const PIECE_BYTES: usize = 4 << 20;
+
+/// Pieces at most, so a huge op's pieces stay large.
+const MAX_PIECES: usize = 16;
+
 /// The two-level all-reduce of `data` (see the module docs). Avg sums in
 /// both levels and divides once, as the flat schedules do.
 pub(super) fn all_reduce<T: Element>(
@@ -134,39 +143,142 @@ pub(super) fn all_reduce<T: Element>(
     data: &mut [T],
     op: ReduceOp,
 ) -> Result<(), Error> {
-    let (rank, size) = cx.rank_and_size();
-    let (_, local) = levels.grid.place(rank);
-    let k = levels.grid.per_host;
-    let n = data.len();
-    let shard = algo::block(n, k, local).len();
+    let size = cx.ex.size;
     let summed = match op {
         ReduceOp::Avg => ReduceOp::Sum,
         other => other,
     };
-    let ctx = cx.op.clone();
-    let parent = cx.ex.members.clone();
-    cx.with_scratch(shard, |cx, mine: &mut [T]| {
-        let host = levels.host.comm.with_timeout(cx.time_left());
-        host.reduce_scatter_slice(data, mine, summed)
-            .map_err(|e| levels.host.lift(e, &ctx, &parent, Phase::HostReduceScatter))?;
-        let cross = levels.cross.comm.with_timeout(cx.time_left());
-        cross
-            .all_reduce_slice(mine, summed)
-            .map_err(|e| levels.cross.lift(e, &ctx, &parent, Phase::CrossAllReduce))?;
-        let host = levels.host.comm.with_timeout(cx.time_left());
-        let gathered = match n % k {
-            0 => host.all_gather_slice(mine, data),
-            _ => {
-                let counts: Vec<usize> = (0..k).map(|j| algo::block(n, k, j).len()).collect();
-                host.all_gather_v_slice(mine, data, &counts)
-            }
-        };
-        gathered.map_err(|e| levels.host.lift(e, &ctx, &parent, Phase::HostAllGather))
-    })?;
+    let pieces = (size_of_val(data) / PIECE_BYTES).clamp(1, MAX_PIECES);
+    match pieces {
+        1 => all_reduce_whole(cx, levels, data, summed)?,
+        _ => all_reduce_pipelined(cx, levels, data, summed, pieces)?,
+    }
     if op == ReduceOp::Avg {
         T::finish_avg(data, size);
     }
     Ok(())
+}
+
+/// What one level's op needs: the group's communicator with what is left
+/// of the op's time, and how to name its errors.
+struct Run<'a> {
+    levels: &'a Levels,
+    ctx: OpContext,
+    parent: Arc<Vec<usize>>,
+    time_left: Box<dyn Fn() -> Duration + 'a>,
+}
+
+impl Run<'_> {
+    fn reduce_scatter<T: Element>(
+        &self,
+        input: &[T],
+        shard: &mut [T],
+        op: ReduceOp,
+    ) -> Result<(), Error> {
+        let host = self.levels.host.comm.with_timeout((self.time_left)());
+        host.reduce_scatter_slice(input, shard, op).map_err(|e| {
+            self.levels
+                .host
+                .lift(e, &self.ctx, &self.parent, Phase::HostReduceScatter)
+        })
+    }
+
+    fn cross_error(&self, e: Error) -> Error {
+        self.levels
+            .cross
+            .lift(e, &self.ctx, &self.parent, Phase::CrossAllReduce)
+    }
+
+    fn all_gather<T: Element>(&self, shard: &[T], output: &mut [T]) -> Result<(), Error> {
+        let (k, n) = (self.levels.grid.per_host, output.len());
+        let host = self.levels.host.comm.with_timeout((self.time_left)());
+        let gathered = match n % k {
+            0 => host.all_gather_slice(shard, output),
+            _ => {
+                let counts: Vec<usize> = (0..k).map(|j| algo::block(n, k, j).len()).collect();
+                host.all_gather_v_slice(shard, output, &counts)
+            }
+        };
+        gathered.map_err(|e| {
+            self.levels
+                .host
+                .lift(e, &self.ctx, &self.parent, Phase::HostAllGather)
+        })
+    }
+}
+
+fn run_of<'a>(cx: &'a Ctx<'_>, levels: &'a Levels) -> Run<'a> {
+    Run {
+        levels,
+        ctx: cx.op.clone(),
+        parent: cx.ex.members.clone(),
+        time_left: Box::new(|| cx.time_left()),
+    }
+}
+
+/// The three phases one after another, the shard in the op's scratch.
+fn all_reduce_whole<T: Element>(
+    cx: &mut Ctx<'_>,
+    levels: &Levels,
+    data: &mut [T],
+    op: ReduceOp,
+) -> Result<(), Error> {
+    let (_, local) = levels.grid.place(cx.ex.rank);
+    let shard = algo::block(data.len(), levels.grid.per_host, local).len();
+    cx.with_scratch(shard, |cx, mine: &mut [T]| {
+        let run = run_of(cx, levels);
+        run.reduce_scatter(data, mine, op)?;
+        let cross = levels.cross.comm.with_timeout(cx.time_left());
+        cross
+            .all_reduce_slice(mine, op)
+            .map_err(|e| run.cross_error(e))?;
+        run.all_gather(mine, data)
+    })
+}
+
+/// A piece's all-reduce across hosts, running on the cross group's
+/// executor.
+type InFlight<T> = (usize, crate::PendingCollective<Vec<T>>);
+
+/// The phases over `pieces` pieces of `data`: piece j's reduce-scatter,
+/// then piece j-1's all-gather, while piece j-1's all-reduce across hosts
+/// ran meanwhile and piece j's starts. Every rank of a host runs its
+/// host's ops in the same order (RS 0, RS 1, AG 0, RS 2, AG 1, ...), and
+/// every rank of a cross group its all-reduces in piece order.
+fn all_reduce_pipelined<T: Element>(
+    cx: &mut Ctx<'_>,
+    levels: &Levels,
+    data: &mut [T],
+    op: ReduceOp,
+    pieces: usize,
+) -> Result<(), Error> {
+    let (_, local) = levels.grid.place(cx.ex.rank);
+    let k = levels.grid.per_host;
+    let n = data.len();
+    let run = run_of(cx, levels);
+    // Shards whose piece is done, for the next pieces (two at most).
+    let mut spare: Vec<Vec<T>> = Vec::new();
+    let mut in_flight: Option<InFlight<T>> = None;
+    // Waits for piece i's all-reduce across hosts and gathers it.
+    let finish = |data: &mut [T], in_flight: Option<InFlight<T>>, spare: &mut Vec<Vec<T>>| {
+        let Some((i, pending)) = in_flight else {
+            return Ok(());
+        };
+        let shard = pending.wait().map_err(|e| run.cross_error(e))?;
+        run.all_gather(&shard, &mut data[algo::block(n, pieces, i)])?;
+        spare.push(shard);
+        Ok::<_, Error>(())
+    };
+    for j in 0..pieces {
+        let piece = algo::block(n, pieces, j);
+        let mut shard = spare.pop().unwrap_or_default();
+        shard.resize(algo::block(piece.len(), k, local).len(), T::default());
+        run.reduce_scatter(&data[piece], &mut shard, op)?;
+        finish(data, in_flight.take(), &mut spare)?;
+        let cross = levels.cross.comm.with_timeout((run.time_left)());
+        in_flight = Some((j, cross.all_reduce(shard, op)));
+    }
+    finish(data, in_flight.take(), &mut spare)
 }
 
 impl Group {

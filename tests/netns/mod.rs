@@ -172,6 +172,25 @@ fn two_namespaces_of_two_ranks_share_memory_inside_and_tcp_across() {
     all_ran_the_sweep(children);
 }
 
+/// The same two hosts of two ranks, told to run collectives in two levels
+/// (decision 0033): all-reduces reduce-scatter over shared memory within
+/// each namespace, all-reduce shards over TCP across, and all-gather
+/// within; the sweep's results are right, and the communicator itself
+/// sent nothing for them (its groups did).
+#[test]
+fn two_namespaces_of_two_ranks_run_all_reduce_in_two_levels() {
+    let Some(net) = try_net("l") else { return };
+    let extra = [
+        ("RINGWIRE_LOCAL_LINKS", "shm"),
+        ("RINGWIRE_TWO_LEVEL", "always"),
+        ("RINGWIRE_TEST_EXPECT_TWO_LEVEL", "1"),
+    ];
+    let children: Vec<_> = (0..4)
+        .map(|r| spawn_of(&net, (r, 4, 2), "netem", &extra))
+        .collect();
+    all_ran_the_sweep(children);
+}
+
 #[test]
 fn cutting_the_link_fails_both_sides_cleanly() {
     let Some(net) = try_net("c") else { return };
