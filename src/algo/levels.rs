@@ -155,18 +155,36 @@ pub fn flat_all_reduce_us(grid: &Grid, bytes: usize, c: &Costs) -> f64 {
     ring.min(doubling)
 }
 
+/// Two-level all-reduces of at least this many bytes run in pieces of
+/// about this size, pipelined: one piece's all-reduce across hosts runs
+/// while the next piece's reduce-scatter within the host does, so the
+/// link is not idle during the host's phases.
+pub const PIECE_BYTES: usize = 4 << 20;
+
+/// Pieces at most, so a huge op's pieces stay large.
+pub const MAX_PIECES: usize = 16;
+
+/// How many pieces a two-level all-reduce of `bytes` runs in.
+pub fn pieces(bytes: usize) -> usize {
+    (bytes / PIECE_BYTES).clamp(1, MAX_PIECES)
+}
+
 /// Estimated microseconds of the two-level all-reduce: a reduce-scatter
 /// and an all-gather within each host (ring-like: k-1 steps, (k-1)/k of
 /// the buffer each), and between them k side-by-side all-reduces of S/k
-/// across hosts (ring or doubling), three ops' overhead.
+/// across hosts (ring or doubling), three ops' overhead per piece. In
+/// pieces, the host's phases and the link's overlap: the slower of the
+/// two sets the pace, plus one piece of the other.
 pub fn two_level_all_reduce_us(grid: &Grid, bytes: usize, c: &Costs) -> f64 {
     let (n, k) = (grid.hosts as f64, grid.per_host as f64);
-    let s = bytes as f64;
-    let within = (k - 1.0) * (c.intra_step_us + (s / k) / c.intra_bytes_per_us);
+    let parts = pieces(bytes) as f64;
+    let s = bytes as f64 / parts;
+    let within = 2.0 * (k - 1.0) * (c.intra_step_us + (s / k) / c.intra_bytes_per_us);
     // k groups share the link: each moves S/k, so together S.
     let ring = 2.0 * (n - 1.0) * (c.inter_step_us + (s / n) / c.inter_bytes_per_us);
     let doubling = log2_ceil(grid.hosts) * (c.inter_step_us + s / c.inter_bytes_per_us);
-    3.0 * c.phase_us + 2.0 * within + ring.min(doubling)
+    let across = ring.min(doubling);
+    3.0 * c.phase_us * parts + within.max(across) * parts + within.min(across)
 }
 
 /// Whether an all-reduce of `bytes` runs in two levels on this grid.
@@ -261,6 +279,21 @@ mod tests {
         let g = Grid::of(&(0..32).map(|r| r / 8).collect::<Vec<_>>()).unwrap();
         assert_eq!(flat_all_reduce_us(&g, s, &c), 62.0 / 32.0 * s as f64);
         assert_eq!(two_level_all_reduce_us(&g, s, &c), 1.5 * s as f64);
+    }
+
+    #[test]
+    fn pieces_overlap_the_hosts_phases_with_the_link() {
+        let c = Costs::with_link_gbps(10.0);
+        let g = Grid::of(&[0, 0, 1, 1]).unwrap();
+        // Below two pieces the phases add up; from there the host's
+        // phases hide behind the link's (here the slower) but one piece.
+        assert_eq!(pieces(PIECE_BYTES - 1), 1);
+        assert_eq!(pieces(64 << 20), 16);
+        assert_eq!(pieces(1 << 30), MAX_PIECES);
+        let per_byte = |bytes: usize| two_level_all_reduce_us(&g, bytes, &c) / bytes as f64;
+        let link_only = 1.0 / c.inter_bytes_per_us;
+        assert!(per_byte(PIECE_BYTES - 1) > 1.1 * link_only);
+        assert!(per_byte(64 << 20) < 1.1 * link_only);
     }
 
     #[test]

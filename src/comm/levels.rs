@@ -126,15 +126,6 @@ impl Levels {
     }
 }
 
-/// All-reduces of at least this many bytes run in pieces of about this
-/// size, pipelined: one piece's all-reduce across hosts runs (on the cross
-/// group's executor) while the next piece's reduce-scatter within the
-/// host runs here, so the link is not idle during the host's phases.
-const PIECE_BYTES: usize = 4 << 20;
-
-/// Pieces at most, so a huge op's pieces stay large.
-const MAX_PIECES: usize = 16;
-
 /// The two-level all-reduce of `data` (see the module docs). Avg sums in
 /// both levels and divides once, as the flat schedules do.
 pub(super) fn all_reduce<T: Element>(
@@ -148,7 +139,7 @@ pub(super) fn all_reduce<T: Element>(
         ReduceOp::Avg => ReduceOp::Sum,
         other => other,
     };
-    let pieces = (size_of_val(data) / PIECE_BYTES).clamp(1, MAX_PIECES);
+    let pieces = algo::levels::pieces(size_of_val(data));
     match pieces {
         1 => all_reduce_whole(cx, levels, data, summed)?,
         _ => all_reduce_pipelined(cx, levels, data, summed, pieces)?,
