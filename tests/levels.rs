@@ -2,7 +2,8 @@
 //! ranks told they sit on different hosts (`Builder::host_id`, as
 //! `NCCL_HOSTID`) run all-reduce as a reduce-scatter within each host, an
 //! all-reduce of each local rank's shard across hosts and an all-gather
-//! within each host. Checked against the reference for every dtype and
+//! within each host; reduce-scatter within each host, then across; and
+//! all-gather across hosts, then within each. Checked against the reference for every dtype and
 //! reduce op at 2 hosts of 2 and 3 ranks and 3 hosts of 2, lengths that do
 //! not divide, whole and in pipelined pieces; that the path ran (the parent communicator itself sends
 //! nothing: its groups do); that the cost model keeps small ops flat; and
@@ -15,6 +16,14 @@ use common::{local_group_per_rank, on_all, seed};
 use ringwire::testing::{Rng, check_close, random_data, reference_reduce};
 use ringwire::{Communicator, Error, ReduceOp, TwoLevel};
 use std::time::Duration;
+
+/// Rank `rank`'s block of `len` elements over `p` ranks (the first
+/// `len % p` one longer), as reduce-scatter cuts them.
+fn block(len: usize, p: usize, rank: usize) -> std::ops::Range<usize> {
+    let (base, extra) = (len / p, len % p);
+    let start = rank * base + rank.min(extra);
+    start..start + base + usize::from(rank < extra)
+}
 
 /// `hosts` hosts of `per_host` ranks (ranks 0..per_host on the first).
 fn hosts_of(
@@ -37,8 +46,20 @@ fn sent_by(comm: &Communicator, f: impl FnOnce()) -> u64 {
 }
 
 fn every_dtype_and_op_in_two_levels(hosts: usize, per_host: usize) {
+    every_dtype_and_op_in_two_levels_placed(hosts, per_host, false)
+}
+
+/// As above; `interleaved`: rank r on host r % hosts (Slurm's cyclic
+/// placement), so groups and blocks do not follow rank order.
+fn every_dtype_and_op_in_two_levels_placed(hosts: usize, per_host: usize, interleaved: bool) {
     let seed = seed();
-    let (_store, comms) = hosts_of(hosts, per_host, TwoLevel::Always);
+    let (_store, comms) = match interleaved {
+        false => hosts_of(hosts, per_host, TwoLevel::Always),
+        true => local_group_per_rank(hosts * per_host, |rank, b| {
+            b.host_id(format!("host-{}", rank % hosts))
+                .two_level(TwoLevel::Always)
+        }),
+    };
     let results = on_all(&comms, |c| {
         // Every collective (the others run flat), every dtype and op.
         common::sweep::every_dtype(c, seed)?;
@@ -66,6 +87,51 @@ fn every_dtype_and_op_in_two_levels(hosts: usize, per_host: usize) {
                 }
             }
         }
+        // Reduce-scatter (blocks padded and reordered host-major) and
+        // all-gather (across hosts first, then reordered into rank order),
+        // lengths that do not divide by the ranks.
+        for len in [p * 1000 + 1, 70_001] {
+            for op in [ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Max] {
+                let ins: Vec<Vec<f32>> = (0..p)
+                    .map(|r| {
+                        random_data(&mut Rng::new(seed ^ (r as u64) << 7 ^ len as u64), len, op)
+                    })
+                    .collect();
+                let reference = reference_reduce(&ins, op);
+                let mine = &reference[block(len, p, rank)];
+                let mut got = vec![0f32; mine.len()];
+                let sent = sent_by(c, || {
+                    c.reduce_scatter_slice(&ins[rank], &mut got, op).unwrap()
+                });
+                check_close(&got, mine, p)
+                    .map_err(|e| format!("reduce_scatter n={len} {op}: {e}"))?;
+                if sent != 0 {
+                    return Err(format!(
+                        "reduce_scatter n={len}: the parent sent {sent} bytes"
+                    ));
+                }
+            }
+            let each = len / p + 1;
+            let ins: Vec<Vec<f32>> = (0..p)
+                .map(|r| {
+                    random_data(
+                        &mut Rng::new(seed ^ (r as u64) << 5 ^ len as u64),
+                        each,
+                        ReduceOp::Sum,
+                    )
+                })
+                .collect();
+            let mut got = vec![0f32; each * p];
+            let sent = sent_by(c, || c.all_gather_slice(&ins[rank], &mut got).unwrap());
+            if got != ins.concat() {
+                return Err(format!("all_gather of {each} per rank: wrong result"));
+            }
+            if sent != 0 {
+                return Err(format!(
+                    "all_gather of {each}: the parent sent {sent} bytes"
+                ));
+            }
+        }
         Ok::<_, String>(())
     });
     for (rank, r) in results.into_iter().enumerate() {
@@ -86,6 +152,11 @@ fn two_hosts_of_three_ranks() {
 #[test]
 fn three_hosts_of_two_ranks() {
     every_dtype_and_op_in_two_levels(3, 2);
+}
+
+#[test]
+fn three_hosts_of_two_ranks_placed_cyclically() {
+    every_dtype_and_op_in_two_levels_placed(3, 2, true);
 }
 
 #[test]

@@ -64,6 +64,11 @@ impl Grid {
         })
     }
 
+    /// The member that is local rank `local` of host `host`.
+    pub fn member(&self, host: usize, local: usize) -> usize {
+        self.by_host[host * self.per_host + local]
+    }
+
     /// Member `member`'s host and local rank.
     pub fn place(&self, member: usize) -> (usize, usize) {
         self.place[member]
@@ -192,6 +197,35 @@ pub fn two_level_all_reduce_pays(grid: &Grid, bytes: usize, c: &Costs) -> bool {
     two_level_all_reduce_us(grid, bytes, c) < flat_all_reduce_us(grid, bytes, c)
 }
 
+/// Estimated microseconds of a flat reduce-scatter or all-gather moving
+/// `bytes` in all (the reduce-scatter's input, the all-gather's output):
+/// a ring of p-1 steps of S/p, `ring_crossings` flows on the busiest host
+/// link.
+pub fn flat_half_us(grid: &Grid, bytes: usize, c: &Costs) -> f64 {
+    let p = (grid.hosts * grid.per_host) as f64;
+    let flows = grid.ring_crossings().max(1) as f64;
+    (p - 1.0) * (c.inter_step_us + flows * (bytes as f64 / p) / c.inter_bytes_per_us)
+}
+
+/// Estimated microseconds of a two-level reduce-scatter or all-gather of
+/// `bytes` in all: one within the host (k-1 steps of S/k), one across
+/// hosts (N-1 steps; k groups side by side, S/N on the link each step),
+/// a copy of the whole buffer (blocks reordered between host-major and
+/// rank order), two ops' overhead.
+pub fn two_level_half_us(grid: &Grid, bytes: usize, c: &Costs) -> f64 {
+    let (n, k) = (grid.hosts as f64, grid.per_host as f64);
+    let s = bytes as f64;
+    let within = (k - 1.0) * (c.intra_step_us + (s / k) / c.intra_bytes_per_us);
+    let across = (n - 1.0) * (c.inter_step_us + (s / n) / c.inter_bytes_per_us);
+    2.0 * c.phase_us + within + across + s / c.intra_bytes_per_us
+}
+
+/// Whether a reduce-scatter or all-gather moving `bytes` in all runs in
+/// two levels on this grid.
+pub fn two_level_half_pays(grid: &Grid, bytes: usize, c: &Costs) -> bool {
+    two_level_half_us(grid, bytes, c) < flat_half_us(grid, bytes, c)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -216,6 +250,7 @@ mod tests {
         assert_eq!(g.place(3), (1, 1));
         assert_eq!(g.cross_group(2), vec![2, 3]);
         assert_eq!(g.cross_group(5), vec![4, 5]);
+        assert_eq!((g.member(0, 2), g.member(1, 0)), (4, 1));
         // Every member is in exactly one group of each kind, and a host
         // group and a cross group meet in exactly one member.
         for m in 0..6 {
@@ -294,6 +329,44 @@ mod tests {
         let link_only = 1.0 / c.inter_bytes_per_us;
         assert!(per_byte(PIECE_BYTES - 1) > 1.1 * link_only);
         assert!(per_byte(64 << 20) < 1.1 * link_only);
+    }
+
+    #[test]
+    fn reduce_scatter_and_all_gather_go_in_two_levels() {
+        // Small: N-1 between-host steps against p-1 (1 against 3 at 2
+        // hosts of 2). Large: (N-1)/N of the buffer on the link against
+        // (p-1)/p.
+        // (At 4 hosts of 8 the reordering copy of 64 MiB costs about what
+        // the link saves: the model calls it even.)
+        let c = Costs::with_link_gbps(10.0);
+        for hosts in [vec![0, 0, 1, 1], (0..16).map(|r| r / 8).collect()] {
+            let g = Grid::of(&hosts).unwrap();
+            assert!(two_level_half_pays(&g, 64, &c), "64 B on {hosts:?}");
+            assert!(two_level_half_pays(&g, 64 << 20, &c), "64 MiB on {hosts:?}");
+        }
+        // Where a host's steps and each op's overhead cost about as much
+        // as the link's steps, small ones stay flat.
+        let slow_host = Costs {
+            intra_step_us: 25.0,
+            phase_us: 15.0,
+            ..c
+        };
+        let g = Grid::of(&[0, 0, 1, 1]).unwrap();
+        assert!(!two_level_half_pays(&g, 64, &slow_host));
+        // The link's bytes alone: (p-1)/p S flat against (N-1)/N S.
+        let free = Costs {
+            intra_step_us: 0.0,
+            intra_bytes_per_us: f64::INFINITY,
+            inter_step_us: 0.0,
+            inter_bytes_per_us: 1.0,
+            phase_us: 0.0,
+        };
+        let g = Grid::of(&[0, 0, 1, 1]).unwrap();
+        assert_eq!(flat_half_us(&g, 1 << 20, &free), 0.75 * (1 << 20) as f64);
+        assert_eq!(
+            two_level_half_us(&g, 1 << 20, &free),
+            0.5 * (1 << 20) as f64
+        );
     }
 
     #[test]

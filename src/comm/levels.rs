@@ -46,6 +46,8 @@ enum Phase {
     HostReduceScatter,
     CrossAllReduce,
     HostAllGather,
+    CrossReduceScatter,
+    CrossAllGather,
 }
 
 impl Phase {
@@ -54,6 +56,8 @@ impl Phase {
             Phase::HostReduceScatter => "the reduce-scatter within the host",
             Phase::CrossAllReduce => "the all-reduce across hosts",
             Phase::HostAllGather => "the all-gather within the host",
+            Phase::CrossReduceScatter => "the reduce-scatter across hosts",
+            Phase::CrossAllGather => "the all-gather across hosts",
         }
     }
 }
@@ -175,9 +179,11 @@ impl Run<'_> {
     }
 
     fn cross_error(&self, e: Error) -> Error {
-        self.levels
-            .cross
-            .lift(e, &self.ctx, &self.parent, Phase::CrossAllReduce)
+        self.lift_cross(e, Phase::CrossAllReduce)
+    }
+
+    fn lift_cross(&self, e: Error, phase: Phase) -> Error {
+        self.levels.cross.lift(e, &self.ctx, &self.parent, phase)
     }
 
     fn all_gather<T: Element>(&self, shard: &[T], output: &mut [T]) -> Result<(), Error> {
@@ -270,6 +276,87 @@ fn all_reduce_pipelined<T: Element>(
         in_flight = Some((j, cross.all_reduce(shard, op)));
     }
     finish(data, in_flight.take(), &mut spare)
+}
+
+/// The two-level reduce-scatter: each rank's block padded to the longest
+/// (b elements) and the blocks reordered host-major by local rank
+/// ([local][host][b]), so a reduce-scatter within the host leaves local
+/// rank l the host's sums of its cross group's blocks, and a
+/// reduce-scatter across hosts each rank its own. Avg sums and divides
+/// once.
+pub(super) fn reduce_scatter<T: Element>(
+    cx: &mut Ctx<'_>,
+    levels: &Levels,
+    input: &[T],
+    output: &mut [T],
+    op: ReduceOp,
+) -> Result<(), Error> {
+    let (rank, size) = cx.rank_and_size();
+    let grid = &levels.grid;
+    let (hosts, k) = (grid.hosts, grid.per_host);
+    let n = input.len();
+    let b = n.div_ceil(size);
+    let summed = match op {
+        ReduceOp::Avg => ReduceOp::Sum,
+        other => other,
+    };
+    cx.with_scratch(k * hosts * b + hosts * b + b, |cx, work: &mut [T]| {
+        let (staged, rest) = work.split_at_mut(k * hosts * b);
+        let (host_sums, mine) = rest.split_at_mut(hosts * b);
+        for l in 0..k {
+            for h in 0..hosts {
+                let block = algo::block(n, size, grid.member(h, l));
+                let (dst, pad) = staged[(l * hosts + h) * b..][..b].split_at_mut(block.len());
+                dst.copy_from_slice(&input[block]);
+                pad.fill(T::default());
+            }
+        }
+        let run = run_of(cx, levels);
+        run.reduce_scatter(staged, host_sums, summed)?;
+        let cross = levels.cross.comm.with_timeout(cx.time_left());
+        cross
+            .reduce_scatter_slice(host_sums, mine, summed)
+            .map_err(|e| run.lift_cross(e, Phase::CrossReduceScatter))?;
+        let len = output.len();
+        output.copy_from_slice(&mine[..len]);
+        debug_assert_eq!(len, algo::block(n, size, rank).len());
+        Ok::<_, Error>(())
+    })?;
+    if op == ReduceOp::Avg {
+        T::finish_avg(output, size);
+    }
+    Ok(())
+}
+
+/// The two-level all-gather: across hosts first (each rank's block goes
+/// over the link once per other host), then within the host (each rank
+/// gets every host's blocks of every local rank, [local][host]), then
+/// reordered into rank order.
+pub(super) fn all_gather<T: Element>(
+    cx: &mut Ctx<'_>,
+    levels: &Levels,
+    input: &[T],
+    output: &mut [T],
+) -> Result<(), Error> {
+    let grid = &levels.grid;
+    let (hosts, k) = (grid.hosts, grid.per_host);
+    let m = input.len();
+    cx.with_scratch(hosts * m + k * hosts * m, |cx, work: &mut [T]| {
+        let (crossed, hosted) = work.split_at_mut(hosts * m);
+        let run = run_of(cx, levels);
+        let cross = levels.cross.comm.with_timeout(cx.time_left());
+        cross
+            .all_gather_slice(input, crossed)
+            .map_err(|e| run.lift_cross(e, Phase::CrossAllGather))?;
+        run.all_gather(crossed, hosted)?;
+        for l in 0..k {
+            for h in 0..hosts {
+                let r = grid.member(h, l);
+                output[r * m..(r + 1) * m].copy_from_slice(&hosted[(l * hosts + h) * m..][..m]);
+            }
+        }
+        Ok(())
+    })
 }
 
 impl Group {

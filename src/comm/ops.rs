@@ -260,6 +260,12 @@ impl<T: Element> InToOut<T> for AllGather {
         let (rank, size) = cx.rank_and_size();
         let n = input.len();
         let bytes = size_of_val(input);
+        // Across hosts first, then within each (decision 0033).
+        if let Some(levels) = cx.two_level(|grid, costs| {
+            algo::levels::two_level_half_pays(grid, size_of_val(output), costs)
+        })? {
+            return super::levels::all_gather(cx, &levels, input, output);
+        }
         let on_arena = match bytes <= arena::COPY_MAX_BYTES {
             true => cx.on_arena(bytes, arena::COPY_MAX_BYTES, |op, w| {
                 arena::all_gather(op, w, (rank, size), input, output)
@@ -423,6 +429,12 @@ impl<T: Element> InToOut<T> for ReduceScatter {
         let (rank, size) = cx.rank_and_size();
         let n = input.len();
         let mine = algo::block(n, size, rank);
+        // Within each host, then across hosts (decision 0033).
+        if let Some(levels) = cx.two_level(|grid, costs| {
+            algo::levels::two_level_half_pays(grid, size_of_val(input), costs)
+        })? {
+            return super::levels::reduce_scatter(cx, &levels, input, output, self.0);
+        }
         if cx.on_arena(size_of_val(input), arena::ALL_REDUCE_MAX_BYTES, |op, w| {
             arena::reduce_scatter(op, w, (rank, size), input, output, self.0)
         })? {
