@@ -90,7 +90,8 @@ fn every_dtype_and_op_in_two_levels_placed(hosts: usize, per_host: usize, interl
         // Reduce-scatter (blocks padded and reordered host-major) and
         // all-gather (across hosts first, then reordered into rank order),
         // lengths that do not divide by the ranks.
-        for len in [p * 1000 + 1, 70_001] {
+        // 3 MiB runs whole; from 8 MiB, in pipelined pieces.
+        for len in [p * 1000 + 1, 70_001, (9 << 20) / 4 + 7] {
             for op in [ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Max] {
                 let ins: Vec<Vec<f32>> = (0..p)
                     .map(|r| {
