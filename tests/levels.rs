@@ -2,8 +2,9 @@
 //! ranks told they sit on different hosts (`Builder::host_id`, as
 //! `NCCL_HOSTID`) run all-reduce as a reduce-scatter within each host, an
 //! all-reduce of each local rank's shard across hosts and an all-gather
-//! within each host; reduce-scatter within each host, then across; and
-//! all-gather across hosts, then within each. Checked against the reference for every dtype and
+//! within each host; reduce-scatter within each host, then across;
+//! all-gather across hosts, then within each; broadcast across hosts
+//! among the root's local rank's group, then within each host. Checked against the reference for every dtype and
 //! reduce op at 2 hosts of 2 and 3 ranks and 3 hosts of 2, lengths that do
 //! not divide, whole and in pipelined pieces; that the path ran (the parent communicator itself sends
 //! nothing: its groups do); that the cost model keeps small ops flat; and
@@ -133,6 +134,30 @@ fn every_dtype_and_op_in_two_levels_placed(hosts: usize, per_host: usize, interl
                 ));
             }
         }
+        // Broadcast from every root: across hosts among the root's local
+        // rank's group, then within each host.
+        for root in 0..p {
+            for len in [1, 70_001] {
+                let data = random_data(
+                    &mut Rng::new(seed ^ root as u64 ^ len as u64),
+                    len,
+                    ReduceOp::Sum,
+                );
+                let mut got = match rank == root {
+                    true => data.clone(),
+                    false => vec![0f32; len],
+                };
+                let sent = sent_by(c, || c.broadcast_slice(&mut got, root).unwrap());
+                if got != data {
+                    return Err(format!("broadcast of {len} from {root}: wrong result"));
+                }
+                if sent != 0 {
+                    return Err(format!(
+                        "broadcast from {root}: the parent sent {sent} bytes"
+                    ));
+                }
+            }
+        }
         Ok::<_, String>(())
     });
     for (rank, r) in results.into_iter().enumerate() {
@@ -240,6 +265,32 @@ fn a_mismatch_in_one_level_fails_every_rank() {
         if let Error::Mismatch { ctx, detail, .. } = &e {
             assert_eq!(ctx.op, ringwire::OpKind::AllReduce, "{e}");
             assert!(detail.contains("two-level"), "says which level: {e}");
+        }
+    }
+}
+
+/// The model keeps a broadcast flat where ranks sit on hosts in rank
+/// order (the tree's first round is the only one across hosts: it already
+/// is two levels) and runs it in two levels where they are placed
+/// cyclically (its last round would put two flows on each host's link).
+#[test]
+fn broadcast_goes_in_two_levels_only_where_ranks_are_placed_across_hosts() {
+    for cyclic in [false, true] {
+        let (_store, comms) = local_group_per_rank(4, |rank, b| {
+            let host = if cyclic { rank % 2 } else { rank / 2 };
+            b.host_id(format!("host-{host}"))
+                .two_level(TwoLevel::Auto)
+                .inter_host_gbps(10.0)
+        });
+        let sent = on_all(&comms, |c| {
+            let mut data = vec![c.rank() as f32; 64 << 10];
+            let sent = sent_by(c, || c.broadcast_slice(&mut data, 0).unwrap());
+            assert!(data.iter().all(|&x| x == 0.0));
+            sent
+        });
+        match cyclic {
+            false => assert!(sent[0] > 0, "flat: the root sends {sent:?}"),
+            true => assert!(sent.iter().all(|&s| s == 0), "two levels: {sent:?}"),
         }
     }
 }

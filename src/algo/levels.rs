@@ -229,6 +229,81 @@ pub fn two_level_half_pays(grid: &Grid, bytes: usize, c: &Costs) -> bool {
     two_level_half_us(grid, bytes, c) < flat_half_us(grid, bytes, c)
 }
 
+/// The most flows any host's link carries in one round of a flat
+/// broadcast from `root`, per round: the binomial tree's rounds
+/// (`algo::broadcast_tree`: the root sends to p/2 first, then p/4, ...),
+/// or the chain's one long round (root, root+1, ...).
+fn broadcast_crossings(grid: &Grid, root: usize, tree: bool) -> Vec<usize> {
+    let p = grid.place.len();
+    let real = |v: usize| (v + root) % p;
+    let busiest = |edges: &mut dyn Iterator<Item = (usize, usize)>| {
+        let mut leaving = vec![0usize; grid.hosts];
+        for (from, to) in edges {
+            let (a, b) = (grid.place[real(from)].0, grid.place[real(to)].0);
+            if a != b {
+                leaving[a] += 1;
+            }
+        }
+        leaving.into_iter().max().unwrap_or(0)
+    };
+    if !tree {
+        return vec![busiest(&mut (0..p - 1).map(|v| (v, v + 1)))];
+    }
+    let top = p.next_power_of_two();
+    std::iter::successors(Some(top >> 1), |m| Some(m >> 1))
+        .take_while(|&m| m > 0)
+        .map(|m| {
+            busiest(
+                &mut (0..p)
+                    .step_by(2 * m)
+                    .filter(|v| v + m < p)
+                    .map(|v| (v, v + m)),
+            )
+        })
+        .collect()
+}
+
+/// Estimated microseconds of a flat broadcast of `bytes` from `root`: the
+/// faster of the binomial tree (each round a step within the host, or one
+/// between hosts carrying the buffer once per flow on the busiest link)
+/// and the pipelined chain (p-1 steps, the buffer once per flow on the
+/// busiest link).
+pub fn flat_broadcast_us(grid: &Grid, root: usize, bytes: usize, c: &Costs) -> f64 {
+    let s = bytes as f64;
+    let p = grid.place.len() as f64;
+    let tree: f64 = broadcast_crossings(grid, root, true)
+        .into_iter()
+        .map(|flows| match flows {
+            0 => c.intra_step_us + s / c.intra_bytes_per_us,
+            f => c.inter_step_us + f as f64 * s / c.inter_bytes_per_us,
+        })
+        .sum();
+    let flows = broadcast_crossings(grid, root, false)[0].max(1) as f64;
+    let chain = (p - 1.0) * c.inter_step_us + flows * s / c.inter_bytes_per_us;
+    tree.min(chain)
+}
+
+/// Estimated microseconds of the two-level broadcast: across hosts among
+/// the root's local rank's group (tree or chain), then within each host
+/// (tree or chain), two ops' overhead.
+pub fn two_level_broadcast_us(grid: &Grid, bytes: usize, c: &Costs) -> f64 {
+    let s = bytes as f64;
+    let (n, k) = (grid.hosts, grid.per_host);
+    let level = |ranks: usize, step: f64, rate: f64| {
+        let tree = log2_ceil(ranks) * (step + s / rate);
+        let chain = (ranks - 1) as f64 * step + s / rate;
+        tree.min(chain)
+    };
+    2.0 * c.phase_us
+        + level(n, c.inter_step_us, c.inter_bytes_per_us)
+        + level(k, c.intra_step_us, c.intra_bytes_per_us)
+}
+
+/// Whether a broadcast of `bytes` from `root` runs in two levels.
+pub fn two_level_broadcast_pays(grid: &Grid, root: usize, bytes: usize, c: &Costs) -> bool {
+    two_level_broadcast_us(grid, bytes, c) < flat_broadcast_us(grid, root, bytes, c)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -368,6 +443,29 @@ mod tests {
             two_level_half_us(&g, 1 << 20, &free),
             0.5 * (1 << 20) as f64
         );
+    }
+
+    #[test]
+    fn broadcast_goes_in_two_levels_where_the_flat_one_crosses_hosts_more() {
+        let c = Costs::with_link_gbps(10.0);
+        // Hosts contiguous: the tree's first round is the only one across
+        // (0 -> 2), the chain crosses once: flat is already two levels.
+        let g = Grid::of(&[0, 0, 1, 1]).unwrap();
+        assert_eq!(broadcast_crossings(&g, 0, true), vec![1, 0]);
+        assert_eq!(broadcast_crossings(&g, 0, false), vec![1]);
+        for bytes in [8, 64 << 10, 64 << 20] {
+            assert!(!two_level_broadcast_pays(&g, 0, bytes, &c), "{bytes} B");
+        }
+        // Placed cyclically: the tree's last round sends two flows over
+        // host 0's link, the chain crosses at every step.
+        let g = Grid::of(&[0, 1, 0, 1]).unwrap();
+        assert_eq!(broadcast_crossings(&g, 0, true), vec![0, 2]);
+        assert_eq!(broadcast_crossings(&g, 1, false), vec![2]);
+        let g = Grid::of(&[0, 1, 2, 3, 0, 1, 2, 3]).unwrap();
+        assert_eq!(broadcast_crossings(&g, 0, true), vec![0, 2, 2]);
+        for bytes in [64 << 10, 64 << 20] {
+            assert!(two_level_broadcast_pays(&g, 0, bytes, &c), "{bytes} B");
+        }
     }
 
     #[test]

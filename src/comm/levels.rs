@@ -48,6 +48,8 @@ enum Phase {
     HostAllGather,
     CrossReduceScatter,
     CrossAllGather,
+    CrossBroadcast,
+    HostBroadcast,
 }
 
 impl Phase {
@@ -58,6 +60,8 @@ impl Phase {
             Phase::HostAllGather => "the all-gather within the host",
             Phase::CrossReduceScatter => "the reduce-scatter across hosts",
             Phase::CrossAllGather => "the all-gather across hosts",
+            Phase::CrossBroadcast => "the broadcast across hosts",
+            Phase::HostBroadcast => "the broadcast within the host",
         }
     }
 }
@@ -416,6 +420,34 @@ pub(super) fn all_gather<T: Element>(
             spare.extend([mine, crossed]);
         }
         Ok(())
+    })
+}
+
+/// The two-level broadcast from `root`: across hosts among the ranks of
+/// the root's local rank (the others have no part in it), then within
+/// each host from that local rank. Whole, not in pieces: the model picks
+/// it where the flat tree or chain would cross hosts more (ranks placed
+/// across hosts out of rank order), not to overlap the levels.
+pub(super) fn broadcast<T: Element>(
+    cx: &mut Ctx<'_>,
+    levels: &Levels,
+    data: &mut [T],
+    root: usize,
+) -> Result<(), Error> {
+    let (root_host, root_local) = levels.grid.place(root);
+    let (_, local) = levels.grid.place(cx.ex.rank);
+    let run = run_of(cx, levels);
+    if local == root_local {
+        let cross = levels.cross.comm.with_timeout(cx.time_left());
+        cross
+            .broadcast_slice(data, root_host)
+            .map_err(|e| run.lift_cross(e, Phase::CrossBroadcast))?;
+    }
+    let host = levels.host.comm.with_timeout(cx.time_left());
+    host.broadcast_slice(data, root_local).map_err(|e| {
+        levels
+            .host
+            .lift(e, &run.ctx, &run.parent, Phase::HostBroadcast)
     })
 }
 

@@ -170,6 +170,13 @@ impl<T: Element> InPlace<T> for Broadcast {
         let (n, root) = (data.len(), self.root);
         let bytes = size_of_val(data);
         let choice = cx.shape().broadcast(bytes);
+        // Across hosts, then within each, where the flat schedule would
+        // cross hosts more (decision 0033).
+        if let Some(levels) = cx.two_level(|grid, costs| {
+            algo::levels::two_level_broadcast_pays(grid, root, bytes, costs)
+        })? {
+            return super::levels::broadcast(cx, &levels, data, root);
+        }
         let on_arena = match bytes <= arena::COPY_MAX_BYTES {
             true => cx.on_arena(bytes, arena::COPY_MAX_BYTES, |op, w| {
                 arena::broadcast(op, w, rank, root, data)
