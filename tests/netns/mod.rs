@@ -191,6 +191,50 @@ fn two_namespaces_of_two_ranks_run_all_reduce_in_two_levels() {
     all_ran_the_sweep(children);
 }
 
+/// Two hosts of two ranks in a loop of two-level all-reduces (8 MiB: two
+/// pipelined pieces); rank 3 is killed. Every other rank's op fails within
+/// seconds, rank 0 too, though none of its groups holds rank 3 (the host
+/// of ranks 0 and 1, the cross group of 0 and 2): the failing ranks'
+/// abort of the parent reaches it, nested into its groups.
+#[test]
+fn a_rank_killed_in_a_two_level_all_reduce_fails_every_other_rank() {
+    let Some(net) = try_net("k") else { return };
+    let extra = [
+        ("RINGWIRE_LOCAL_LINKS", "shm"),
+        ("RINGWIRE_TWO_LEVEL", "always"),
+        ("RINGWIRE_TEST_LEN", "2097152"),
+    ];
+    let mut children: Vec<_> = (0..4)
+        .map(|r| spawn_of(&net, (r, 4, 2), "loop", &extra))
+        .collect();
+    std::thread::sleep(Duration::from_millis(2000));
+    children[3].kill().unwrap();
+    let killed_at = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis();
+    for (rank, c) in children.into_iter().enumerate().take(3) {
+        let out = c.wait_with_output().unwrap();
+        let t = text(&out);
+        let line = t
+            .lines()
+            .find(|l| l.contains("CHILD-LOOP-ERR"))
+            .unwrap_or_else(|| panic!("rank {rank} reported no error:\n{t}"));
+        eprintln!("rank {rank}: {line}");
+        let at: u128 = line
+            .split_whitespace()
+            .skip_while(|w| *w != "CHILD-LOOP-ERR")
+            .nth(1)
+            .and_then(|ms| ms.parse().ok())
+            .unwrap_or_else(|| panic!("rank {rank}: no time in {line}"));
+        assert!(
+            at.saturating_sub(killed_at) < 5000,
+            "rank {rank} failed {} ms after the kill: {line}",
+            at.saturating_sub(killed_at)
+        );
+    }
+}
+
 #[test]
 fn cutting_the_link_fails_both_sides_cleanly() {
     let Some(net) = try_net("c") else { return };
