@@ -102,6 +102,8 @@ impl OpSignature {
 pub(crate) struct Traffic {
     pub(crate) sent: u64,
     pub(crate) received: u64,
+    /// The op ran in two levels (its bytes are its groups', decision 0033).
+    pub(crate) two_level: bool,
 }
 
 /// Copy receives from one peer holding at least this much in all are

@@ -24,6 +24,9 @@ pub struct Stats {
     /// Payload bytes this rank received (on the arena: read from other
     /// ranks' staging).
     pub bytes_received: u64,
+    /// Ops that ran in two levels: within each host, then across hosts
+    /// (decision 0033). Their bytes are those of both levels' groups.
+    pub two_level_ops: u64,
     /// Median op latency.
     pub p50: Duration,
     /// 99th-percentile op latency.
@@ -98,6 +101,8 @@ pub(crate) struct OpCounters {
     pub(crate) ops: u64,
     pub(crate) bytes_sent: u64,
     pub(crate) bytes_received: u64,
+    /// Of them, those that ran in two levels (decision 0033).
+    pub(crate) two_level: u64,
     /// Their latencies added up.
     pub(crate) latency_sum_ns: u64,
     /// Completed ops per latency bucket (not cumulative): bucket `i` holds
@@ -175,11 +180,13 @@ impl StatsRecorder {
         stats.ops += 1;
         stats.bytes_sent += traffic.sent;
         stats.bytes_received += traffic.received;
+        stats.two_level_ops += u64::from(traffic.two_level);
         hist.saturating_record(elapsed.as_micros().clamp(1, u128::from(u64::MAX)) as u64);
         let per_op = &mut counters.per_op[op as usize];
         per_op.ops += 1;
         per_op.bytes_sent += traffic.sent;
         per_op.bytes_received += traffic.received;
+        per_op.two_level += u64::from(traffic.two_level);
         per_op.latency_sum_ns = per_op.latency_sum_ns.saturating_add(ns);
         per_op.latency_buckets[bucket] += 1;
     }
@@ -198,6 +205,12 @@ impl StatsRecorder {
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Recorded> {
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Payload bytes sent and received so far (cheap: no percentiles).
+    pub(crate) fn bytes(&self) -> (u64, u64) {
+        let guard = self.lock();
+        (guard.stats.bytes_sent, guard.stats.bytes_received)
     }
 
     pub(crate) fn snapshot(&self) -> Stats {
@@ -239,7 +252,11 @@ mod tests {
     #[test]
     fn records_per_op_kind_and_failures_per_error_kind() {
         let recorder = StatsRecorder::default();
-        let traffic = |sent, received| Traffic { sent, received };
+        let traffic = |sent, received| Traffic {
+            sent,
+            received,
+            two_level: false,
+        };
         recorder.record(OpKind::AllReduce, Duration::from_micros(20), traffic(8, 16));
         recorder.record(OpKind::AllReduce, Duration::from_secs(200), traffic(1, 2));
         recorder.record(OpKind::Barrier, Duration::from_micros(5), traffic(0, 0));

@@ -3,12 +3,14 @@
 //! `NCCL_HOSTID`) run all-reduce as a reduce-scatter within each host, an
 //! all-reduce of each local rank's shard across hosts and an all-gather
 //! within each host; reduce-scatter within each host, then across;
-//! all-gather across hosts, then within each; broadcast across hosts
-//! among the root's local rank's group, then within each host. Checked against the reference for every dtype and
-//! reduce op at 2 hosts of 2 and 3 ranks and 3 hosts of 2, lengths that do
-//! not divide, whole and in pipelined pieces; that the path ran (the parent communicator itself sends
-//! nothing: its groups do); that the cost model keeps small ops flat; and
-//! that a mismatch inside one level fails every rank, none left waiting.
+//! all-gather across hosts, then within each; broadcast across hosts among
+//! the root's local rank's group, then within each host. Checked against
+//! the reference for every dtype and reduce op at 2 hosts of 2 and 3 ranks
+//! and 3 hosts of 2 (also placed cyclically), lengths that do not divide,
+//! whole and in pipelined pieces; that the path ran (the stats count the
+//! op as two-level, with its groups' bytes); that the cost model keeps
+//! small ops flat; and that a mismatch inside one level fails every rank,
+//! none left waiting.
 //! (Real hosts, network namespaces joined by veth: tests/netns.)
 
 mod common;
@@ -38,12 +40,16 @@ fn hosts_of(
     })
 }
 
-/// Bytes this communicator itself sent while `f` ran (its groups' are
-/// their own).
-fn sent_by(comm: &Communicator, f: impl FnOnce()) -> u64 {
-    let before = comm.stats().bytes_sent;
+/// What `f`'s op did: the bytes this rank sent for it (its groups', when
+/// it ran in two levels) and how many ops ran in two levels (0 or 1).
+fn counted(comm: &Communicator, f: impl FnOnce()) -> (u64, u64) {
+    let before = comm.stats();
     f();
-    comm.stats().bytes_sent - before
+    let after = comm.stats();
+    (
+        after.bytes_sent - before.bytes_sent,
+        after.two_level_ops - before.two_level_ops,
+    )
 }
 
 fn every_dtype_and_op_in_two_levels(hosts: usize, per_host: usize) {
@@ -81,10 +87,10 @@ fn every_dtype_and_op_in_two_levels_placed(hosts: usize, per_host: usize, interl
                     .collect();
                 let reference = reference_reduce(&ins, op);
                 let mut got = ins[rank].clone();
-                let sent = sent_by(c, || c.all_reduce_slice(&mut got, op).unwrap());
+                let (sent, two) = counted(c, || c.all_reduce_slice(&mut got, op).unwrap());
                 check_close(&got, &reference, p).map_err(|e| format!("n={len} {op}: {e}"))?;
-                if sent != 0 {
-                    return Err(format!("n={len} {op}: the parent sent {sent} bytes itself"));
+                if two != 1 || sent == 0 {
+                    return Err(format!("n={len} {op}: {two} two-level ops, {sent} bytes"));
                 }
             }
         }
@@ -102,14 +108,14 @@ fn every_dtype_and_op_in_two_levels_placed(hosts: usize, per_host: usize, interl
                 let reference = reference_reduce(&ins, op);
                 let mine = &reference[block(len, p, rank)];
                 let mut got = vec![0f32; mine.len()];
-                let sent = sent_by(c, || {
+                let (sent, two) = counted(c, || {
                     c.reduce_scatter_slice(&ins[rank], &mut got, op).unwrap()
                 });
                 check_close(&got, mine, p)
                     .map_err(|e| format!("reduce_scatter n={len} {op}: {e}"))?;
-                if sent != 0 {
+                if two != 1 || sent == 0 {
                     return Err(format!(
-                        "reduce_scatter n={len}: the parent sent {sent} bytes"
+                        "reduce_scatter n={len}: {two} two-level ops, {sent} bytes"
                     ));
                 }
             }
@@ -124,13 +130,13 @@ fn every_dtype_and_op_in_two_levels_placed(hosts: usize, per_host: usize, interl
                 })
                 .collect();
             let mut got = vec![0f32; each * p];
-            let sent = sent_by(c, || c.all_gather_slice(&ins[rank], &mut got).unwrap());
+            let (sent, two) = counted(c, || c.all_gather_slice(&ins[rank], &mut got).unwrap());
             if got != ins.concat() {
                 return Err(format!("all_gather of {each} per rank: wrong result"));
             }
-            if sent != 0 {
+            if two != 1 || sent == 0 {
                 return Err(format!(
-                    "all_gather of {each}: the parent sent {sent} bytes"
+                    "all_gather of {each}: {two} two-level ops, {sent} bytes"
                 ));
             }
         }
@@ -147,14 +153,12 @@ fn every_dtype_and_op_in_two_levels_placed(hosts: usize, per_host: usize, interl
                     true => data.clone(),
                     false => vec![0f32; len],
                 };
-                let sent = sent_by(c, || c.broadcast_slice(&mut got, root).unwrap());
+                let (_, two) = counted(c, || c.broadcast_slice(&mut got, root).unwrap());
                 if got != data {
                     return Err(format!("broadcast of {len} from {root}: wrong result"));
                 }
-                if sent != 0 {
-                    return Err(format!(
-                        "broadcast from {root}: the parent sent {sent} bytes"
-                    ));
+                if two != 1 {
+                    return Err(format!("broadcast from {root}: {two} two-level ops"));
                 }
             }
         }
@@ -188,28 +192,31 @@ fn three_hosts_of_two_ranks_placed_cyclically() {
 #[test]
 fn the_cost_model_keeps_small_ops_flat_and_runs_large_ones_in_two_levels() {
     let (_store, comms) = hosts_of(2, 2, TwoLevel::Auto);
-    let sent = on_all(&comms, |c| {
-        let small = sent_by(c, || {
+    let two_level = on_all(&comms, |c| {
+        let (_, small) = counted(c, || {
             c.all_reduce_slice(&mut [1.0f32; 2], ReduceOp::Sum).unwrap()
         });
         let mut large = vec![1.0f32; 4 << 20];
-        let big = sent_by(c, || c.all_reduce_slice(&mut large, ReduceOp::Sum).unwrap());
+        let (sent, big) = counted(c, || c.all_reduce_slice(&mut large, ReduceOp::Sum).unwrap());
         assert!(large.iter().all(|&x| x == 4.0));
+        // Its groups' bytes count as its own: at least the half of its
+        // buffer it sends within its host.
+        assert!(sent >= 8 << 20, "{sent}");
         (small, big)
     });
-    for (rank, (small, large)) in sent.into_iter().enumerate() {
-        assert!(small > 0, "rank {rank}: an 8-byte all-reduce runs flat");
-        assert_eq!(large, 0, "rank {rank}: a 16 MiB one runs in two levels");
+    for (rank, (small, large)) in two_level.into_iter().enumerate() {
+        assert_eq!(small, 0, "rank {rank}: an 8-byte all-reduce runs flat");
+        assert_eq!(large, 1, "rank {rank}: a 16 MiB one runs in two levels");
     }
     // Told never, the same 16 MiB runs flat.
     let (_store, comms) = hosts_of(2, 2, TwoLevel::Never);
-    for sent in on_all(&comms, |c| {
-        sent_by(c, || {
+    for (_, two) in on_all(&comms, |c| {
+        counted(c, || {
             c.all_reduce_slice(&mut vec![1.0f32; 4 << 20], ReduceOp::Sum)
                 .unwrap()
         })
     }) {
-        assert!(sent > 0);
+        assert_eq!(two, 0);
     }
 }
 
@@ -220,13 +227,13 @@ fn hosts_of_different_sizes_run_flat() {
         b.host_id(if rank < 3 { "a" } else { "b" })
             .two_level(TwoLevel::Always)
     });
-    for sent in on_all(&comms, |c| {
+    for (_, two) in on_all(&comms, |c| {
         let mut data = vec![c.rank() as f32; 5000];
-        let sent = sent_by(c, || c.all_reduce_slice(&mut data, ReduceOp::Sum).unwrap());
+        let done = counted(c, || c.all_reduce_slice(&mut data, ReduceOp::Sum).unwrap());
         assert!(data.iter().all(|&x| x == 6.0));
-        sent
+        done
     }) {
-        assert!(sent > 0);
+        assert_eq!(two, 0);
     }
 }
 
@@ -282,15 +289,13 @@ fn broadcast_goes_in_two_levels_only_where_ranks_are_placed_across_hosts() {
                 .two_level(TwoLevel::Auto)
                 .inter_host_gbps(10.0)
         });
-        let sent = on_all(&comms, |c| {
+        let two = on_all(&comms, |c| {
             let mut data = vec![c.rank() as f32; 64 << 10];
-            let sent = sent_by(c, || c.broadcast_slice(&mut data, 0).unwrap());
+            let (_, two) = counted(c, || c.broadcast_slice(&mut data, 0).unwrap());
             assert!(data.iter().all(|&x| x == 0.0));
-            sent
+            two
         });
-        match cyclic {
-            false => assert!(sent[0] > 0, "flat: the root sends {sent:?}"),
-            true => assert!(sent.iter().all(|&s| s == 0), "two levels: {sent:?}"),
-        }
+        let want = u64::from(cyclic);
+        assert!(two.iter().all(|&t| t == want), "cyclic {cyclic}: {two:?}");
     }
 }

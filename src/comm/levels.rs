@@ -105,6 +105,29 @@ impl Ctx<'_> {
 }
 
 impl Levels {
+    /// Bytes both groups have sent and received so far.
+    fn bytes(&self) -> (u64, u64) {
+        let (a, b) = self.host.comm.inner.stats.bytes();
+        let (c, d) = self.cross.comm.inner.stats.bytes();
+        (a + c, b + d)
+    }
+
+    /// Runs `op` (a two-level op) and counts its groups' bytes as the
+    /// op's own, marking it two-level for the stats.
+    pub(super) fn counted<R>(
+        &self,
+        cx: &mut Ctx<'_>,
+        op: impl FnOnce(&mut Ctx<'_>) -> Result<R, Error>,
+    ) -> Result<R, Error> {
+        let (sent, received) = self.bytes();
+        let done = op(cx)?;
+        let (sent_now, received_now) = self.bytes();
+        cx.traffic.sent += sent_now - sent;
+        cx.traffic.received += received_now - received;
+        cx.traffic.two_level = true;
+        Ok(done)
+    }
+
     fn make(ex: &super::execute::Executor, grid: Grid) -> Result<Levels, Error> {
         let (h, l) = grid.place(ex.rank);
         let host = grid.host_group(ex.rank).to_vec();

@@ -126,7 +126,9 @@ impl<T: Element> InPlace<T> for AllReduce {
         if let Some(levels) =
             cx.two_level(|grid, costs| algo::levels::two_level_all_reduce_pays(grid, bytes, costs))?
         {
-            return super::levels::all_reduce(cx, &levels, data, self.0);
+            return levels.counted(cx, |cx| {
+                super::levels::all_reduce(cx, &levels, data, self.0)
+            });
         }
         let on_arena = match bytes <= arena::ALL_REDUCE_MAX_BYTES {
             true => cx.on_arena(bytes, arena::ALL_REDUCE_MAX_BYTES, |op, w| {
@@ -175,7 +177,7 @@ impl<T: Element> InPlace<T> for Broadcast {
         if let Some(levels) = cx.two_level(|grid, costs| {
             algo::levels::two_level_broadcast_pays(grid, root, bytes, costs)
         })? {
-            return super::levels::broadcast(cx, &levels, data, root);
+            return levels.counted(cx, |cx| super::levels::broadcast(cx, &levels, data, root));
         }
         let on_arena = match bytes <= arena::COPY_MAX_BYTES {
             true => cx.on_arena(bytes, arena::COPY_MAX_BYTES, |op, w| {
@@ -271,7 +273,9 @@ impl<T: Element> InToOut<T> for AllGather {
         if let Some(levels) = cx.two_level(|grid, costs| {
             algo::levels::two_level_half_pays(grid, size_of_val(output), costs)
         })? {
-            return super::levels::all_gather(cx, &levels, input, output);
+            return levels.counted(cx, |cx| {
+                super::levels::all_gather(cx, &levels, input, output)
+            });
         }
         let on_arena = match bytes <= arena::COPY_MAX_BYTES {
             true => cx.on_arena(bytes, arena::COPY_MAX_BYTES, |op, w| {
@@ -440,7 +444,9 @@ impl<T: Element> InToOut<T> for ReduceScatter {
         if let Some(levels) = cx.two_level(|grid, costs| {
             algo::levels::two_level_half_pays(grid, size_of_val(input), costs)
         })? {
-            return super::levels::reduce_scatter(cx, &levels, input, output, self.0);
+            return levels.counted(cx, |cx| {
+                super::levels::reduce_scatter(cx, &levels, input, output, self.0)
+            });
         }
         if cx.on_arena(size_of_val(input), arena::ALL_REDUCE_MAX_BYTES, |op, w| {
             arena::reduce_scatter(op, w, (rank, size), input, output, self.0)

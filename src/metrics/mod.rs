@@ -21,6 +21,8 @@
 //! - `ringwire_ops_total`, `ringwire_bytes_sent_total`,
 //!   `ringwire_bytes_received_total` by `op` (`all_reduce`, `broadcast`,
 //!   ..., `send_recv`): ops completed and their payload bytes;
+//! - `ringwire_two_level_ops_total` by `op`: of those, the ops that ran
+//!   in two levels (within each host, then across hosts; decision 0033);
 //! - `ringwire_op_latency_seconds` by `op`: a histogram of completed ops'
 //!   latency, fixed buckets from 10 us to 100 s (`stats.rs` says why);
 //! - `ringwire_failures_total` by `kind` (`timeout`, `peer_lost`,
@@ -175,7 +177,7 @@ struct Samples(Vec<Sample>);
 
 type OpCounter = (&'static str, &'static str, fn(&OpCounters) -> u64);
 
-const OP_COUNTERS: [OpCounter; 3] = [
+const OP_COUNTERS: [OpCounter; 4] = [
     ("ops", "Ops completed, by op kind.", |c| c.ops),
     (
         "bytes_sent",
@@ -186,6 +188,12 @@ const OP_COUNTERS: [OpCounter; 3] = [
         "bytes_received",
         "Payload bytes this rank received in completed ops, by op kind.",
         |c| c.bytes_received,
+    ),
+    (
+        "two_level_ops",
+        "Of the ops completed, those that ran in two levels (within each host, then across \
+         hosts), by op kind.",
+        |c| c.two_level,
     ),
 ];
 
@@ -333,13 +341,21 @@ mod tests {
     #[test]
     fn text_has_every_metric_once_with_a_series_per_communicator() {
         let recorder = StatsRecorder::default();
-        let traffic = |sent, received| crate::exec::Traffic { sent, received };
+        let traffic = |sent, received| crate::exec::Traffic {
+            sent,
+            received,
+            two_level: false,
+        };
         recorder.record(
             OpKind::AllReduce,
             Duration::from_micros(50),
             traffic(64, 64),
         );
-        recorder.record(OpKind::AllReduce, Duration::from_millis(2), traffic(64, 64));
+        let two_level = crate::exec::Traffic {
+            two_level: true,
+            ..traffic(64, 64)
+        };
+        recorder.record(OpKind::AllReduce, Duration::from_millis(2), two_level);
         recorder.record(OpKind::Broadcast, Duration::from_secs(500), traffic(4, 0));
         recorder.failed(&crate::Error::Failed { first: "x".into() });
         let text = encode(vec![
@@ -350,6 +366,7 @@ mod tests {
             "ringwire_ops_total counter",
             "ringwire_bytes_sent_total counter",
             "ringwire_bytes_received_total counter",
+            "ringwire_two_level_ops_total counter",
             "ringwire_op_latency_seconds histogram",
             "ringwire_failures_total counter",
             "ringwire_held_ahead_bytes gauge",
@@ -422,6 +439,12 @@ mod tests {
             )),
             0.0
         );
+        let two = |op: &str| {
+            at(&format!(
+                r#"ringwire_two_level_ops_total{{{r1},op="{op}"}}"#
+            ))
+        };
+        assert_eq!((two("all_reduce"), two("broadcast")), (1.0, 0.0));
         assert_eq!(at(&format!("ringwire_held_ahead_bytes{{{r1}}}")), 7.0);
         assert_eq!(at(&format!("ringwire_held_ahead_peak_bytes{{{r0}}}")), 9.0);
         assert_eq!(at(&format!("ringwire_inboxes{{{r1}}}")), 2.0);
