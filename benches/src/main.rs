@@ -634,7 +634,9 @@ fn run_rank(a: &Args) -> Result<bool, String> {
                     None => with_dtype!(a.dtype, T => cpu_bench::<T>(comm, a, shape)),
                     Some(g) => with_dtype!(a.dtype, T => g.bench::<T>(a, shape)?),
                 };
+                let two_level_before = comm.stats().two_level_ops;
                 let m = measure(runner.as_mut(), &ctrl, a, shape);
+                let two_level = comm.stats().two_level_ops > two_level_before;
                 // Device buffers freed before the next size's are made.
                 drop(runner);
                 let m = m?;
@@ -706,6 +708,7 @@ fn run_rank(a: &Args) -> Result<bool, String> {
                     link_buffer_bytes: limit_in(&limits, kind).map(|l| l.buffer),
                     link_kind: kind.to_string(),
                     max_rss_kib,
+                    two_level,
                 };
                 rows.push(row);
             }
@@ -759,6 +762,11 @@ fn run_rank(a: &Args) -> Result<bool, String> {
                     high[0],
                     low[1],
                     high[1],
+                );
+            }
+            for (t, sizes) in report::two_level_sizes(&rows) {
+                println!(
+                    "# {t}: in two levels, within each host and across hosts (RINGWIRE_TWO_LEVEL), at {sizes} B"
                 );
             }
             for (t, avg) in report::averages(&rows) {

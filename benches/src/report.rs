@@ -40,6 +40,9 @@ pub(crate) struct Row {
     pub(crate) link_kind: String,
     /// Peak resident memory (KiB) of the rank with the most, after this row.
     pub(crate) max_rss_kib: u64,
+    /// The op ran in two levels, within each host and across hosts
+    /// (RINGWIRE_TWO_LEVEL; decision 0033).
+    pub(crate) two_level: bool,
 }
 
 /// algbw in GB/s (1e9 bytes) from bytes and seconds.
@@ -123,6 +126,43 @@ pub(crate) fn format_row(r: &Row) -> String {
         opt(r.link_pct, 1),
         r.max_rss_kib as f64 / 1024.0,
     )
+}
+
+/// Per transport, the sizes whose op ran in two levels, as ranges of
+/// consecutive rows ("16777216-67108864"), for the line under the table.
+pub(crate) fn two_level_sizes(rows: &[Row]) -> Vec<(String, String)> {
+    // (transport, ranges, whether its previous row ran in two levels)
+    let mut seen: Vec<(String, Vec<(usize, usize)>, bool)> = Vec::new();
+    for r in rows {
+        let i = match seen.iter().position(|(t, ..)| *t == r.transport) {
+            Some(i) => i,
+            None => {
+                seen.push((r.transport.clone(), Vec::new(), false));
+                seen.len() - 1
+            }
+        };
+        let (_, ranges, previous) = &mut seen[i];
+        if r.two_level {
+            match ranges.last_mut() {
+                Some((_, hi)) if *previous => *hi = r.size_bytes,
+                _ => ranges.push((r.size_bytes, r.size_bytes)),
+            }
+        }
+        *previous = r.two_level;
+    }
+    let out = seen.into_iter().map(|(t, ranges, _)| (t, ranges));
+    out.filter(|(_, ranges)| !ranges.is_empty())
+        .map(|(t, ranges)| {
+            let text: Vec<String> = ranges
+                .iter()
+                .map(|&(lo, hi)| match lo == hi {
+                    true => lo.to_string(),
+                    false => format!("{lo}-{hi}"),
+                })
+                .collect();
+            (t, text.join(", "))
+        })
+        .collect()
 }
 
 /// `avg bus bandwidth` per transport, over the rows of that transport (as
@@ -252,7 +292,31 @@ mod tests {
             link_buffer_bytes: None,
             link_kind: "tcp".into(),
             max_rss_kib: 1,
+            two_level: false,
         }
+    }
+
+    #[test]
+    fn two_level_sizes_are_ranges_per_transport() {
+        let mut rows = Vec::new();
+        for (t, size, two) in [
+            ("a", 1, false),
+            ("b", 1, false),
+            ("a", 2, true),
+            ("b", 2, false),
+            ("a", 4, true),
+            ("b", 4, true),
+            ("a", 8, false),
+            ("a", 16, true),
+        ] {
+            let mut r = row(t, size, 1.0);
+            r.two_level = two;
+            rows.push(r);
+        }
+        assert_eq!(
+            two_level_sizes(&rows),
+            vec![("a".into(), "2-4, 16".into()), ("b".into(), "4".into())]
+        );
     }
 
     #[test]
