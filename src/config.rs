@@ -91,8 +91,9 @@ impl TwoLevel {
     }
 }
 
-/// The link rate between hosts the cost model assumes by default, in
-/// gigabits per second (a common cloud and cluster NIC).
+/// The link rate between hosts the cost model assumes where neither a
+/// setting nor the ranks' interfaces say, in gigabits per second (a
+/// common cloud and cluster NIC).
 pub const DEFAULT_INTER_HOST_GBPS: f64 = 25.0;
 
 impl LocalLinks {
@@ -161,8 +162,9 @@ pub(crate) struct Tunables {
     /// Two-level collectives across hosts (RINGWIRE_TWO_LEVEL; decision 0033).
     pub(crate) two_level: TwoLevel,
     /// The link rate between hosts the cost model assumes, in Gb/s
-    /// (RINGWIRE_INTER_HOST_GBPS).
-    pub(crate) inter_host_gbps: f64,
+    /// (RINGWIRE_INTER_HOST_GBPS); `None`: what the ranks' interfaces
+    /// report, agreed at rendezvous (`World::inter_host_gbps`).
+    pub(crate) inter_host_gbps: Option<f64>,
     /// TCP links on the uring engine add two one-way lanes for the payloads
     /// of large frames (RINGWIRE_TCP_LANES, default on; decision 0018).
     pub(crate) tcp_lanes: bool,
@@ -239,7 +241,8 @@ impl Tunables {
             (
                 "inter_host_gbps",
                 "RINGWIRE_INTER_HOST_GBPS (or Builder::inter_host_gbps)",
-                self.inter_host_gbps.to_string(),
+                self.inter_host_gbps
+                    .map_or_else(|| "auto".to_string(), |g| g.to_string()),
             ),
         ]
     }
@@ -440,23 +443,24 @@ impl Overrides {
             },
         };
         let inter_host_gbps = match self.inter_host_gbps {
-            Some(g) => g,
+            Some(g) => Some(g),
             None => env_parsed(
                 lookup,
                 "RINGWIRE_INTER_HOST_GBPS",
                 |v| v.parse::<f64>().ok(),
                 "a positive number of gigabits per second, e.g. 25 or 100",
-            )?
-            .unwrap_or(DEFAULT_INTER_HOST_GBPS),
+            )?,
         };
-        if !(inter_host_gbps.is_finite() && inter_host_gbps > 0.0) {
+        if let Some(g) = inter_host_gbps
+            && !(g.is_finite() && g > 0.0)
+        {
             let var = match self.inter_host_gbps {
                 Some(_) => "Builder::inter_host_gbps",
                 None => "RINGWIRE_INTER_HOST_GBPS",
             };
             return Err(invalid(
                 var,
-                &inter_host_gbps.to_string(),
+                &g.to_string(),
                 "a positive number of gigabits per second, e.g. 25 or 100",
             ));
         }
@@ -573,7 +577,7 @@ mod tests {
         let t = |pairs: &[(&str, &str)]| Overrides::default().resolve(&vars(pairs));
         let base = t(&[]).unwrap();
         assert_eq!(base.two_level, TwoLevel::Auto);
-        assert_eq!(base.inter_host_gbps, DEFAULT_INTER_HOST_GBPS);
+        assert_eq!(base.inter_host_gbps, None, "read from the interfaces");
         for (word, mode) in [
             ("always", TwoLevel::Always),
             ("ON", TwoLevel::Always),
@@ -586,7 +590,7 @@ mod tests {
         }
         assert!(t(&[("RINGWIRE_TWO_LEVEL", "sometimes")]).is_err());
         let gbps = t(&[("RINGWIRE_INTER_HOST_GBPS", "100")]).unwrap();
-        assert_eq!(gbps.inter_host_gbps, 100.0);
+        assert_eq!(gbps.inter_host_gbps, Some(100.0));
         for bad in ["0", "-5", "fast", "inf", "NaN"] {
             let e = t(&[("RINGWIRE_INTER_HOST_GBPS", bad)])
                 .unwrap_err()

@@ -147,6 +147,17 @@ pub fn interface_addrs(ifname: &str) -> Result<Vec<IpAddr>, NetError> {
     Ok(ips)
 }
 
+/// The rate of the interface that holds `ip`, in gigabits per second, as
+/// its driver reports it (`/sys/class/net/NAME/speed`, megabits); `None`
+/// for loopback and for interfaces that report none.
+pub(crate) fn link_gbps(ip: IpAddr) -> Option<f64> {
+    let all = if_addrs::get_if_addrs().ok()?;
+    let name = &all.iter().find(|i| i.ip() == ip && !i.is_loopback())?.name;
+    let text = std::fs::read_to_string(format!("/sys/class/net/{name}/speed")).ok()?;
+    let mbps: i64 = text.trim().parse().ok()?;
+    (mbps > 0).then(|| mbps as f64 / 1000.0)
+}
+
 /// The local IP other ranks should use to reach this one.
 ///
 /// With `ifname`, an address of that interface, of the same family as the
@@ -414,6 +425,21 @@ mod tests {
             "lo"
         } else {
             "lo0"
+        }
+    }
+
+    #[test]
+    fn link_rates_come_from_real_interfaces_only() {
+        // Loopback reports none; an address no interface holds, none.
+        assert_eq!(link_gbps("127.0.0.1".parse().unwrap()), None);
+        assert_eq!(link_gbps("192.0.2.77".parse().unwrap()), None);
+        // An interface whose driver reports a speed gives it in Gb/s.
+        for i in if_addrs::get_if_addrs().unwrap() {
+            let speed = std::fs::read_to_string(format!("/sys/class/net/{}/speed", i.name));
+            let mbps = speed.ok().and_then(|s| s.trim().parse::<i64>().ok());
+            if let Some(mbps) = mbps.filter(|&m| m > 0 && !i.is_loopback()) {
+                assert_eq!(link_gbps(i.ip()), Some(mbps as f64 / 1000.0), "{}", i.name);
+            }
         }
     }
 

@@ -346,8 +346,10 @@ impl Builder {
     }
 
     /// The rate of each host's link to the others, in gigabits per second,
-    /// that the two-level cost model assumes (default 25). Env:
-    /// RINGWIRE_INTER_HOST_GBPS. Every rank must use the same value.
+    /// that the two-level cost model assumes. By default the slowest rate
+    /// the ranks' interfaces report (the one each listens on; its driver's
+    /// `speed`), else 25. Env: RINGWIRE_INTER_HOST_GBPS. Every rank must
+    /// use the same value.
     pub fn inter_host_gbps(mut self, gbps: f64) -> Builder {
         self.overrides.inter_host_gbps = Some(gbps);
         self
@@ -506,6 +508,7 @@ fn rendezvous(
                 arena_everywhere: false,
                 local_ranks: vec![false],
                 hosts: vec![0],
+                inter_host_gbps: crate::config::DEFAULT_INTER_HOST_GBPS,
             });
         }
         None => {
@@ -639,11 +642,15 @@ fn rendezvous(
         .or_else(host_identity)
         .unwrap_or_else(|| format!("rank {rank}"));
     client.set(&key(&format!("host/{rank}")), host.as_bytes())?;
+    // And the rate of the interface it listens on (empty: not known).
+    let gbps = net::link_gbps(ip).map_or_else(String::new, |g| g.to_string());
+    client.set(&key(&format!("gbps/{rank}")), gbps.as_bytes())?;
     client.set(&key(&format!("addr/{rank}")), listen.to_string().as_bytes())?;
 
     let mut peers = Vec::with_capacity(size);
     let mut local_peers = Vec::with_capacity(size);
     let mut host_names: Vec<Vec<u8>> = Vec::with_capacity(size);
+    let mut slowest_link: Option<f64> = None;
     for q in 0..size {
         let raw = client.get(&key(&format!("addr/{q}")), t.connect_timeout).map_err(|e| match e {
             StoreError::Timeout { .. } => Error::Rendezvous(format!(
@@ -672,6 +679,15 @@ fn rendezvous(
                 .try_get(&key(&format!("host/{q}")))?
                 .unwrap_or_else(|| format!("rank {q}").into_bytes()),
         );
+        let gbps = client
+            .try_get(&key(&format!("gbps/{q}")))?
+            .unwrap_or_default();
+        if let Some(g) = std::str::from_utf8(&gbps)
+            .ok()
+            .and_then(|g| g.parse::<f64>().ok())
+        {
+            slowest_link = Some(slowest_link.map_or(g, |s: f64| s.min(g)));
+        }
         let local_peer = match (&local, q == rank) {
             (Some((_, mine)), false) => client
                 .try_get(&key(&format!("local/{q}")))?
@@ -757,6 +773,7 @@ fn rendezvous(
         arena_everywhere,
         local_ranks,
         hosts: number_hosts(&host_names),
+        inter_host_gbps: slowest_link.unwrap_or(crate::config::DEFAULT_INTER_HOST_GBPS),
     })
 }
 

@@ -49,6 +49,10 @@ pub(crate) struct World {
     /// (boot id and network namespace, or `Builder::host_id`; the same on
     /// every rank): two-level collectives group by it (decision 0033).
     pub(crate) hosts: Vec<u32>,
+    /// The slowest link rate any rank's interface reports (Gb/s; agreed
+    /// at rendezvous), else `DEFAULT_INTER_HOST_GBPS`: the two-level cost
+    /// model's, unless RINGWIRE_INTER_HOST_GBPS says.
+    pub(crate) inter_host_gbps: f64,
 }
 
 impl World {

@@ -84,7 +84,13 @@ impl Ctx<'_> {
         let wanted = match ex.tunables.two_level {
             TwoLevel::Never => false,
             TwoLevel::Always => true,
-            TwoLevel::Auto => pays(grid, &Costs::with_link_gbps(ex.tunables.inter_host_gbps)),
+            TwoLevel::Auto => {
+                let gbps = ex.tunables.inter_host_gbps;
+                pays(
+                    grid,
+                    &Costs::with_link_gbps(gbps.unwrap_or(ex.world.inter_host_gbps)),
+                )
+            }
         };
         if !wanted {
             return Ok(None);
