@@ -26,6 +26,8 @@ pub struct Grid {
     by_host: Vec<usize>,
     /// Each member's (host, local rank).
     place: Vec<(usize, usize)>,
+    /// [`Grid::ring_crossings`], counted once.
+    crossings: usize,
 }
 
 impl Grid {
@@ -56,12 +58,15 @@ impl Grid {
                 place[m] = (h, l);
             }
         }
-        Some(Grid {
+        let mut grid = Grid {
             hosts: members.len(),
             per_host,
             by_host: members.concat(),
             place,
-        })
+            crossings: 0,
+        };
+        grid.crossings = grid.count_ring_crossings();
+        Some(grid)
     }
 
     /// The member that is local rank `local` of host `host`.
@@ -91,6 +96,10 @@ impl Grid {
     /// The most ring edges (member r to r+1, wrapping) that leave any one
     /// host: the flows a flat ring puts on that host's link each step.
     pub fn ring_crossings(&self) -> usize {
+        self.crossings
+    }
+
+    fn count_ring_crossings(&self) -> usize {
         let p = self.place.len();
         let mut leaving = vec![0usize; self.hosts];
         for r in 0..p {
@@ -117,7 +126,8 @@ pub struct Costs {
     /// Bytes per microsecond a host's link carries each way, shared by
     /// every flow on it.
     pub inter_bytes_per_us: f64,
-    /// Microseconds each extra op costs (a two-level op runs three).
+    /// Microseconds each op costs (a two-level all-reduce runs three per
+    /// piece where a flat one runs one).
     pub phase_us: f64,
 }
 
@@ -160,10 +170,10 @@ pub fn flat_all_reduce_us(grid: &Grid, bytes: usize, c: &Costs) -> f64 {
     ring.min(doubling)
 }
 
-/// Two-level all-reduces of at least this many bytes run in pieces of
-/// about this size, pipelined: one piece's all-reduce across hosts runs
-/// while the next piece's reduce-scatter within the host does, so the
-/// link is not idle during the host's phases.
+/// Two-level ops of at least twice this many bytes run in pieces of about
+/// this size, pipelined: a piece's op across hosts runs while the host's
+/// ops of the pieces around it do, so the link is not idle during the
+/// host's phases (all-reduce, reduce-scatter, all-gather).
 pub const PIECE_BYTES: usize = 4 << 20;
 
 /// Pieces at most, so a huge op's pieces stay large.
@@ -177,7 +187,8 @@ pub fn pieces(bytes: usize) -> usize {
 /// Estimated microseconds of the two-level all-reduce: a reduce-scatter
 /// and an all-gather within each host (ring-like: k-1 steps, (k-1)/k of
 /// the buffer each), and between them k side-by-side all-reduces of S/k
-/// across hosts (ring or doubling), three ops' overhead per piece. In
+/// across hosts (ring or doubling), three ops' overhead per piece less
+/// the flat op's one. In
 /// pieces, the host's phases and the link's overlap: the slower of the
 /// two sets the pace, plus one piece of the other.
 pub fn two_level_all_reduce_us(grid: &Grid, bytes: usize, c: &Costs) -> f64 {
@@ -189,7 +200,7 @@ pub fn two_level_all_reduce_us(grid: &Grid, bytes: usize, c: &Costs) -> f64 {
     let ring = 2.0 * (n - 1.0) * (c.inter_step_us + (s / n) / c.inter_bytes_per_us);
     let doubling = log2_ceil(grid.hosts) * (c.inter_step_us + s / c.inter_bytes_per_us);
     let across = ring.min(doubling);
-    3.0 * c.phase_us * parts + within.max(across) * parts + within.min(across)
+    (3.0 * parts - 1.0) * c.phase_us + within.max(across) * parts + within.min(across)
 }
 
 /// Whether an all-reduce of `bytes` runs in two levels on this grid.
@@ -211,7 +222,8 @@ pub fn flat_half_us(grid: &Grid, bytes: usize, c: &Costs) -> f64 {
 /// `bytes` in all: one within the host (k-1 steps of S/k), one across
 /// hosts (N-1 steps; k groups side by side, S/N on the link each step),
 /// a copy of the whole buffer (blocks reordered between host-major and
-/// rank order), two ops' overhead per piece; in pieces the host's part
+/// rank order), two ops' overhead per piece less the flat op's one; in
+/// pieces the host's part
 /// and the link's overlap, as in the all-reduce.
 pub fn two_level_half_us(grid: &Grid, bytes: usize, c: &Costs) -> f64 {
     let (n, k) = (grid.hosts as f64, grid.per_host as f64);
@@ -220,7 +232,7 @@ pub fn two_level_half_us(grid: &Grid, bytes: usize, c: &Costs) -> f64 {
     let within =
         (k - 1.0) * (c.intra_step_us + (s / k) / c.intra_bytes_per_us) + s / c.intra_bytes_per_us;
     let across = (n - 1.0) * (c.inter_step_us + (s / n) / c.inter_bytes_per_us);
-    2.0 * c.phase_us * parts + within.max(across) * parts + within.min(across)
+    (2.0 * parts - 1.0) * c.phase_us + within.max(across) * parts + within.min(across)
 }
 
 /// Whether a reduce-scatter or all-gather moving `bytes` in all runs in
@@ -285,7 +297,7 @@ pub fn flat_broadcast_us(grid: &Grid, root: usize, bytes: usize, c: &Costs) -> f
 
 /// Estimated microseconds of the two-level broadcast: across hosts among
 /// the root's local rank's group (tree or chain), then within each host
-/// (tree or chain), two ops' overhead.
+/// (tree or chain), one op's overhead more than flat.
 pub fn two_level_broadcast_us(grid: &Grid, bytes: usize, c: &Costs) -> f64 {
     let s = bytes as f64;
     let (n, k) = (grid.hosts, grid.per_host);
@@ -294,7 +306,7 @@ pub fn two_level_broadcast_us(grid: &Grid, bytes: usize, c: &Costs) -> f64 {
         let chain = (ranks - 1) as f64 * step + s / rate;
         tree.min(chain)
     };
-    2.0 * c.phase_us
+    c.phase_us
         + level(n, c.inter_step_us, c.inter_bytes_per_us)
         + level(k, c.intra_step_us, c.intra_bytes_per_us)
 }
@@ -420,10 +432,10 @@ mod tests {
             assert!(two_level_half_pays(&g, 64, &c), "64 B on {hosts:?}");
             assert!(two_level_half_pays(&g, 64 << 20, &c), "64 MiB on {hosts:?}");
         }
-        // Where a host's steps and each op's overhead cost about as much
-        // as the link's steps, small ones stay flat.
+        // Where a host's steps cost more than the link's, small ones stay
+        // flat.
         let slow_host = Costs {
-            intra_step_us: 25.0,
+            intra_step_us: 40.0,
             phase_us: 15.0,
             ..c
         };

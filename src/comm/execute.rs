@@ -344,12 +344,16 @@ pub(super) fn execute<R>(
             })
         }),
     };
-    if let Err(Error::Timeout {
-        ctx: op_ctx,
-        peer,
-        waited,
-        detail,
-    }) = result
+    // A two-level op's error comes from one of its groups, whose own op
+    // already asked the store who was missing: that answer names them.
+    let asked = ctx.traffic.two_level;
+    if !asked
+        && let Err(Error::Timeout {
+            ctx: op_ctx,
+            peer,
+            waited,
+            detail,
+        }) = result
     {
         // After what the op said (a send's "to take a frame").
         let detail = detail + &diagnose::who_is_missing(ex, seq);

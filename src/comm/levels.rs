@@ -99,7 +99,13 @@ impl Ctx<'_> {
         if let Some(levels) = &*made {
             return Ok(Some(levels.clone()));
         }
-        let levels = Arc::new(Levels::make(ex, grid.clone())?);
+        // A rank that cannot make its groups (a thread refused) must fail
+        // the op as fatal, so its abort reaches the others.
+        let levels = Levels::make(ex, grid.clone()).map_err(|e| Error::Internal {
+            ctx: self.op.clone(),
+            detail: format!("could not make the groups of a two-level op: {e}"),
+        })?;
+        let levels = Arc::new(levels);
         *made = Some(levels.clone());
         Ok(Some(levels))
     }
@@ -126,11 +132,13 @@ impl Levels {
         op: impl FnOnce(&mut Ctx<'_>) -> Result<R, Error>,
     ) -> Result<R, Error> {
         let (sent, received) = self.bytes();
+        // Marked first: a failed op's error came from a group, which has
+        // already asked the store who was missing (`execute` asks once).
+        cx.traffic.two_level = true;
         let done = op(cx)?;
         let (sent_now, received_now) = self.bytes();
         cx.traffic.sent += sent_now - sent;
         cx.traffic.received += received_now - received;
-        cx.traffic.two_level = true;
         Ok(done)
     }
 
@@ -145,14 +153,15 @@ impl Levels {
                 .position(|&m| m == ex.rank)
                 .expect("a rank is in its own groups");
             let world_ranks = members.iter().map(|&m| ex.members[m]).collect();
-            ex.world.transport.nest(ex.comm_id, comm_id);
             let comm = Communicator::start_group(
                 ex.world.clone(),
                 ex.tunables.clone(),
                 rank,
                 comm_id,
                 Arc::new(world_ranks),
+                false,
             )?;
+            ex.world.transport.nest(ex.comm_id, comm_id);
             Ok(Group { comm, members })
         };
         Ok(Levels {
@@ -271,10 +280,12 @@ fn all_reduce_whole<T: Element>(
 type InFlight<T> = (usize, crate::PendingCollective<Vec<T>>);
 
 /// The phases over `pieces` pieces of `data`: piece j's reduce-scatter,
-/// then piece j-1's all-gather, while piece j-1's all-reduce across hosts
-/// ran meanwhile and piece j's starts. Every rank of a host runs its
-/// host's ops in the same order (RS 0, RS 1, AG 0, RS 2, AG 1, ...), and
-/// every rank of a cross group its all-reduces in piece order.
+/// then piece j's all-reduce across hosts goes to the cross group's
+/// executor, then piece j-1's all-gather (its all-reduce waited for), so
+/// the link carries piece j while the host gathers piece j-1 and reduces
+/// piece j+1. Every rank of a host runs its host's ops in the same order
+/// (RS 0, RS 1, AG 0, RS 2, AG 1, ...), and every rank of a cross group
+/// its all-reduces in piece order.
 fn all_reduce_pipelined<T: Element>(
     cx: &mut Ctx<'_>,
     levels: &Levels,
@@ -286,14 +297,11 @@ fn all_reduce_pipelined<T: Element>(
     let k = levels.grid.per_host;
     let n = data.len();
     let run = run_of(cx, levels);
-    // Shards whose piece is done, for the next pieces (two at most).
+    // Shards whose piece is done, for the next pieces (three at most).
     let mut spare: Vec<Vec<T>> = Vec::new();
-    let mut in_flight: Option<InFlight<T>> = None;
+    let mut in_flight: std::collections::VecDeque<InFlight<T>> = Default::default();
     // Waits for piece i's all-reduce across hosts and gathers it.
-    let finish = |data: &mut [T], in_flight: Option<InFlight<T>>, spare: &mut Vec<Vec<T>>| {
-        let Some((i, pending)) = in_flight else {
-            return Ok(());
-        };
+    let finish = |data: &mut [T], (i, pending): InFlight<T>, spare: &mut Vec<Vec<T>>| {
         let shard = pending.wait().map_err(|e| run.cross_error(e))?;
         run.all_gather(&shard, &mut data[algo::block(n, pieces, i)])?;
         spare.push(shard);
@@ -304,11 +312,17 @@ fn all_reduce_pipelined<T: Element>(
         let mut shard = spare.pop().unwrap_or_default();
         shard.resize(algo::block(piece.len(), k, local).len(), T::default());
         run.reduce_scatter(&data[piece], &mut shard, op)?;
-        finish(data, in_flight.take(), &mut spare)?;
         let cross = levels.cross.comm.with_timeout((run.time_left)());
-        in_flight = Some((j, cross.all_reduce(shard, op)));
+        in_flight.push_back((j, cross.all_reduce(shard, op)));
+        if in_flight.len() > 1 {
+            let earlier = in_flight.pop_front().expect("two in flight");
+            finish(data, earlier, &mut spare)?;
+        }
     }
-    finish(data, in_flight.take(), &mut spare)
+    while let Some(last) = in_flight.pop_front() {
+        finish(data, last, &mut spare)?;
+    }
+    Ok(())
 }
 
 /// The two-level reduce-scatter: each rank's block padded to the longest
@@ -497,7 +511,7 @@ impl Group {
                 .abort_notice(self.comm.inner.comm_id);
             match world {
                 Some((w, _, _)) => parent.iter().position(|&m| m == w).unwrap_or(w),
-                None => rank(origin),
+                None => origin,
             }
         };
         let renamed = match self.members.iter().enumerate().all(|(i, &m)| i == m) {

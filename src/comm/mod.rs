@@ -112,15 +112,19 @@ impl Communicator {
         let members: Vec<usize> = (0..world.size).collect();
         let rank = world.rank;
         let comm_id = world.job_id;
-        Communicator::start_group(world, tunables, rank, comm_id, Arc::new(members))
+        Communicator::start_group(world, tunables, rank, comm_id, Arc::new(members), true)
     }
 
+    /// A communicator of `members` (world ranks); `listed`: served in the
+    /// process's metrics (not the groups of two-level ops, which count in
+    /// their parent's).
     fn start_group(
         world: Arc<World>,
         tunables: Tunables,
         rank: usize,
         comm_id: u64,
         members: Arc<Vec<usize>>,
+        listed: bool,
     ) -> Result<Communicator, Error> {
         let failed = Arc::new(Mutex::new(None));
         let stats = Arc::new(StatsRecorder::default());
@@ -161,6 +165,7 @@ impl Communicator {
             comm_id,
             members.clone(),
             stats.clone(),
+            listed,
         );
         Ok(Communicator {
             inner: Arc::new(Inner {
@@ -755,6 +760,7 @@ impl Communicator {
             rank,
             comm_id,
             Arc::new(members),
+            true,
         )
         .map(|mut c| {
             c.timeout = self.timeout;

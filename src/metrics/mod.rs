@@ -72,12 +72,16 @@ impl Source {
     /// The source of a starting communicator, in the process's list until
     /// the communicator drops it; starts the HTTP server if this is the
     /// process's first communicator and `RINGWIRE_METRICS_ADDR` is set.
+    /// `listed: false` (the groups of a two-level op, whose ops count
+    /// in their parent's) keeps it out of the list: served, their bytes
+    /// would count twice in any sum over communicators.
     pub(crate) fn register(
         world: Arc<World>,
         rank: usize,
         comm_id: u64,
         members: Arc<Vec<usize>>,
         stats: Arc<StatsRecorder>,
+        listed: bool,
     ) -> Arc<Source> {
         let local_rank = world.local.map(|(local_rank, _)| local_rank);
         let source = Arc::new(Source {
@@ -87,6 +91,9 @@ impl Source {
             members,
             stats,
         });
+        if !listed {
+            return source;
+        }
         {
             let mut live = live();
             live.retain(|w| w.strong_count() > 0);

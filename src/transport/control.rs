@@ -198,6 +198,11 @@ impl Control {
         }
     }
 
+    /// Communicator `outer` is gone here: nothing is nested in it any more.
+    pub(crate) fn forget_nested(&self, outer: u64) {
+        lock(&self.nested).remove(&outer);
+    }
+
     /// Sends every abort this rank knows of to `peer`'s link, just made
     /// ready. Aborts are flooded once, to the links ready at that moment, so
     /// a link made later (the peer dials only now) hears them here. Called

@@ -473,6 +473,7 @@ impl Transport for Mesh {
 
     fn forget(&self, comm_id: u64) {
         self.hub.inboxes.forget(comm_id);
+        self.hub.control.forget_nested(comm_id);
     }
 
     fn nest(&self, outer: u64, inner: u64) {
