@@ -320,6 +320,16 @@ pub fn two_level_broadcast_pays(grid: &Grid, root: usize, bytes: usize, c: &Cost
 mod tests {
     use super::*;
 
+    /// Free steps, a free host, a link of one byte per microsecond: time
+    /// is the link's bytes.
+    const LINK_ONLY: Costs = Costs {
+        intra_step_us: 0.0,
+        intra_bytes_per_us: f64::INFINITY,
+        inter_step_us: 0.0,
+        inter_bytes_per_us: 1.0,
+        phase_us: 0.0,
+    };
+
     #[test]
     fn a_grid_needs_two_hosts_of_equal_size_two_or_more() {
         assert_eq!(Grid::of(&[0, 0, 0, 0]), None, "one host");
@@ -389,13 +399,7 @@ mod tests {
     fn two_levels_send_less_over_the_link_than_a_flat_ring() {
         // With free steps and a free host, time is the link's bytes: the
         // flat ring's 2(p-1)/p S against two levels' 2(N-1)/N S.
-        let c = Costs {
-            intra_step_us: 0.0,
-            intra_bytes_per_us: f64::INFINITY,
-            inter_step_us: 0.0,
-            inter_bytes_per_us: 1.0,
-            phase_us: 0.0,
-        };
+        let c = LINK_ONLY;
         let g = Grid::of(&[0, 0, 1, 1]).unwrap();
         let s = 1 << 20;
         assert_eq!(flat_all_reduce_us(&g, s, &c), 1.5 * s as f64);
@@ -442,13 +446,7 @@ mod tests {
         let g = Grid::of(&[0, 0, 1, 1]).unwrap();
         assert!(!two_level_half_pays(&g, 64, &slow_host));
         // The link's bytes alone: (p-1)/p S flat against (N-1)/N S.
-        let free = Costs {
-            intra_step_us: 0.0,
-            intra_bytes_per_us: f64::INFINITY,
-            inter_step_us: 0.0,
-            inter_bytes_per_us: 1.0,
-            phase_us: 0.0,
-        };
+        let free = LINK_ONLY;
         let g = Grid::of(&[0, 0, 1, 1]).unwrap();
         assert_eq!(flat_half_us(&g, 1 << 20, &free), 0.75 * (1 << 20) as f64);
         assert_eq!(

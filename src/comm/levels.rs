@@ -181,10 +181,7 @@ pub(super) fn all_reduce<T: Element>(
     op: ReduceOp,
 ) -> Result<(), Error> {
     let size = cx.ex.size;
-    let summed = match op {
-        ReduceOp::Avg => ReduceOp::Sum,
-        other => other,
-    };
+    let summed = summed(op);
     let pieces = algo::levels::pieces(size_of_val(data));
     match pieces {
         1 => all_reduce_whole(cx, levels, data, summed)?,
@@ -194,6 +191,15 @@ pub(super) fn all_reduce<T: Element>(
         T::finish_avg(data, size);
     }
     Ok(())
+}
+
+/// The operator both levels run: Avg sums, and the op divides once at
+/// the end, as the flat schedules do.
+fn summed(op: ReduceOp) -> ReduceOp {
+    match op {
+        ReduceOp::Avg => ReduceOp::Sum,
+        other => other,
+    }
 }
 
 /// What one level's op needs: the group's communicator with what is left
@@ -345,10 +351,7 @@ pub(super) fn reduce_scatter<T: Element>(
     let n = input.len();
     let b = n.div_ceil(size);
     let pieces = algo::levels::pieces(size_of_val(input));
-    let summed = match op {
-        ReduceOp::Avg => ReduceOp::Sum,
-        other => other,
-    };
+    let summed = summed(op);
     let longest = algo::block(b, pieces, 0).len();
     cx.with_scratch(k * hosts * longest, |cx, staging: &mut [T]| {
         let run = run_of(cx, levels);

@@ -166,17 +166,21 @@ fn collectives_stay_correct_over_delay_and_loss() {
 fn two_namespaces_of_two_ranks_share_memory_inside_and_tcp_across() {
     let Some(net) = try_net("m") else { return };
     let extra = [("RINGWIRE_LOCAL_LINKS", "shm")];
-    let children: Vec<_> = (0..4)
-        .map(|r| spawn_of(&net, (r, 4, 2), "netem", &extra))
-        .collect();
-    all_ran_the_sweep(children);
+    all_ran_the_sweep(two_hosts_of_two(&net, "netem", &extra));
+}
+
+/// Ranks 0 and 1 in the first namespace, 2 and 3 in the second.
+fn two_hosts_of_two(net: &TestNet, mode: &str, extra: &[(&str, &str)]) -> Vec<Child> {
+    (0..4)
+        .map(|r| spawn_of(net, (r, 4, 2), mode, extra))
+        .collect()
 }
 
 /// The same two hosts of two ranks, told to run collectives in two levels
 /// (decision 0033): all-reduces reduce-scatter over shared memory within
 /// each namespace, all-reduce shards over TCP across, and all-gather
-/// within; the sweep's results are right, and the communicator itself
-/// sent nothing for them (its groups did).
+/// within; the sweep's results are right, and the stats count the ops as
+/// two-level.
 #[test]
 fn two_namespaces_of_two_ranks_run_all_reduce_in_two_levels() {
     let Some(net) = try_net("l") else { return };
@@ -185,10 +189,7 @@ fn two_namespaces_of_two_ranks_run_all_reduce_in_two_levels() {
         ("RINGWIRE_TWO_LEVEL", "always"),
         ("RINGWIRE_TEST_EXPECT_TWO_LEVEL", "1"),
     ];
-    let children: Vec<_> = (0..4)
-        .map(|r| spawn_of(&net, (r, 4, 2), "netem", &extra))
-        .collect();
-    all_ran_the_sweep(children);
+    all_ran_the_sweep(two_hosts_of_two(&net, "netem", &extra));
 }
 
 /// Two hosts of two ranks in a loop of two-level all-reduces (8 MiB: two
@@ -204,9 +205,7 @@ fn a_rank_killed_in_a_two_level_all_reduce_fails_every_other_rank() {
         ("RINGWIRE_TWO_LEVEL", "always"),
         ("RINGWIRE_TEST_LEN", "2097152"),
     ];
-    let mut children: Vec<_> = (0..4)
-        .map(|r| spawn_of(&net, (r, 4, 2), "loop", &extra))
-        .collect();
+    let mut children = two_hosts_of_two(&net, "loop", &extra);
     std::thread::sleep(Duration::from_millis(2000));
     children[3].kill().unwrap();
     let killed_at = std::time::SystemTime::now()
