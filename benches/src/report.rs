@@ -131,26 +131,36 @@ pub(crate) fn format_row(r: &Row) -> String {
 /// Per transport, the sizes whose op ran in two levels, as ranges of
 /// consecutive rows ("16777216-67108864"), for the line under the table.
 pub(crate) fn two_level_sizes(rows: &[Row]) -> Vec<(String, String)> {
-    // (transport, ranges, whether its previous row ran in two levels)
-    let mut seen: Vec<(String, Vec<(usize, usize)>, bool)> = Vec::new();
+    /// One transport's ranges so far, and whether its last row ran in two
+    /// levels.
+    struct Seen {
+        transport: String,
+        ranges: Vec<(usize, usize)>,
+        previous: bool,
+    }
+    let mut seen: Vec<Seen> = Vec::new();
     for r in rows {
-        let i = match seen.iter().position(|(t, ..)| *t == r.transport) {
+        let i = match seen.iter().position(|s| s.transport == r.transport) {
             Some(i) => i,
             None => {
-                seen.push((r.transport.clone(), Vec::new(), false));
+                seen.push(Seen {
+                    transport: r.transport.clone(),
+                    ranges: Vec::new(),
+                    previous: false,
+                });
                 seen.len() - 1
             }
         };
-        let (_, ranges, previous) = &mut seen[i];
+        let s = &mut seen[i];
         if r.two_level {
-            match ranges.last_mut() {
-                Some((_, hi)) if *previous => *hi = r.size_bytes,
-                _ => ranges.push((r.size_bytes, r.size_bytes)),
+            match s.ranges.last_mut() {
+                Some((_, hi)) if s.previous => *hi = r.size_bytes,
+                _ => s.ranges.push((r.size_bytes, r.size_bytes)),
             }
         }
-        *previous = r.two_level;
+        s.previous = r.two_level;
     }
-    let out = seen.into_iter().map(|(t, ranges, _)| (t, ranges));
+    let out = seen.into_iter().map(|s| (s.transport, s.ranges));
     out.filter(|(_, ranges)| !ranges.is_empty())
         .map(|(t, ranges)| {
             let text: Vec<String> = ranges
