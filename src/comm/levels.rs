@@ -23,7 +23,7 @@ use crate::config::TwoLevel;
 use crate::error::{Error, OpContext};
 use crate::{Element, ReduceOp, algo};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// A communicator's two levels: the grid and the groups this rank is in.
 pub(super) struct Levels {
@@ -108,11 +108,6 @@ impl Ctx<'_> {
         let levels = Arc::new(levels);
         *made = Some(levels.clone());
         Ok(Some(levels))
-    }
-
-    /// What is left of this op's time, for a level's op.
-    fn time_left(&self) -> Duration {
-        self.timeout.saturating_sub(self.started.elapsed())
     }
 }
 
@@ -202,62 +197,69 @@ fn summed(op: ReduceOp) -> ReduceOp {
     }
 }
 
-/// What one level's op needs: the group's communicator with what is left
-/// of the op's time, and how to name its errors.
+/// What one level's op needs: the groups' communicators with what is left
+/// of the op's time, and how to name their errors.
 struct Run<'a> {
     levels: &'a Levels,
     ctx: OpContext,
     parent: Arc<Vec<usize>>,
-    time_left: Box<dyn Fn() -> Duration + 'a>,
+    /// The parent op's deadline.
+    deadline: Instant,
 }
 
 impl Run<'_> {
-    fn reduce_scatter<T: Element>(
-        &self,
-        input: &[T],
-        shard: &mut [T],
-        op: ReduceOp,
-    ) -> Result<(), Error> {
-        let host = self.levels.host.comm.with_timeout((self.time_left)());
-        host.reduce_scatter_slice(input, shard, op).map_err(|e| {
-            self.levels
-                .host
-                .lift(e, &self.ctx, &self.parent, Phase::HostReduceScatter)
-        })
+    fn time_left(&self) -> Duration {
+        self.deadline.saturating_duration_since(Instant::now())
     }
 
-    fn cross_error(&self, e: Error) -> Error {
-        self.lift_cross(e, Phase::CrossAllReduce)
+    /// The host group, its ops bounded by the parent op's deadline.
+    fn host(&self) -> Communicator {
+        self.levels.host.comm.with_timeout(self.time_left())
+    }
+
+    /// The cross-host group, likewise.
+    fn cross(&self) -> Communicator {
+        self.levels.cross.comm.with_timeout(self.time_left())
+    }
+
+    fn lift_host(&self, e: Error, phase: Phase) -> Error {
+        self.levels.host.lift(e, &self.ctx, &self.parent, phase)
     }
 
     fn lift_cross(&self, e: Error, phase: Phase) -> Error {
         self.levels.cross.lift(e, &self.ctx, &self.parent, phase)
     }
 
+    fn reduce_scatter<T: Element>(
+        &self,
+        input: &[T],
+        shard: &mut [T],
+        op: ReduceOp,
+    ) -> Result<(), Error> {
+        self.host()
+            .reduce_scatter_slice(input, shard, op)
+            .map_err(|e| self.lift_host(e, Phase::HostReduceScatter))
+    }
+
     fn all_gather<T: Element>(&self, shard: &[T], output: &mut [T]) -> Result<(), Error> {
         let (k, n) = (self.levels.grid.per_host, output.len());
-        let host = self.levels.host.comm.with_timeout((self.time_left)());
         let gathered = match n % k {
-            0 => host.all_gather_slice(shard, output),
+            0 => self.host().all_gather_slice(shard, output),
             _ => {
                 let counts: Vec<usize> = (0..k).map(|j| algo::block(n, k, j).len()).collect();
-                host.all_gather_v_slice(shard, output, &counts)
+                self.host().all_gather_v_slice(shard, output, &counts)
             }
         };
-        gathered.map_err(|e| {
-            self.levels
-                .host
-                .lift(e, &self.ctx, &self.parent, Phase::HostAllGather)
-        })
+        gathered.map_err(|e| self.lift_host(e, Phase::HostAllGather))
     }
 }
 
-fn run_of<'a>(cx: &'a Ctx<'_>, levels: &'a Levels) -> Run<'a> {
+fn run_of<'a>(cx: &Ctx<'_>, levels: &'a Levels) -> Run<'a> {
     Run {
         levels,
         ctx: cx.op.clone(),
         parent: cx.ex.members.clone(),
-        time_left: Box::new(|| cx.time_left()),
+        deadline: cx.started + cx.timeout,
     }
 }
 
@@ -270,13 +272,12 @@ fn all_reduce_whole<T: Element>(
 ) -> Result<(), Error> {
     let (_, local) = levels.grid.place(cx.ex.rank);
     let shard = algo::block(data.len(), levels.grid.per_host, local).len();
-    cx.with_scratch(shard, |cx, mine: &mut [T]| {
-        let run = run_of(cx, levels);
+    let run = run_of(cx, levels);
+    cx.with_scratch(shard, |_, mine: &mut [T]| {
         run.reduce_scatter(data, mine, op)?;
-        let cross = levels.cross.comm.with_timeout(cx.time_left());
-        cross
+        run.cross()
             .all_reduce_slice(mine, op)
-            .map_err(|e| run.cross_error(e))?;
+            .map_err(|e| run.lift_cross(e, Phase::CrossAllReduce))?;
         run.all_gather(mine, data)
     })
 }
@@ -308,7 +309,9 @@ fn all_reduce_pipelined<T: Element>(
     let mut in_flight: std::collections::VecDeque<InFlight<T>> = Default::default();
     // Waits for piece i's all-reduce across hosts and gathers it.
     let finish = |data: &mut [T], (i, pending): InFlight<T>, spare: &mut Vec<Vec<T>>| {
-        let shard = pending.wait().map_err(|e| run.cross_error(e))?;
+        let shard = pending
+            .wait()
+            .map_err(|e| run.lift_cross(e, Phase::CrossAllReduce))?;
         run.all_gather(&shard, &mut data[algo::block(n, pieces, i)])?;
         spare.push(shard);
         Ok::<_, Error>(())
@@ -318,8 +321,7 @@ fn all_reduce_pipelined<T: Element>(
         let mut shard = spare.pop().unwrap_or_default();
         shard.resize(algo::block(piece.len(), k, local).len(), T::default());
         run.reduce_scatter(&data[piece], &mut shard, op)?;
-        let cross = levels.cross.comm.with_timeout((run.time_left)());
-        in_flight.push_back((j, cross.all_reduce(shard, op)));
+        in_flight.push_back((j, run.cross().all_reduce(shard, op)));
         if in_flight.len() > 1 {
             let earlier = in_flight.pop_front().expect("two in flight");
             finish(data, earlier, &mut spare)?;
@@ -353,8 +355,8 @@ pub(super) fn reduce_scatter<T: Element>(
     let pieces = algo::levels::pieces(size_of_val(input));
     let summed = summed(op);
     let longest = algo::block(b, pieces, 0).len();
-    cx.with_scratch(k * hosts * longest, |cx, staging: &mut [T]| {
-        let run = run_of(cx, levels);
+    let run = run_of(cx, levels);
+    cx.with_scratch(k * hosts * longest, |_, staging: &mut [T]| {
         let mut spare: Vec<Vec<T>> = Vec::new();
         let mut in_flight: Option<(usize, PendingPair<T>)> = None;
         let finish = |output: &mut [T],
@@ -397,8 +399,7 @@ pub(super) fn reduce_scatter<T: Element>(
             finish(output, in_flight.take(), &mut spare)?;
             let mut mine = spare.pop().unwrap_or_default();
             mine.resize(len, T::default());
-            let cross = levels.cross.comm.with_timeout((run.time_left)());
-            in_flight = Some((j, cross.reduce_scatter(sums, mine, summed)));
+            in_flight = Some((j, run.cross().reduce_scatter(sums, mine, summed)));
         }
         finish(output, in_flight.take(), &mut spare)
     })?;
@@ -429,8 +430,8 @@ pub(super) fn all_gather<T: Element>(
     let m = input.len();
     let pieces = algo::levels::pieces(size_of_val(output));
     let longest = algo::block(m, pieces, 0).len();
-    cx.with_scratch(k * hosts * longest, |cx, gathering: &mut [T]| {
-        let run = run_of(cx, levels);
+    let run = run_of(cx, levels);
+    cx.with_scratch(k * hosts * longest, |_, gathering: &mut [T]| {
         let mut spare: Vec<Vec<T>> = Vec::new();
         let launch = |j: usize, spare: &mut Vec<Vec<T>>| {
             let piece = algo::block(m, pieces, j);
@@ -439,8 +440,7 @@ pub(super) fn all_gather<T: Element>(
             mine.extend_from_slice(&input[piece.clone()]);
             let mut crossed = spare.pop().unwrap_or_default();
             crossed.resize(hosts * piece.len(), T::default());
-            let cross = levels.cross.comm.with_timeout((run.time_left)());
-            cross.all_gather(mine, crossed)
+            run.cross().all_gather(mine, crossed)
         };
         let mut next = Some(launch(0, &mut spare));
         for j in 0..pieces {
@@ -484,17 +484,13 @@ pub(super) fn broadcast<T: Element>(
     let (_, local) = levels.grid.place(cx.ex.rank);
     let run = run_of(cx, levels);
     if local == root_local {
-        let cross = levels.cross.comm.with_timeout(cx.time_left());
-        cross
+        run.cross()
             .broadcast_slice(data, root_host)
             .map_err(|e| run.lift_cross(e, Phase::CrossBroadcast))?;
     }
-    let host = levels.host.comm.with_timeout(cx.time_left());
-    host.broadcast_slice(data, root_local).map_err(|e| {
-        levels
-            .host
-            .lift(e, &run.ctx, &run.parent, Phase::HostBroadcast)
-    })
+    run.host()
+        .broadcast_slice(data, root_local)
+        .map_err(|e| run.lift_host(e, Phase::HostBroadcast))
 }
 
 impl Group {
