@@ -6,8 +6,9 @@
 //! has no builder call: [`METRICS_ADDR_VAR`] (`RINGWIRE_METRICS_ADDR`),
 //! read once, when the process's first communicator starts.
 
-use crate::env::{EnvError, SWITCH_WORDS, parse_switch};
+use crate::env::{EnvError, parse_switch};
 use crate::error::Error;
+use crate::wire;
 use std::time::Duration;
 
 /// Which transport carries the data.
@@ -165,9 +166,10 @@ pub(crate) struct Tunables {
     /// (RINGWIRE_INTER_HOST_GBPS); `None`: what the ranks' interfaces
     /// report, agreed at rendezvous (`World::inter_host_gbps`).
     pub(crate) inter_host_gbps: Option<f64>,
-    /// TCP links on the uring engine add two one-way lanes for the payloads
-    /// of large frames (RINGWIRE_TCP_LANES, default on; decision 0018).
-    pub(crate) tcp_lanes: bool,
+    /// One-way lanes each way that TCP links on the uring engine add for
+    /// the payloads of large frames (RINGWIRE_TCP_LANES: on (1), off (0) or
+    /// a count up to 8; decisions 0018, 0034).
+    pub(crate) tcp_lanes: u8,
     /// Waiters poll this long before sleeping (RINGWIRE_SPIN_US): a caller
     /// in `wait`, the executor between jobs, either plane for a frame.
     pub(crate) spin: Duration,
@@ -310,7 +312,7 @@ pub(crate) struct Overrides {
     pub(crate) local_links: Option<LocalLinks>,
     pub(crate) two_level: Option<TwoLevel>,
     pub(crate) inter_host_gbps: Option<f64>,
-    pub(crate) tcp_lanes: Option<bool>,
+    pub(crate) tcp_lanes: Option<u8>,
     pub(crate) heartbeat_timeout: Option<Duration>,
     pub(crate) run_ahead_bytes: Option<usize>,
     pub(crate) spin: Option<Duration>,
@@ -346,11 +348,17 @@ fn env_parsed<T>(
 }
 
 /// An on/off variable ([`parse_switch`]'s words).
-fn env_switch(
-    lookup: &dyn Fn(&str) -> Option<String>,
-    var: &'static str,
-) -> Result<Option<bool>, Error> {
-    env_parsed(lookup, var, parse_switch, SWITCH_WORDS)
+/// Lanes each way on a TCP link of the engine unless asked otherwise: one,
+/// as decision 0018 measured; more pay only where a link is faster than one
+/// stream on one core moves (decision 0034).
+pub(crate) const DEFAULT_TCP_LANES: u8 = 1;
+
+/// RINGWIRE_TCP_LANES: a switch (on: the default count) or a count.
+fn parse_lanes(value: &str) -> Option<u8> {
+    match value.trim().parse::<u8>() {
+        Ok(n) => (n <= wire::MAX_LANES).then_some(n),
+        Err(_) => parse_switch(value).map(|on| if on { DEFAULT_TCP_LANES } else { 0 }),
+    }
 }
 
 /// A byte count, with the suffixes `crate::env::parse_bytes` takes.
@@ -465,8 +473,14 @@ impl Overrides {
             ));
         }
         let tcp_lanes = match self.tcp_lanes {
-            Some(l) => l,
-            None => env_switch(lookup, "RINGWIRE_TCP_LANES")?.unwrap_or(true),
+            Some(l) => l.min(wire::MAX_LANES),
+            None => env_parsed(
+                lookup,
+                "RINGWIRE_TCP_LANES",
+                parse_lanes,
+                "1, on, true or yes; 0, off, false or no; or a number of lanes each way up to 8",
+            )?
+            .unwrap_or(DEFAULT_TCP_LANES),
         };
         let spin = match self.spin {
             Some(s) => s,
@@ -726,7 +740,7 @@ mod tests {
         let off_words = ["0", "off", "false", "no", "OFF", "False"];
         type Setting = fn(&Tunables) -> bool;
         let read: [(&str, Setting); 2] = [
-            ("RINGWIRE_TCP_LANES", |t| t.tcp_lanes),
+            ("RINGWIRE_TCP_LANES", |t| t.tcp_lanes > 0),
             ("RINGWIRE_DEBUG", |t| t.debug_checks),
         ];
         for (var, setting) in read {
@@ -754,7 +768,19 @@ mod tests {
         }
         // Unset, and torch's word for the debug checks.
         let t = Overrides::default().resolve(&vars(&[])).unwrap();
-        assert!(t.tcp_lanes && !t.debug_checks);
+        assert!(t.tcp_lanes == DEFAULT_TCP_LANES && !t.debug_checks);
+        // A lane count, up to 8.
+        for (word, want) in [("4", 4), ("8", 8), ("0", 0), ("on", DEFAULT_TCP_LANES)] {
+            let t = Overrides::default()
+                .resolve(&vars(&[("RINGWIRE_TCP_LANES", word)]))
+                .unwrap();
+            assert_eq!(t.tcp_lanes, want, "{word}");
+        }
+        let nine = Overrides::default().resolve(&vars(&[("RINGWIRE_TCP_LANES", "9")]));
+        assert!(
+            matches!(nine, Err(Error::Env(EnvError::Invalid { .. }))),
+            "{nine:?}"
+        );
         let t = Overrides::default()
             .resolve(&vars(&[("RINGWIRE_DEBUG", "DETAIL")]))
             .unwrap();

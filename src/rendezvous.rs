@@ -9,7 +9,7 @@
 //! has everything it needs.
 
 use crate::comm::Communicator;
-use crate::config::{LocalLinks, Overrides, TransportKind, Tunables, TwoLevel};
+use crate::config::{DEFAULT_TCP_LANES, LocalLinks, Overrides, TransportKind, Tunables, TwoLevel};
 use crate::env::{ElasticAttempt, StoreKind};
 use crate::error::Error;
 use crate::pending::{PendingCollective, pending};
@@ -356,13 +356,25 @@ impl Builder {
     }
 
     /// Whether TCP links run by the io_uring engine carry the payloads of
-    /// large frames (1 MiB and up: whole default chunks) on two extra
-    /// one-way connections, one each way, so that neither end's sends
-    /// process the other's arriving data (docs/decisions/0018). On by default; the dialing rank of each
-    /// link decides, and the other follows if its engine runs.
-    /// Env: RINGWIRE_TCP_LANES=on|off.
+    /// large frames (1 MiB and up: whole default chunks) on extra one-way
+    /// connections, so that neither end's sends process the other's
+    /// arriving data (docs/decisions/0018). On by default, with one lane
+    /// each way; the dialing rank of each link asks, and the other takes as
+    /// many as it would ask for itself if its engine runs.
+    /// Env: RINGWIRE_TCP_LANES=on|off|N.
     pub fn tcp_lanes(mut self, on: bool) -> Builder {
-        self.overrides.tcp_lanes = Some(on);
+        self.overrides.tcp_lanes = Some(if on { DEFAULT_TCP_LANES } else { 0 });
+        self
+    }
+
+    /// How many lanes each way a TCP link of the io_uring engine has (0 to
+    /// 8; more are taken as 8). With more than one, payloads of 256 KiB and
+    /// up travel in pieces, each on the lane expected to send it first, so
+    /// a link can fill a network faster than one TCP stream on one core
+    /// moves, and one slow stream does not hold the rest to its pace
+    /// (docs/decisions/0034). Env: RINGWIRE_TCP_LANES=N.
+    pub fn tcp_lane_count(mut self, lanes: u8) -> Builder {
+        self.overrides.tcp_lanes = Some(lanes);
         self
     }
 

@@ -578,7 +578,7 @@ fn a_lane_nobody_waits_for_is_refused_and_the_job_goes_on() {
         let mut s = TcpStream::connect(addr).unwrap();
         s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
         let hello = Hello {
-            channel: wire::Channel::LaneFromDialer,
+            channel: wire::Channel::LaneFromDialer(0),
             security: if secret.is_some() {
                 wire::handshake::SECURITY_SECRET
             } else {

@@ -263,13 +263,14 @@ fn seeds() -> Vec<(&'static str, &'static str, Vec<u8>)> {
             "hello_bad_endian_flag.bin",
             with(hello_payload.clone(), 2, &[2]),
         ),
-        // Lanes (decision 0018): a main connection asking for them, a lane,
-        // an unknown channel, an ack whose lanes flag is not 0/1.
+        // Lanes (decisions 0018, 0034): a main connection asking for four
+        // each way, a lane, an unknown channel, an ack taking more than
+        // MAX_LANES.
         (
             "handshake",
             "valid_hello_main_with_lanes.bin",
             Hello {
-                channel: Channel::MainWithLanes,
+                channel: Channel::MainWithLanes(4),
                 ..hello.clone()
             }
             .encode()
@@ -279,7 +280,7 @@ fn seeds() -> Vec<(&'static str, &'static str, Vec<u8>)> {
             "handshake",
             "valid_hello_lane_to_dialer.bin",
             Hello {
-                channel: Channel::LaneToDialer,
+                channel: Channel::LaneToDialer(2),
                 ..hello_auth.clone()
             }
             .encode()
@@ -303,12 +304,12 @@ fn seeds() -> Vec<(&'static str, &'static str, Vec<u8>)> {
         (
             "handshake",
             "valid_ack_accept_lanes.bin",
-            HelloAck::accept().with_lanes(true).encode(),
+            HelloAck::accept().with_lanes(4).encode(),
         ),
         (
             "handshake",
             "ack_bad_lanes_flag.bin",
-            with(ack_payload.clone(), 2, &[2]),
+            with(ack_payload.clone(), 2, &[9]),
         ),
         (
             "handshake",

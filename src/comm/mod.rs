@@ -255,14 +255,21 @@ impl Communicator {
     }
 
     /// Whether this rank's link to `peer` carries the payloads of large
-    /// frames (1 MiB and up) on two one-way lanes beside its connection:
-    /// TCP links of the io_uring engine do unless told not to (see
+    /// frames on one-way lanes beside its connection: TCP links of the
+    /// io_uring engine do unless told not to (see
     /// [`crate::Builder::tcp_lanes`]). False until the link is made.
     pub fn link_has_lanes(&self, peer: usize) -> bool {
+        self.link_lanes(peer) > 0
+    }
+
+    /// How many lanes each way the link to `peer` has (see
+    /// [`crate::Builder::tcp_lane_count`]); 0 without lanes, or until the
+    /// link is made.
+    pub fn link_lanes(&self, peer: usize) -> usize {
         self.inner
             .members
             .get(peer)
-            .is_some_and(|&r| self.inner.world.transport.link_has_lanes(r))
+            .map_or(0, |&r| self.inner.world.transport.link_lanes(r))
     }
 
     /// A handle to the same communicator whose ops use `timeout` instead of

@@ -68,8 +68,9 @@ pub(crate) struct MeshConfig {
     /// (RINGWIRE_SPIN_US, default 1 ms; polls yield the core, decision
     /// 0008).
     pub(crate) spin: Duration,
-    /// Dial TCP links with lanes when the engine runs (decision 0018).
-    pub(crate) lanes: bool,
+    /// Lanes each way to dial TCP links with when the engine runs
+    /// (decisions 0018, 0034; 0: none).
+    pub(crate) lanes: u8,
     /// Links to ranks on this host run on shared memory where they can.
     pub(crate) shm: bool,
     /// Bytes a peer may deliver for ops this rank has not started before
@@ -129,7 +130,7 @@ impl Mesh {
         };
         let local_addr = listener.local_addr()?;
         let world = addrs.len();
-        open_files::make_room_for_links(me, world);
+        open_files::make_room_for_links(me, world, config.lanes);
         let plane_config = PlaneConfig {
             write_timeout: config.write_timeout,
             spin: config.spin,
@@ -519,11 +520,11 @@ impl Transport for Mesh {
             .map(|link| link.plane.kind().unwrap_or(link.kind.name()))
     }
 
-    fn link_has_lanes(&self, peer: usize) -> bool {
+    fn link_lanes(&self, peer: usize) -> usize {
         self.hub
             .peers
             .ready(peer)
-            .is_some_and(|link| link.plane.has_lanes())
+            .map_or(0, |link| link.plane.lanes())
     }
 
     fn name(&self) -> &'static str {

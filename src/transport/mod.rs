@@ -224,11 +224,11 @@ pub(crate) trait Transport: Send + Sync {
         let _ = peer;
         None
     }
-    /// Whether the link to `peer` carries large payloads on lanes
-    /// (decision 0018).
-    fn link_has_lanes(&self, peer: usize) -> bool {
+    /// How many lanes each way carry the large payloads of the link to
+    /// `peer` (decisions 0018, 0034; 0: none, or no link yet).
+    fn link_lanes(&self, peer: usize) -> usize {
         let _ = peer;
-        false
+        0
     }
     /// This rank starts op `seq` of communicator `comm_id` (a collective;
     /// or, `from` a peer's world rank, its `seq`-th point-to-point receive

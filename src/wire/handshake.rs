@@ -21,25 +21,31 @@
 //! Without one, only the first two (with empty `auth`).
 //!
 //! A hello also says which [`Channel`] of the link the connection is: its
-//! main connection, or one of the two one-way lanes a TCP link may add for
-//! the payloads of large frames (docs/decisions/0018). Each lane runs the
-//! whole handshake, secret included. The acceptor's ack to a main
-//! connection that asks for lanes says whether it takes them (`lanes`).
+//! main connection, or one of the one-way lanes a TCP link may add for the
+//! payloads of large frames (docs/decisions/0018, 0034), numbered. Each
+//! lane runs the whole handshake, secret included. The acceptor's ack to a
+//! main connection that asks for lanes says how many it takes each way
+//! (`lanes`: at most as many as asked, 0 for none).
 //!
 //! Wire layout (little endian, no padding):
 //!
 //! ```text
-//! Hello:    protocol_version u16 | little_endian u8 (0/1) | security u8 | channel u8 (0-3)
+//! Hello:    protocol_version u16 | little_endian u8 (0/1) | security u8 | channel u8
 //!           | job_id u64 | rank u32 | world_size u32 | auth_len u16 | auth [auth_len]
-//! HelloAck: accepted u8 (0/1) | security u8 | lanes u8 (0/1) | reason_len u16
+//! HelloAck: accepted u8 (0/1) | security u8 | lanes u8 (0-8) | reason_len u16
 //!           | auth_len u16 | reason [reason_len] (UTF-8) | auth [auth_len]
 //! ```
+//!
+//! The channel byte is a kind in its low 3 bits (0 main, 1 main with
+//! lanes, 2 lane from the dialer, 3 lane to the dialer, 4 main with shared
+//! memory) and a number above them: the lanes asked for each way (1 to
+//! [`MAX_LANES`]), or a lane's index (below it); 0 for the others.
 
 use zerocopy::little_endian::{U16, U32, U64};
 use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout, Unaligned};
 
 use super::codec::{decode_bool, decode_str, len_u16, split_fixed, split_last_field, truncate_str};
-use super::{MAX_AUTH_LEN, MAX_REASON_LEN, PROTOCOL_VERSION, WireError};
+use super::{MAX_AUTH_LEN, MAX_LANES, MAX_REASON_LEN, PROTOCOL_VERSION, WireError};
 
 /// The dialing rank's introduction.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -67,34 +73,47 @@ pub struct Hello {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Channel {
     /// The link's main connection (every frame, both ways).
-    Main = 0,
-    /// The main connection of a link that asks for lanes: once accepted
-    /// with `lanes`, the dialer opens both lanes before using the link.
-    MainWithLanes = 1,
-    /// The lane the dialer writes and the acceptor reads.
-    LaneFromDialer = 2,
-    /// The lane the acceptor writes and the dialer reads.
-    LaneToDialer = 3,
+    Main,
+    /// The main connection of a link that asks for this many lanes each
+    /// way (1 to [`MAX_LANES`]): once accepted with `lanes` > 0, the dialer
+    /// opens that many each way before using the link.
+    MainWithLanes(u8),
+    /// Lane `i` of those the dialer writes and the acceptor reads.
+    LaneFromDialer(u8),
+    /// Lane `i` of those the acceptor writes and the dialer reads.
+    LaneToDialer(u8),
     /// The main connection of a link between ranks on one host that asks
-    /// for shared memory: once accepted with the ack's `lanes` flag (here:
+    /// for shared memory: once accepted with the ack's `lanes` at 1 (here:
     /// "takes what the channel asks for"), the dialer offers a segment on
     /// it before the link carries frames (`ringwire_shm`); otherwise it is
     /// a plain main connection.
-    MainWithShm = 4,
+    MainWithShm,
 }
 
 impl Channel {
+    fn encode(self) -> u8 {
+        let (kind, n) = match self {
+            Channel::Main => (0, 0),
+            Channel::MainWithLanes(n) => (1, n),
+            Channel::LaneFromDialer(i) => (2, i),
+            Channel::LaneToDialer(i) => (3, i),
+            Channel::MainWithShm => (4, 0),
+        };
+        kind | (n << 3)
+    }
+
     fn decode(byte: u8) -> Result<Channel, WireError> {
-        Ok(match byte {
-            0 => Channel::Main,
-            1 => Channel::MainWithLanes,
-            2 => Channel::LaneFromDialer,
-            3 => Channel::LaneToDialer,
-            4 => Channel::MainWithShm,
-            value => {
+        let n = byte >> 3;
+        Ok(match (byte & 7, n) {
+            (0, 0) => Channel::Main,
+            (1, 1..=MAX_LANES) => Channel::MainWithLanes(n),
+            (2, 0..MAX_LANES) => Channel::LaneFromDialer(n),
+            (3, 0..MAX_LANES) => Channel::LaneToDialer(n),
+            (4, 0) => Channel::MainWithShm,
+            _ => {
                 return Err(WireError::UnknownField {
                     field: "hello.channel",
-                    value,
+                    value: byte,
                 });
             }
         })
@@ -102,7 +121,7 @@ impl Channel {
 
     /// Whether this is one of the lanes (not a main connection).
     pub fn is_lane(self) -> bool {
-        matches!(self, Channel::LaneFromDialer | Channel::LaneToDialer)
+        matches!(self, Channel::LaneFromDialer(_) | Channel::LaneToDialer(_))
     }
 }
 
@@ -175,10 +194,11 @@ pub struct HelloAck {
     /// Authentication data (nonce and proof), at most [`MAX_AUTH_LEN`] bytes;
     /// [`HelloAck::encode`] truncates longer ones.
     pub auth: Vec<u8>,
-    /// The acceptor takes what the hello's channel asked for: the lanes of
-    /// a [`Channel::MainWithLanes`], the shared memory of a
+    /// What the acceptor takes of what the hello's channel asked for: how
+    /// many lanes each way of a [`Channel::MainWithLanes`] (at most as many
+    /// as asked; 0: none), or 1 for the shared memory of a
     /// [`Channel::MainWithShm`].
-    pub lanes: bool,
+    pub lanes: u8,
 }
 
 #[derive(FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned)]
@@ -234,7 +254,7 @@ impl Hello {
             protocol_version: U16::new(self.protocol_version),
             little_endian: u8::from(self.little_endian),
             security: self.security,
-            channel: self.channel as u8,
+            channel: self.channel.encode(),
             job_id: U64::new(self.job_id),
             rank: U32::new(self.rank),
             world_size: U32::new(self.world_size),
@@ -281,7 +301,7 @@ impl HelloAck {
             security: 0,
             reason: String::new(),
             auth: Vec::new(),
-            lanes: false,
+            lanes: 0,
         }
     }
 
@@ -292,7 +312,7 @@ impl HelloAck {
             security: 0,
             reason: reason.into(),
             auth: Vec::new(),
-            lanes: false,
+            lanes: 0,
         }
     }
 
@@ -303,9 +323,10 @@ impl HelloAck {
         self
     }
 
-    /// Sets whether the acceptor takes the lanes asked for.
+    /// Sets what the acceptor takes of what was asked for (see
+    /// [`HelloAck::lanes`]).
     #[must_use]
-    pub fn with_lanes(mut self, lanes: bool) -> HelloAck {
+    pub fn with_lanes(mut self, lanes: u8) -> HelloAck {
         self.lanes = lanes;
         self
     }
@@ -325,7 +346,7 @@ impl HelloAck {
         let raw = RawHelloAck {
             accepted: u8::from(self.accepted),
             security: self.security,
-            lanes: u8::from(self.lanes),
+            lanes: self.lanes,
             reason_len: len_u16(reason.len()),
             auth_len: len_u16(auth.len()),
         };
@@ -342,7 +363,13 @@ impl HelloAck {
         let (raw, rest) = split_fixed::<RawHelloAck>("hello_ack", payload)?;
         let accepted = decode_bool("hello_ack.accepted", raw.accepted)?;
         let security = decode_security("hello_ack.security", raw.security)?;
-        let lanes = decode_bool("hello_ack.lanes", raw.lanes)?;
+        let lanes = raw.lanes;
+        if lanes > MAX_LANES {
+            return Err(WireError::UnknownField {
+                field: "hello_ack.lanes",
+                value: lanes,
+            });
+        }
         let reason_len = usize::from(raw.reason_len.get());
         if reason_len > MAX_REASON_LEN {
             return Err(WireError::FieldTooLong {
@@ -437,7 +464,7 @@ mod tests {
         let bytes = hello().encode().unwrap();
         assert_eq!(size_of::<RawHello>(), 23);
         assert_eq!(bytes.len(), 23 + 5);
-        assert_eq!(bytes[0..2], [3, 0]);
+        assert_eq!(bytes[0..2], [4, 0]);
         assert_eq!(bytes[2], u8::from(cfg!(target_endian = "little")));
         assert_eq!(bytes[3], 0);
         assert_eq!(bytes[4], 0); // Channel::Main
@@ -447,15 +474,33 @@ mod tests {
         assert_eq!(bytes[21..23], 5u16.to_le_bytes());
         assert_eq!(&bytes[23..], b"token");
         for (channel, byte) in [
-            (Channel::MainWithLanes, 1),
-            (Channel::LaneFromDialer, 2),
-            (Channel::LaneToDialer, 3),
+            (Channel::MainWithLanes(1), 1 | 1 << 3),
+            (Channel::MainWithLanes(8), 1 | 8 << 3),
+            (Channel::LaneFromDialer(0), 2),
+            (Channel::LaneToDialer(0), 3),
+            (Channel::LaneToDialer(7), 3 | 7 << 3),
+            (Channel::MainWithShm, 4),
         ] {
-            assert_eq!(Hello { channel, ..hello() }.encode().unwrap()[4], byte);
+            let bytes = Hello { channel, ..hello() }.encode().unwrap();
+            assert_eq!(bytes[4], byte, "{channel:?}");
+            assert_eq!(Hello::decode(&bytes).unwrap().channel, channel);
         }
-        let ack = HelloAck::accept().with_lanes(true).encode();
+        // No lanes asked for, or more than MAX_LANES; a lane index past
+        // it; a number on a channel that takes none; an unknown kind.
+        for byte in [1, 1 | 9 << 3, 2 | 8 << 3, 1 << 3, 4 | 1 << 3, 5] {
+            let mut bytes = hello().encode().unwrap();
+            bytes[4] = byte;
+            assert_eq!(
+                Hello::decode(&bytes),
+                Err(WireError::UnknownField {
+                    field: "hello.channel",
+                    value: byte
+                })
+            );
+        }
+        let ack = HelloAck::accept().with_lanes(4).encode();
         assert_eq!(size_of::<RawHelloAck>(), 7);
-        assert_eq!(ack[..3], [1, 0, 1]);
+        assert_eq!(ack[..3], [1, 0, 4]);
     }
 
     #[test]
@@ -470,15 +515,15 @@ mod tests {
                 rank: u32::MAX,
                 world_size: u32::MAX,
                 security: SECURITY_SECRET | SECURITY_TLS | SECURITY_MTLS,
-                channel: Channel::LaneToDialer,
+                channel: Channel::LaneToDialer(MAX_LANES - 1),
                 auth: vec![0xff; MAX_AUTH_LEN],
             },
             Hello {
-                channel: Channel::MainWithLanes,
+                channel: Channel::MainWithLanes(MAX_LANES),
                 ..hello()
             },
             Hello {
-                channel: Channel::LaneFromDialer,
+                channel: Channel::LaneFromDialer(3),
                 ..hello()
             },
         ] {
@@ -487,7 +532,8 @@ mod tests {
         }
         for ack in [
             HelloAck::accept(),
-            HelloAck::accept().with_lanes(true),
+            HelloAck::accept().with_lanes(1),
+            HelloAck::accept().with_lanes(MAX_LANES),
             HelloAck::reject("world size mismatch: 4 vs 8"),
             HelloAck::reject("ünïcödé ✓"),
             HelloAck::reject("x".repeat(MAX_REASON_LEN)),
@@ -620,12 +666,12 @@ mod tests {
             })
         );
         let mut bad = valid.clone();
-        bad[2] = 2;
+        bad[2] = MAX_LANES + 1;
         assert_eq!(
             HelloAck::decode(&bad),
             Err(WireError::UnknownField {
                 field: "hello_ack.lanes",
-                value: 2
+                value: MAX_LANES + 1
             })
         );
         let mut bad = valid.clone();

@@ -48,8 +48,13 @@ pub const MAGIC: [u8; 4] = *b"RGWR";
 
 /// The protocol version this build speaks, carried in every header and in [`Hello`].
 /// Version 2 added the header's `pad` and whole 64-byte frames (decision 0016);
-/// version 3 the hello's channel and the ack's lanes (decision 0018).
-pub const PROTOCOL_VERSION: u16 = 3;
+/// version 3 the hello's channel and the ack's lanes (decision 0018);
+/// version 4 several lanes each way, numbered in the hello, and laned
+/// payloads as pieces that name their frame and offset (decision 0034).
+pub const PROTOCOL_VERSION: u16 = 4;
+
+/// Most lanes a link has each way (decision 0034).
+pub const MAX_LANES: u8 = 8;
 
 /// Size of the fixed frame header in bytes (56).
 pub const HEADER_LEN: usize = size_of::<RawHeader>();

@@ -30,9 +30,14 @@ pub(crate) fn inputs<T: Element>(
         .collect()
 }
 
-fn reducing_ops<T: Element>(comm: &Communicator, seed: u64, case: &mut u64) -> Result<(), String> {
+fn reducing_ops<T: Element>(
+    comm: &Communicator,
+    seed: u64,
+    case: &mut u64,
+    lens: &[usize],
+) -> Result<(), String> {
     let (rank, world) = (comm.rank(), comm.world_size());
-    for len in lengths(world) {
+    for &len in lens {
         for op in ReduceOp::ALL {
             *case += 1;
             let ins = inputs::<T>(seed, *case, world, len, op);
@@ -77,9 +82,14 @@ fn reducing_ops<T: Element>(comm: &Communicator, seed: u64, case: &mut u64) -> R
     Ok(())
 }
 
-fn moving_ops<T: Element>(comm: &Communicator, seed: u64, case: &mut u64) -> Result<(), String> {
+fn moving_ops<T: Element>(
+    comm: &Communicator,
+    seed: u64,
+    case: &mut u64,
+    lens: &[usize],
+) -> Result<(), String> {
     let (rank, world) = (comm.rank(), comm.world_size());
-    for len in lengths(world) {
+    for &len in lens {
         *case += 1;
         let ins = inputs::<T>(seed, *case, world, len, ReduceOp::Sum);
         let ctx = |what: &str, e: String| {
@@ -228,21 +238,36 @@ fn moving_ops<T: Element>(comm: &Communicator, seed: u64, case: &mut u64) -> Res
 }
 
 pub(crate) fn every_dtype(comm: &Communicator, seed: u64) -> Result<(), String> {
+    let lens = lengths(comm.world_size());
     let mut case = 0;
-    reducing_ops::<f32>(comm, seed, &mut case)?;
-    reducing_ops::<f64>(comm, seed, &mut case)?;
-    reducing_ops::<f16>(comm, seed, &mut case)?;
-    reducing_ops::<bf16>(comm, seed, &mut case)?;
-    reducing_ops::<i32>(comm, seed, &mut case)?;
-    reducing_ops::<i64>(comm, seed, &mut case)?;
-    reducing_ops::<u8>(comm, seed, &mut case)?;
-    moving_ops::<f32>(comm, seed, &mut case)?;
-    moving_ops::<f64>(comm, seed, &mut case)?;
-    moving_ops::<f16>(comm, seed, &mut case)?;
-    moving_ops::<bf16>(comm, seed, &mut case)?;
-    moving_ops::<i32>(comm, seed, &mut case)?;
-    moving_ops::<i64>(comm, seed, &mut case)?;
-    moving_ops::<u8>(comm, seed, &mut case)?;
+    reducing_ops::<f32>(comm, seed, &mut case, &lens)?;
+    reducing_ops::<f64>(comm, seed, &mut case, &lens)?;
+    reducing_ops::<f16>(comm, seed, &mut case, &lens)?;
+    reducing_ops::<bf16>(comm, seed, &mut case, &lens)?;
+    reducing_ops::<i32>(comm, seed, &mut case, &lens)?;
+    reducing_ops::<i64>(comm, seed, &mut case, &lens)?;
+    reducing_ops::<u8>(comm, seed, &mut case, &lens)?;
+    moving_ops::<f32>(comm, seed, &mut case, &lens)?;
+    moving_ops::<f64>(comm, seed, &mut case, &lens)?;
+    moving_ops::<f16>(comm, seed, &mut case, &lens)?;
+    moving_ops::<bf16>(comm, seed, &mut case, &lens)?;
+    moving_ops::<i32>(comm, seed, &mut case, &lens)?;
+    moving_ops::<i64>(comm, seed, &mut case, &lens)?;
+    moving_ops::<u8>(comm, seed, &mut case, &lens)?;
+    comm.barrier().wait().map_err(|e| e.to_string())?;
+    Ok(())
+}
+
+/// Every collective and reduce op on `T` at lengths of the caller's
+/// choosing (large ones, whose frames take paths small ones never do).
+pub(crate) fn every_op_at<T: Element>(
+    comm: &Communicator,
+    seed: u64,
+    lens: &[usize],
+) -> Result<(), String> {
+    let mut case = 0;
+    reducing_ops::<T>(comm, seed, &mut case, lens)?;
+    moving_ops::<T>(comm, seed, &mut case, lens)?;
     comm.barrier().wait().map_err(|e| e.to_string())?;
     Ok(())
 }

@@ -4,7 +4,9 @@
 //! connects and never speaks cannot hold up real peers. Refusals go to the
 //! refusal ledger with their reason.
 
-use super::{Established, Halves, LaneConns, Linker, PeerTable, link_context, plain_halves};
+use super::{
+    Established, Halves, LaneConns, Linker, PeerTable, PendingLanes, link_context, plain_halves,
+};
 use crate::refusals::{self, Reason};
 use crate::security::secret::{self, NONCE_LEN, Role};
 use crate::security::{self, Opening};
@@ -36,21 +38,13 @@ pub(crate) trait Accepted: Send + Sync + 'static {
 /// words it was told.
 type Refused = (Reason, String);
 
-/// Where a lane waits in `Linker::pending_lanes`.
-fn lane_slot(channel: Channel) -> usize {
-    match channel {
-        Channel::LaneToDialer => 1,
-        _ => 0,
-    }
-}
-
 impl Linker {
     /// Files a lane the dialer opened for a link accepted with lanes.
     fn file_lane(&self, peer: usize, channel: Channel, lane: Conn) {
         let mut pending = lock(&self.pending_lanes);
-        match pending.get_mut(&peer) {
-            Some(slots) if slots[lane_slot(channel)].is_none() => {
-                slots[lane_slot(channel)] = Some(lane);
+        match pending.get_mut(&peer).and_then(|p| p.slot(channel)) {
+            Some(slot) if slot.is_none() => {
+                *slot = Some(lane);
                 drop(pending);
                 self.lanes_arrived.notify_all();
             }
@@ -60,7 +54,7 @@ impl Linker {
     }
 
     /// For a link accepted with lanes (`Channel::MainWithLanes`), waits
-    /// until the dialer has opened both, at most the handshake timeout;
+    /// until the dialer has opened them all, at most the handshake timeout;
     /// for any other, nothing.
     fn await_lanes(
         &self,
@@ -68,15 +62,13 @@ impl Linker {
         channel: Channel,
         closing: &dyn Fn() -> bool,
     ) -> Result<Option<LaneConns>, String> {
-        if channel != Channel::MainWithLanes {
+        let Channel::MainWithLanes(lanes) = channel else {
             return Ok(None);
-        }
+        };
         let until = Instant::now() + self.config.handshake_timeout;
         let mut pending = lock(&self.pending_lanes);
         loop {
-            let complete = pending
-                .get(&peer)
-                .is_some_and(|slots| slots.iter().all(Option::is_some));
+            let complete = pending.get(&peer).is_some_and(PendingLanes::complete);
             let now = Instant::now();
             if complete || now >= until || closing() {
                 break;
@@ -87,13 +79,11 @@ impl Linker {
                 .unwrap_or_else(|e| e.into_inner())
                 .0;
         }
-        match pending.remove(&peer) {
-            Some([Some(from_dialer), Some(to_dialer)]) => Ok(Some(LaneConns {
-                send: to_dialer,
-                recv: from_dialer,
-            })),
-            _ => Err(format!(
-                "rank {peer} asked for lanes but did not open both within {:?}",
+        match pending.remove(&peer).and_then(PendingLanes::into_conns) {
+            Some(conns) => Ok(Some(conns)),
+            None => Err(format!(
+                "rank {peer} asked for {lanes} lanes each way but did not open them all \
+                 within {:?}",
                 self.config.handshake_timeout
             )),
         }
@@ -213,9 +203,7 @@ impl Linker {
                                 ))
                             } else if hello.channel.is_lane() {
                                 match lock(&self.pending_lanes).get(&peer) {
-                                    Some(slots) if slots[lane_slot(hello.channel)].is_none() => {
-                                        Ok(peer)
-                                    }
+                                    Some(slots) if slots.is_free(hello.channel) => Ok(peer),
                                     _ => unexpected(format!(
                                         "rank {peer} opened a lane ({:?}) that rank {} is not \
                                          waiting for",
@@ -235,7 +223,7 @@ impl Linker {
                             if checked.is_ok() {
                                 client_nonce = &payload[payload.len() - hello.auth.len()..];
                                 channel = match hello.channel {
-                                    Channel::MainWithLanes if !can_take_lanes => Channel::Main,
+                                    Channel::MainWithLanes(_) if !can_take_lanes => Channel::Main,
                                     Channel::MainWithShm if !can_share_memory => Channel::Main,
                                     asked => asked,
                                 };
@@ -251,14 +239,15 @@ impl Linker {
             }
             .with_security(mine);
             if let (Ok(_), Channel::MainWithShm) = (&verdict, channel) {
-                ack = ack.with_lanes(true);
+                ack = ack.with_lanes(1);
             }
-            if let (Ok(peer), Channel::MainWithLanes) = (&verdict, channel) {
+            if let (Ok(peer), Channel::MainWithLanes(lanes)) = (&verdict, channel) {
                 // Waited for from now on, so the lanes the dialer opens on
-                // reading this ack find their place.
-                lock(&self.pending_lanes).insert(*peer, [None, None]);
+                // reading this ack find their place. The dialer decides how
+                // many (decision 0034).
+                lock(&self.pending_lanes).insert(*peer, PendingLanes::new(lanes));
                 awaiting = Some(*peer);
-                ack = ack.with_lanes(true);
+                ack = ack.with_lanes(lanes);
             }
             let mut challenge = None;
             if let (Some(secret), Ok(peer)) = (&sec.secret, &verdict) {

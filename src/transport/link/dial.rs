@@ -16,7 +16,7 @@ use crate::transport::framing::{control_header, write_frame};
 use crate::transport::link::open_files;
 use crate::transport::plane::PlaneKind;
 use crate::wire::handshake::security_mismatch;
-use crate::wire::{Channel, FrameKind, Hello, HelloAck};
+use crate::wire::{self, Channel, FrameKind, Hello, HelloAck};
 use std::io;
 use std::net::TcpStream;
 use std::os::unix::net::{SocketAddr as UnixAddr, UnixStream};
@@ -85,31 +85,37 @@ impl Linker {
         let plane = self.plane(conn.kind());
         let channel = if plane == PlaneKind::Shm {
             Channel::MainWithShm
-        } else if self.config.lanes && plane.takes_lanes(conn.kind()) {
-            Channel::MainWithLanes
+        } else if self.config.lanes > 0 && plane.takes_lanes(conn.kind()) {
+            Channel::MainWithLanes(self.config.lanes.min(wire::MAX_LANES))
         } else {
             Channel::Main
         };
         let (halves, taken) = self
             .dial_handshake(peer, &conn, &who, channel)
             .map_err(|f| refused(f, ""))?;
-        let lanes = if taken && channel == Channel::MainWithLanes {
-            let open = |channel| -> Result<Conn, LinkError> {
-                let lane = self.connect(peer, deadline)?;
-                self.dial_handshake(peer, &lane, &who, channel)
-                    .map_err(|f| refused(f, "opening a lane: "))?;
-                Ok(lane)
-            };
-            Some(LaneConns {
-                send: open(Channel::LaneFromDialer)?,
-                recv: open(Channel::LaneToDialer)?,
-            })
-        } else {
-            None
+        let lanes = match channel {
+            Channel::MainWithLanes(asked) if taken > 0 => {
+                let open = |channel| -> Result<Conn, LinkError> {
+                    let lane = self.connect(peer, deadline)?;
+                    self.dial_handshake(peer, &lane, &who, channel)
+                        .map_err(|f| refused(f, "opening a lane: "))?;
+                    Ok(lane)
+                };
+                let mut conns = LaneConns {
+                    send: Vec::new(),
+                    recv: Vec::new(),
+                };
+                for i in 0..taken.min(asked) {
+                    conns.send.push(open(Channel::LaneFromDialer(i))?);
+                    conns.recv.push(open(Channel::LaneToDialer(i))?);
+                }
+                Some(conns)
+            }
+            _ => None,
         };
         Ok(Established {
             dialed: true,
-            shm: taken && channel == Channel::MainWithShm,
+            shm: taken > 0 && channel == Channel::MainWithShm,
             conn,
             halves,
             lanes,
@@ -118,14 +124,15 @@ impl Linker {
 
     /// The dialing side of a handshake on `stream` (TLS if configured,
     /// hello as `channel`, secret check); the link's byte streams, and
-    /// whether the acceptor takes the lanes a main connection asked for.
+    /// what the acceptor takes of what a main connection asked for (lanes
+    /// each way, or 1 for shared memory; 0: none).
     fn dial_handshake(
         &self,
         peer: usize,
         stream: &Conn,
         who: &str,
         channel: Channel,
-    ) -> Result<(Halves, bool), LinkFailure> {
+    ) -> Result<(Halves, u8), LinkFailure> {
         let addr = self.addrs[peer];
         let hs = |e: io::Error| handshake_error(&e, who);
         self.configure(stream).map_err(hs)?;
@@ -174,7 +181,10 @@ impl Linker {
             .map_err(hs)?
             .map_err(|reason| LinkFailure::Handshake { reason })?;
         // Lanes or shared memory, as the channel asked.
-        let lanes = ack.lanes && matches!(channel, Channel::MainWithLanes | Channel::MainWithShm);
+        let lanes = match channel {
+            Channel::MainWithLanes(_) | Channel::MainWithShm => ack.lanes,
+            _ => 0,
+        };
         if !ack.accepted {
             return Err(LinkFailure::Refused {
                 reason: format!("rank {peer} refused the connection: {}", ack.reason),

@@ -24,7 +24,7 @@ use super::plane::{LinkPlane, PlaneKind};
 use super::{LinkError, lock};
 use crate::refusals::Place;
 use crate::security::Security;
-use crate::wire::{self, FrameKind, HEADER_LEN, Header, HelloAck};
+use crate::wire::{self, Channel, FrameKind, HEADER_LEN, Header, HelloAck};
 use std::collections::HashMap;
 use std::io::{self, Read};
 use std::net::SocketAddr;
@@ -246,8 +246,9 @@ pub(crate) struct LinkConfig {
     /// Job secret and TLS (see `crate::security`); the handshake checks
     /// both sides use the same.
     pub(crate) security: Security,
-    /// Dial TCP links with lanes where the plane takes them (decision 0018).
-    pub(crate) lanes: bool,
+    /// Lanes each way to dial TCP links with where the plane takes them
+    /// (decisions 0018, 0034; 0: none).
+    pub(crate) lanes: u8,
 }
 
 /// What making links needs: who the ranks are, where they listen, and the
@@ -269,10 +270,59 @@ pub(crate) struct Linker {
     /// Handshakes in progress; capped so a flood of connections cannot
     /// spawn unbounded threads.
     handshakes: AtomicUsize,
-    /// Links accepted with lanes, waiting for them: peer -> the lane from
-    /// the dialer and the lane to it, as they arrive.
-    pending_lanes: Mutex<HashMap<usize, [Option<Conn>; 2]>>,
+    /// Links accepted with lanes, waiting for them, as they arrive.
+    pending_lanes: Mutex<HashMap<usize, PendingLanes>>,
     lanes_arrived: Condvar,
+}
+
+/// The lanes of a link accepted with them, as the dialer opens them: those
+/// it writes, those it reads, by index.
+pub(crate) struct PendingLanes {
+    from_dialer: Vec<Option<Conn>>,
+    to_dialer: Vec<Option<Conn>>,
+}
+
+impl PendingLanes {
+    fn new(lanes: u8) -> PendingLanes {
+        let none = || (0..lanes).map(|_| None).collect();
+        PendingLanes {
+            from_dialer: none(),
+            to_dialer: none(),
+        }
+    }
+
+    /// Where lane `channel` goes, if it is a lane this link awaits.
+    fn slot(&mut self, channel: Channel) -> Option<&mut Option<Conn>> {
+        match channel {
+            Channel::LaneFromDialer(i) => self.from_dialer.get_mut(usize::from(i)),
+            Channel::LaneToDialer(i) => self.to_dialer.get_mut(usize::from(i)),
+            _ => None,
+        }
+    }
+
+    fn is_free(&self, channel: Channel) -> bool {
+        let (slots, i) = match channel {
+            Channel::LaneFromDialer(i) => (&self.from_dialer, i),
+            Channel::LaneToDialer(i) => (&self.to_dialer, i),
+            _ => return false,
+        };
+        slots.get(usize::from(i)).is_some_and(Option::is_none)
+    }
+
+    fn complete(&self) -> bool {
+        self.from_dialer
+            .iter()
+            .chain(&self.to_dialer)
+            .all(Option::is_some)
+    }
+
+    /// The acceptor's view: it writes the lanes to the dialer.
+    fn into_conns(self) -> Option<LaneConns> {
+        Some(LaneConns {
+            send: self.to_dialer.into_iter().collect::<Option<_>>()?,
+            recv: self.from_dialer.into_iter().collect::<Option<_>>()?,
+        })
+    }
 }
 
 /// The plane each kind of socket gets, as the transport chose at start.

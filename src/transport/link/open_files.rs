@@ -1,8 +1,8 @@
 //! The process's open-file limit, and room in it for a link to every peer.
 //!
-//! A link holds up to three descriptors (a TCP link of the engine with its
-//! two lanes; a portable link's socket, its reader's clone and its
-//! writer's), so an all-to-all among a few hundred ranks passes the soft
+//! A link holds up to three descriptors (a TCP link of the engine with a
+//! lane each way; a portable link's socket, its reader's clone and its
+//! writer's), or one more per lane past the first, so an all-to-all among a few hundred ranks passes the soft
 //! `RLIMIT_NOFILE` of 1024 that many shells and services start with, and
 //! every dial or accept past it fails with EMFILE mid-job. As Go's runtime
 //! and many servers do, a transport raises its process's soft limit at
@@ -13,16 +13,18 @@ use nix::errno::Errno;
 use nix::sys::resource::{Resource, getrlimit, setrlimit};
 use std::io;
 
-/// Descriptors one link holds at most.
+/// Descriptors one link holds at most with one lane each way.
 pub(crate) const PER_LINK: u64 = 3;
 
 /// Room for what else a rank's process holds open: listeners, the store's
 /// connection, strangers' handshakes, the caller's own files.
 const SPARE: u64 = 256;
 
-/// What a rank of a `world`-rank job would need with a link to every peer.
-pub(crate) fn needed(world: usize) -> u64 {
-    (world.saturating_sub(1) as u64) * PER_LINK + SPARE
+/// What a rank of a `world`-rank job would need with a link to every peer,
+/// each with `lanes` lanes each way.
+pub(crate) fn needed(world: usize, lanes: u8) -> u64 {
+    let per_link = PER_LINK.max(1 + 2 * u64::from(lanes));
+    (world.saturating_sub(1) as u64) * per_link + SPARE
 }
 
 /// What `make_room` did.
@@ -60,8 +62,8 @@ pub(crate) fn make_room(need: u64) -> io::Result<Room> {
 
 /// Makes room for a link to each of `world - 1` peers and logs what it
 /// did (once per transport).
-pub(crate) fn make_room_for_links(me: usize, world: usize) {
-    let need = needed(world);
+pub(crate) fn make_room_for_links(me: usize, world: usize, lanes: u8) {
+    let need = needed(world, lanes);
     match make_room(need) {
         Ok(Room::Enough { .. }) => {}
         Ok(Room::Raised { from, to }) => tracing::debug!(
@@ -117,9 +119,11 @@ mod tests {
 
     #[test]
     fn a_full_mesh_needs_three_per_peer_and_some_spare() {
-        assert_eq!(needed(1), SPARE);
-        assert_eq!(needed(2), PER_LINK + SPARE);
-        assert_eq!(needed(1000), 999 * PER_LINK + SPARE);
+        assert_eq!(needed(1, 1), SPARE);
+        assert_eq!(needed(2, 1), PER_LINK + SPARE);
+        assert_eq!(needed(1000, 0), 999 * PER_LINK + SPARE);
+        // Eight lanes each way: the main connection and sixteen lanes.
+        assert_eq!(needed(3, 8), 2 * 17 + SPARE);
     }
 
     #[test]

@@ -69,10 +69,11 @@ pub(crate) struct Established {
 /// its writer to every sender.
 pub(crate) type Halves = (ReadHalf, WriteHalf);
 
-/// A link's lanes as one end sees them: the one it writes, the one it reads.
+/// A link's lanes as one end sees them: those it writes, those it reads
+/// (as many each way).
 pub(crate) struct LaneConns {
-    pub(crate) send: Conn,
-    pub(crate) recv: Conn,
+    pub(crate) send: Vec<Conn>,
+    pub(crate) recv: Vec<Conn>,
 }
 
 /// How a control frame (heartbeat, abort) went.
@@ -158,9 +159,10 @@ pub(crate) trait LinkPlane: Send + Sync {
     /// Shuts the link's connections down, which ends what is in flight.
     fn shut_down(&self);
 
-    /// Whether large payloads travel on lanes beside the link (0018).
-    fn has_lanes(&self) -> bool {
-        false
+    /// How many lanes each way beside the link carry large payloads
+    /// (0018, 0034).
+    fn lanes(&self) -> usize {
+        0
     }
 
     /// What carries the link when it is not its socket's kind (`shm`).

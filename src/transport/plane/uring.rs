@@ -9,6 +9,7 @@ use super::{
     send_stop,
 };
 use crate::error::Error;
+use crate::transport::conn::Conn;
 use crate::transport::failure::{LinkFailure, Loss};
 use crate::transport::framing::padded_head;
 use crate::transport::inbox::{Await, Inbox, Wake};
@@ -36,11 +37,21 @@ const ZERO_COPY_FROM: usize = 64 << 10;
 /// received in place.
 const STAGING_BYTES: usize = 64 << 10;
 
-/// On a TCP link with lanes, frames whose payload is at least this many
-/// bytes carry it on a lane (decision 0018): whole chunks of the default
-/// size. Both ends must agree, so this is part of the protocol (version 3),
-/// not a setting.
+/// On a TCP link with one lane each way, frames whose payload is at least
+/// this many bytes carry it on the lane (decision 0018): whole chunks of
+/// the default size. Both ends must agree, so this is part of the protocol
+/// (version 4), not a setting.
 const LANE_FROM: usize = 1 << 20;
+
+/// With more lanes, payloads from this size travel in pieces over them
+/// (decision 0034): a piece per lane is worth its header once the link is
+/// faster than one stream.
+const LANES_FROM: usize = 256 << 10;
+
+/// The laned-payload threshold of a link with `lanes` lanes each way.
+fn lane_from(lanes: usize) -> usize {
+    if lanes > 1 { LANES_FROM } else { LANE_FROM }
+}
 
 /// The process's engine (links are numbered by peer rank).
 pub(super) struct Engine {
@@ -56,7 +67,7 @@ impl Engine {
             staging: STAGING_BYTES,
             zero_copy_from: Some(ZERO_COPY_FROM),
             spin,
-            lane_from: LANE_FROM,
+            max_lanes: usize::from(wire::MAX_LANES),
         })?;
         Ok(Engine {
             engine: Arc::new(engine),
@@ -86,15 +97,18 @@ impl Engine {
         let mut sockets = vec![main.clone()];
         match lanes {
             Some(LaneConns { send, recv }) => {
-                for lane in [&send, &recv] {
+                for lane in send.iter().chain(&recv) {
                     lane.set_read_timeout(None)?;
                     lane.set_write_timeout(Some(config.write_timeout))?;
                 }
-                let (send, recv): (SharedFd, SharedFd) =
-                    (Arc::new(send.into()), Arc::new(recv.into()));
-                sockets.extend([send.clone(), recv.clone()]);
+                let shared = |conns: Vec<Conn>| -> Vec<SharedFd> {
+                    conns.into_iter().map(|c| Arc::new(c.into())).collect()
+                };
+                let (send, recv) = (shared(send), shared(recv));
+                sockets.extend(send.iter().chain(&recv).cloned());
+                let from = lane_from(send.len());
                 self.engine
-                    .add_link_with_lanes(peer, main, Lanes { send, recv });
+                    .add_link_with_lanes(peer, main, Lanes { send, recv, from });
             }
             None => self.engine.add_link(peer, main),
         }
@@ -322,8 +336,8 @@ impl LinkPlane for UringLink {
         }
     }
 
-    fn has_lanes(&self) -> bool {
-        self.sockets.len() > 1
+    fn lanes(&self) -> usize {
+        (self.sockets.len() - 1) / 2
     }
 }
 

@@ -11,6 +11,7 @@
 //! waiting until the completion has been recorded.
 #![allow(unsafe_code)]
 
+use super::lanes::{self, LaneLoad, PIECE_HEADER, PieceFit, PieceHeader};
 use super::{
     Body, EngineConfig, FrameSink, Lanes, LinkFault, MAX_FRAME_ALIGN, MAX_HEADER, Outcome,
     PlaceRequest, Queued, SendRequest, SharedFd,
@@ -37,7 +38,9 @@ unsafe impl Send for SendRequest {}
 // `FrameEngine::receive_in_place`.
 unsafe impl Send for PlaceRequest {}
 
-/// What a completion is for: the low byte of `user_data`, the link above it.
+/// What a completion is for: the low byte of `user_data`; the next byte is
+/// the connection of the link (0: its main one; `1 + i`: lane `i`), and
+/// the link is above that.
 const RECV: u64 = 1;
 const SEND: u64 = 2;
 const WAKE: u64 = 3;
@@ -89,8 +92,19 @@ fn completion_result(n: isize) -> Option<i32> {
 static ZEROS: [u8; MAX_FRAME_ALIGN] = [0; MAX_FRAME_ALIGN];
 
 fn tag(kind: u64, link: usize) -> u64 {
-    kind | ((link as u64) << 8)
+    lane_tag(kind, link, 0)
 }
+
+/// `tag` for a link's connection `conn` (0: main; `1 + i`: lane `i`).
+fn lane_tag(kind: u64, link: usize, conn: usize) -> u64 {
+    kind | ((conn as u64) << 8) | ((link as u64) << 16)
+}
+
+/// A send lane's socket holds at most about this many bytes not yet sent
+/// (`TCP_NOTSENT_LOWAT`), on links with more than one lane: a piece's send
+/// then ends about when the lane has moved it, which is what placement
+/// learns each lane's rate from (`lanes::LaneLoad`).
+const LANE_NOTSENT_LOWAT: libc::c_int = 64 << 10;
 
 enum Rx {
     /// Receiving headers and small frames into the staging buffer.
@@ -102,9 +116,6 @@ enum Rx {
         got: usize,
         /// Zeros after the payload, skipped once it is in.
         tail: usize,
-        /// The payload comes on the receive lane (its header came on the
-        /// link's socket, whose staging buffer may hold later frames).
-        laned: bool,
     },
     /// Receiving one payload straight into a waiting caller's memory.
     Placing {
@@ -112,29 +123,149 @@ enum Rx {
         target: PlaceRequest,
         got: usize,
         tail: usize,
-        laned: bool,
+    },
+    /// Receiving a laned frame's payload as pieces on the receive lanes
+    /// (its header came on the link's socket, whose staging buffer may
+    /// hold later frames; the socket is not read until it is in).
+    Laned {
+        head: [u8; MAX_HEADER],
+        dest: Dest,
+        len: usize,
+        /// Bytes of the pieces being read or read.
+        claimed: usize,
+        /// Bytes of the pieces read whole.
+        got: usize,
     },
 }
 
-/// One end of a lane, as the ring names it.
-struct Lane {
-    socket: SharedFd,
-    fixed: Option<u32>,
+/// Where a laned frame's payload goes.
+enum Dest {
+    Buf(AlignedBuf),
+    Target(PlaceRequest),
 }
 
-impl Lane {
-    fn raw(&self) -> RawFd {
-        self.socket.as_raw_fd()
+impl Dest {
+    fn base(&mut self) -> *mut u8 {
+        match self {
+            Dest::Buf(buf) => buf.bytes_mut().as_mut_ptr(),
+            Dest::Target(target) => target.ptr,
+        }
     }
+}
+
+/// A lane this end writes.
+struct SendLane {
+    socket: SharedFd,
+    fixed: Option<u32>,
+    in_flight: bool,
+    owner: Option<ThreadId>,
+    /// The piece being written; it stays here (not moved) while in flight.
+    piece: Option<OutPiece>,
+    msg: Box<libc::msghdr>,
+    iov: Box<[libc::iovec; 2]>,
+}
+
+/// A piece of a laned frame's payload, on its way out.
+struct OutPiece {
+    head: [u8; PIECE_HEADER],
+    /// Where in the payload, and how many bytes.
+    offset: usize,
+    len: usize,
+    /// Bytes out, its header's included.
+    sent: usize,
+}
+
+impl SendLane {
+    /// Points `msg` at what is left of the piece: its header, then its
+    /// bytes from `payload`.
+    fn describe(&mut self, payload: *const u8) {
+        let Some(p) = &self.piece else { return };
+        let parts = [
+            (p.head.as_ptr(), PIECE_HEADER),
+            (payload.wrapping_add(p.offset), p.len),
+        ];
+        let mut n = 0;
+        let mut at = 0;
+        for (ptr, len) in parts {
+            let from = p.sent.max(at);
+            if from < at + len {
+                self.iov[n] = libc::iovec {
+                    iov_base: ptr.wrapping_add(from - at) as *mut libc::c_void,
+                    iov_len: at + len - from,
+                };
+                n += 1;
+            }
+            at += len;
+        }
+        // SAFETY: `msghdr` is plain old data; all-zero is its empty value.
+        *self.msg = unsafe { std::mem::zeroed() };
+        self.msg.msg_iov = self.iov.as_mut_ptr();
+        self.msg.msg_iovlen = n as _;
+    }
+}
+
+/// A lane this end reads.
+struct RecvLane {
+    socket: SharedFd,
+    fixed: Option<u32>,
+    in_flight: bool,
+    owner: Option<ThreadId>,
+    rx: LaneRx,
+}
+
+enum LaneRx {
+    /// Reading a piece's header; whole, it waits until its frame is the
+    /// one being received.
+    Header {
+        bytes: [u8; PIECE_HEADER],
+        got: usize,
+    },
+    /// Reading a piece of the frame being received.
+    Body {
+        offset: usize,
+        len: usize,
+        got: usize,
+    },
+}
+
+impl LaneRx {
+    const EMPTY: LaneRx = LaneRx::Header {
+        bytes: [0; PIECE_HEADER],
+        got: 0,
+    };
+}
+
+/// The payload of the laned frame being sent, as pieces handed to lanes.
+struct Spread {
+    /// The frame's count among the link's laned frames.
+    frame: u32,
+    payload: *const u8,
+    len: usize,
+    piece: usize,
+    /// Bytes handed to lanes so far.
+    next: usize,
+    /// Pieces handed out and not yet wholly sent.
+    open: usize,
 }
 
 struct LinkIo {
     socket: SharedFd,
     /// Index in the ring's file table, when registered.
     fixed: Option<u32>,
-    /// The link's lanes (send, receive), if it has them: laned frames put
-    /// their payloads there, in order, and everything else on `socket`.
-    lanes: Option<(Lane, Lane)>,
+    /// The link's lanes, if it has them: frames whose payload is at least
+    /// `lane_from` bytes put it there in pieces, and everything else on
+    /// `socket`.
+    send_lanes: Vec<SendLane>,
+    recv_lanes: Vec<RecvLane>,
+    /// What placement knows of each send lane.
+    loads: Vec<LaneLoad>,
+    lane_from: usize,
+    /// The payload of the laned frame in `sending`.
+    spread: Option<Spread>,
+    /// Laned frames begun on this link, each way (wrapping): a piece
+    /// header names its frame by this count.
+    sent_frames: u32,
+    recv_frames: u32,
     staging: Box<[u8]>,
     /// Unparsed bytes are `staging[start..end]`.
     start: usize,
@@ -175,57 +306,172 @@ struct LinkIo {
 }
 
 impl LinkIo {
-    /// The socket the current send's next bytes go out on, and its index
-    /// in the file table: a laned send's body goes on the send lane.
-    fn send_target(&self) -> (RawFd, Option<u32>) {
-        match (&self.sending, &self.lanes) {
-            (Some(req), Some((lane, _))) if req.laned && req.sent >= req.lead() => {
-                (lane.raw(), lane.fixed)
-            }
-            _ => (self.socket.as_raw_fd(), self.fixed),
-        }
-    }
-
-    /// The socket the next receive reads, and its index in the file table.
-    fn recv_target(&self) -> (RawFd, Option<u32>) {
-        match (&self.rx, &self.lanes) {
-            (
-                Rx::Payload { laned: true, .. } | Rx::Placing { laned: true, .. },
-                Some((_, lane)),
-            ) => (lane.raw(), lane.fixed),
-            _ => (self.socket.as_raw_fd(), self.fixed),
-        }
-    }
-
-    /// Bytes left of the current send on the socket it is on now.
+    /// Bytes left of the current send on the link's socket (for a laned
+    /// send: of its head and zeros).
     fn send_left(&self) -> usize {
         self.sending
             .as_ref()
-            .map_or(0, |req| req.phase_end() - req.sent)
+            .map_or(0, |req| req.main_end().saturating_sub(req.sent))
     }
 
     /// Moves the next queued send into `sending` if none is there, marking
     /// it laned if the link has lanes and its payload is `lane_from` bytes
     /// or more (the receiver applies the same rule to the header).
-    fn start_next_send(&mut self, lane_from: usize, frame_align: usize) {
+    fn start_next_send(&mut self, frame_align: usize) {
         if self.sending.is_some() {
             return;
         }
         self.sending = self.queue.pop_front();
-        if let (Some(req), Some(_)) = (&mut self.sending, &self.lanes) {
-            if matches!(req.body, Body::Borrowed { len, .. } if len >= lane_from) {
-                req.laned = true;
-                req.tail = super::tail_len(req.head_len, frame_align);
+        let Some(req) = &mut self.sending else { return };
+        let Body::Borrowed { ptr, len } = req.body else {
+            return;
+        };
+        if self.send_lanes.is_empty() || len < self.lane_from {
+            return;
+        }
+        req.laned = true;
+        req.tail = super::tail_len(req.head_len, frame_align);
+        self.spread = Some(Spread {
+            frame: self.sent_frames,
+            payload: ptr,
+            len,
+            piece: lanes::piece_len(len, self.send_lanes.len()),
+            next: 0,
+            open: 0,
+        });
+        self.sent_frames = self.sent_frames.wrapping_add(1);
+    }
+
+    /// Takes the send in `sending`, none of which went out, back: a laned
+    /// one gives its frame count back too, since the receiver never saw it.
+    fn take_unsent(&mut self) -> Option<SendRequest> {
+        if self.spread.take().is_some() {
+            self.sent_frames = self.sent_frames.wrapping_sub(1);
+        }
+        self.sending.take()
+    }
+
+    /// Whether a piece of the laned send is in the kernel's hands.
+    fn lanes_sending(&self) -> bool {
+        self.send_lanes.iter().any(|lane| lane.in_flight)
+    }
+
+    fn lanes_receiving(&self) -> bool {
+        self.recv_lanes.iter().any(|lane| lane.in_flight)
+    }
+
+    /// Whether connection `conn` (0: main; `1 + i`: lane `i`) has a receive
+    /// (or a send) in flight.
+    fn receiving(&self, conn: usize) -> bool {
+        match conn {
+            0 => self.recv_in_flight,
+            i => self.recv_lanes.get(i - 1).is_some_and(|l| l.in_flight),
+        }
+    }
+
+    fn sending_on(&self, conn: usize) -> bool {
+        match conn {
+            0 => self.send_in_flight,
+            i => self.send_lanes.get(i - 1).is_some_and(|l| l.in_flight),
+        }
+    }
+
+    /// The send in `sending`, if it is done: a plain one once its bytes
+    /// are out, a laned one once its head and every piece are.
+    fn take_finished_send(&mut self) -> Option<SendRequest> {
+        let req = self.sending.as_ref()?;
+        if req.sent < req.main_end() {
+            return None;
+        }
+        if req.laned {
+            let s = self.spread.as_ref()?;
+            if s.next < s.len || s.open > 0 {
+                return None;
             }
+            self.spread = None;
+        }
+        self.sending.take()
+    }
+
+    /// Hands pieces of the laned send's payload to lanes, each to the lane
+    /// expected to have sent it first, until that lane is a busy one
+    /// (`lanes::pick_lane`). Only once the frame's head is out: until then
+    /// the send can still be withdrawn whole.
+    fn place_pieces(&mut self, now: Instant) {
+        let (Some(req), Some(s)) = (&self.sending, &mut self.spread) else {
+            return;
+        };
+        if req.sent < req.lead() {
+            return;
+        }
+        while s.next < s.len {
+            let len = s.piece.min(s.len - s.next);
+            let Some(i) = lanes::pick_lane(&self.loads, len, now) else {
+                break;
+            };
+            let head = PieceHeader {
+                frame: s.frame,
+                len: len as u32,
+                offset: s.next as u64,
+            };
+            self.send_lanes[i].piece = Some(OutPiece {
+                head: head.encode(),
+                offset: s.next,
+                len,
+                sent: 0,
+            });
+            self.loads[i].start(len, now);
+            s.next += len;
+            s.open += 1;
+        }
+    }
+
+    /// The laned frame being received (its count, length and bytes claimed
+    /// by pieces), if one is.
+    fn current_laned(&self) -> Option<(u32, usize, usize)> {
+        match &self.rx {
+            Rx::Laned { len, claimed, .. } => Some((self.recv_frames, *len, *claimed)),
+            _ => None,
+        }
+    }
+
+    /// Checks the piece header lane `i` has read whole against the frame
+    /// being received: its bytes are read next if it belongs to it; it
+    /// waits if it belongs to a later one. Else the stream is broken.
+    fn fit_lane(&mut self, i: usize) -> Result<(), String> {
+        let LaneRx::Header {
+            bytes,
+            got: PIECE_HEADER,
+        } = self.recv_lanes[i].rx
+        else {
+            return Ok(());
+        };
+        let piece = PieceHeader::decode(&bytes);
+        match lanes::fit_piece(&piece, self.current_laned(), self.recv_frames) {
+            Ok(PieceFit::Now) => {
+                if let Rx::Laned { claimed, .. } = &mut self.rx {
+                    *claimed += piece.len as usize;
+                }
+                self.recv_lanes[i].rx = LaneRx::Body {
+                    offset: piece.offset as usize,
+                    len: piece.len as usize,
+                    got: 0,
+                };
+                Ok(())
+            }
+            Ok(PieceFit::Later) => Ok(()),
+            Err(reason) => Err(format!("receive lane {i}: {reason}")),
         }
     }
 
     /// Shuts every socket of the link down, which ends what is in flight on them.
     fn shut_down(&self) {
         let _ = shutdown(self.socket.as_raw_fd(), Shutdown::Both);
-        if let Some((send, recv)) = &self.lanes {
-            let _ = shutdown(send.raw(), Shutdown::Both);
-            let _ = shutdown(recv.raw(), Shutdown::Both);
+        for lane in &self.send_lanes {
+            let _ = shutdown(lane.socket.as_raw_fd(), Shutdown::Both);
+        }
+        for lane in &self.recv_lanes {
+            let _ = shutdown(lane.socket.as_raw_fd(), Shutdown::Both);
         }
     }
 
@@ -259,12 +505,14 @@ impl LinkIo {
                 target.len - *got,
                 libc::MSG_WAITALL,
             ),
+            // Not read while a laned payload comes (`post_entries`).
+            Rx::Laned { .. } => (std::ptr::null_mut(), 0, 0),
         }
     }
 
-    /// Points `msg` at what is left of the current send on the socket it
-    /// is on now (up to [`SendRequest::phase_end`]): head, body, zeros; or,
-    /// laned, head and zeros, then the body.
+    /// Points `msg` at what is left of the current send on the link's
+    /// socket (up to [`SendRequest::main_end`]): head, body, zeros; or,
+    /// laned, head and zeros (the lanes carry the body).
     fn describe_send(&mut self) {
         let Some(req) = &self.sending else { return };
         let head = (req.head.as_ptr(), req.head_len);
@@ -274,10 +522,10 @@ impl LinkIo {
         };
         let zeros = (ZEROS.as_ptr(), req.tail);
         let pieces = match req.laned {
-            true => [head, zeros, body],
+            true => [head, zeros, (body.0, 0)],
             false => [head, body, zeros],
         };
-        let end = req.phase_end();
+        let end = req.main_end();
         let (mut n, mut at) = (0, 0);
         for (ptr, len) in pieces {
             let (from, to) = (req.sent.max(at), end.min(at + len));
@@ -343,7 +591,10 @@ pub(crate) struct Driver {
     zero_copy_from: Option<usize>,
     /// How long a driver polls before it sleeps.
     spin: Duration,
-    lane_from: usize,
+    /// Lanes a link may have each way (their slots in the file table).
+    max_lanes: usize,
+    /// Lane entries built in `post_entries` (kept to reuse its storage).
+    lane_entries: Vec<(squeue::Entry, u64)>,
 }
 
 // SAFETY: the raw pointers in `msghdr`/`iovec` point into this driver's own
@@ -357,9 +608,11 @@ impl Driver {
         wake: &nix::sys::eventfd::EventFd,
         poked: Arc<AtomicBool>,
     ) -> io::Result<Driver> {
-        // Every link has at most one receive and one send in flight, plus
-        // the eventfd read: size the queues so completions never overflow.
-        let entries = (2 * config.links as u32 + 8)
+        // Every connection of a link (main and lanes) has at most one
+        // receive and one send in flight, plus the eventfd read: size the
+        // queues so completions never overflow.
+        let per_link = 2 + 2 * config.max_lanes;
+        let entries = ((per_link * config.links) as u32 + 8)
             .next_power_of_two()
             .clamp(64, 8192);
         // Cooperative task running: completions run when a driver next
@@ -378,7 +631,7 @@ impl Driver {
         })?;
         let fixed_files = ring
             .submitter()
-            .register_files_sparse(3 * config.links.max(1) as u32)
+            .register_files_sparse(((1 + 2 * config.max_lanes) * config.links.max(1)) as u32)
             .is_ok();
         Ok(Driver {
             ring,
@@ -404,7 +657,8 @@ impl Driver {
             spare: Queued::default(),
             zero_copy_from: config.zero_copy_from,
             spin: config.spin,
-            lane_from: config.lane_from,
+            max_lanes: config.max_lanes,
+            lane_entries: Vec::new(),
         })
     }
 
@@ -534,7 +788,7 @@ impl Driver {
                 continue;
             }
             if !l.send_in_flight {
-                l.sending = None;
+                l.take_unsent();
                 finished.push((id, Outcome::Withdrawn));
             } else if !l.send_zero_copy {
                 l.withdrawing = true;
@@ -627,16 +881,26 @@ impl Driver {
             {
                 cancels.push(tag(SEND, link));
             }
+            for (i, lane) in l.recv_lanes.iter().enumerate() {
+                if lane.in_flight && lane.owner == me {
+                    cancels.push(lane_tag(RECV, link, 1 + i));
+                }
+            }
+            for (i, lane) in l.send_lanes.iter().enumerate() {
+                if lane.in_flight && lane.owner == me {
+                    cancels.push(lane_tag(SEND, link, 1 + i));
+                }
+            }
         }
         if self.wake_in_flight && self.wake_owner == me {
             cancels.push(tag(WAKE, 0));
         }
         let mine = |d: &Driver, what: u64| {
-            let link = (what >> 8) as usize;
+            let (link, conn) = ((what >> 16) as usize, ((what >> 8) & 0xff) as usize);
             match what & 0xff {
                 WAKE => d.wake_in_flight && d.wake_owner == me,
-                RECV => d.links[link].as_ref().is_some_and(|l| l.recv_in_flight),
-                _ => d.links[link].as_ref().is_some_and(|l| l.send_in_flight),
+                RECV => d.links[link].as_ref().is_some_and(|l| l.receiving(conn)),
+                _ => d.links[link].as_ref().is_some_and(|l| l.sending_on(conn)),
             }
         };
         for &what in &cancels {
@@ -779,8 +1043,8 @@ impl Driver {
         if link >= count {
             return;
         }
-        // File table: links at `link`, send lanes at `count + link`, receive
-        // lanes at `2 * count + link`.
+        // File table: links at `link`, send lane `i` at `(1 + i) * count +
+        // link`, receive lane `i` at `(1 + max_lanes + i) * count + link`.
         let register = |ring: &IoUring, slot: usize, fd: RawFd| {
             ring.submitter()
                 .register_files_update(slot as u32, &[fd])
@@ -792,28 +1056,76 @@ impl Driver {
         if fixed_files {
             fixed = register(&self.ring, link, socket.as_raw_fd());
         }
-        let lanes = lanes.map(|Lanes { send, recv }| {
-            let lane = |socket: SharedFd, slot: usize| Lane {
-                fixed: if fixed_files {
-                    register(&self.ring, slot, socket.as_raw_fd())
-                } else {
-                    None
-                },
-                socket,
-            };
-            (lane(send, count + link), lane(recv, 2 * count + link))
+        let slot = |ring: &IoUring, socket: &SharedFd, at: usize| {
+            fixed_files
+                .then(|| register(ring, at * count + link, socket.as_raw_fd()))
+                .flatten()
+        };
+        let max = self.max_lanes;
+        let Lanes { send, recv, from } = lanes.unwrap_or(Lanes {
+            send: Vec::new(),
+            recv: Vec::new(),
+            from: usize::MAX,
         });
+        let several = send.len() > 1;
+        let send_lanes: Vec<SendLane> = send
+            .into_iter()
+            .take(max)
+            .enumerate()
+            .map(|(i, socket)| {
+                if several {
+                    set_notsent_lowat(&socket, LANE_NOTSENT_LOWAT);
+                }
+                SendLane {
+                    fixed: slot(&self.ring, &socket, 1 + i),
+                    socket,
+                    in_flight: false,
+                    owner: None,
+                    piece: None,
+                    // SAFETY: `msghdr` is plain old data; all-zero is its empty value.
+                    msg: Box::new(unsafe { std::mem::zeroed() }),
+                    iov: Box::new(
+                        [libc::iovec {
+                            iov_base: std::ptr::null_mut(),
+                            iov_len: 0,
+                        }; 2],
+                    ),
+                }
+            })
+            .collect();
+        let recv_lanes: Vec<RecvLane> = recv
+            .into_iter()
+            .take(max)
+            .enumerate()
+            .map(|(i, socket)| RecvLane {
+                fixed: slot(&self.ring, &socket, 1 + max + i),
+                socket,
+                in_flight: false,
+                owner: None,
+                rx: LaneRx::EMPTY,
+            })
+            .collect();
         // Links are made once; a replaced one with entries in flight is
         // leaked rather than freed under the kernel.
         if let Some(old) = self.links[link].take() {
-            if old.recv_in_flight || old.send_in_flight {
+            if old.recv_in_flight
+                || old.send_in_flight
+                || old.lanes_sending()
+                || old.lanes_receiving()
+            {
                 std::mem::forget(old);
             }
         }
         self.links[link] = Some(Box::new(LinkIo {
             socket,
             fixed,
-            lanes,
+            loads: vec![LaneLoad::default(); send_lanes.len()],
+            lane_from: from,
+            send_lanes,
+            recv_lanes,
+            spread: None,
+            sent_frames: 0,
+            recv_frames: 0,
             staging: vec![0u8; self.staging].into_boxed_slice(),
             start: 0,
             end: 0,
@@ -862,17 +1174,15 @@ impl Driver {
             if l.dead.is_some() || l.send_in_flight {
                 return;
             }
-            l.start_next_send(self.lane_from, self.frame_align);
-            if l.sending.is_none() {
-                return;
-            }
+            l.start_next_send(self.frame_align);
             let left = l.send_left();
             let zero_copy = self.zero_copy_from.is_some_and(|from| left >= from);
-            if left > DIRECT_SEND_BYTES || zero_copy {
+            // Nothing to send, or only a laned send's pieces (the ring's).
+            if left == 0 || left > DIRECT_SEND_BYTES || zero_copy {
                 return;
             }
             l.describe_send();
-            let (fd, _) = l.send_target();
+            let fd = l.socket.as_raw_fd();
             // SAFETY: `msg` and `iov` describe the rest of the request in
             // `sending`, whose bytes are owned by it or borrowed from a
             // caller parked until it completes (its trailing zeros are a
@@ -978,16 +1288,17 @@ impl Driver {
             return;
         }
         let mut recv = None;
-        if receive && !l.recv_in_flight {
-            let (raw, fixed) = l.recv_target();
+        // While a laned payload comes, only the lanes are read.
+        let laned = matches!(l.rx, Rx::Laned { .. });
+        if receive && !l.recv_in_flight && !laned {
             let (ptr, len, flags) = l.receive_into(header_ask);
             let len = len.min(u32::MAX as usize) as u32;
             recv = Some(
-                match fixed {
+                match l.fixed {
                     Some(i) => opcode::Recv::new(types::Fixed(i), ptr, len)
                         .flags(flags)
                         .build(),
-                    None => opcode::Recv::new(types::Fd(raw), ptr, len)
+                    None => opcode::Recv::new(types::Fd(l.socket.as_raw_fd()), ptr, len)
                         .flags(flags)
                         .build(),
                 }
@@ -996,16 +1307,16 @@ impl Driver {
         }
         let mut send = None;
         if !l.send_in_flight {
-            l.start_next_send(self.lane_from, self.frame_align);
-            if l.sending.is_some() {
-                let left = l.send_left();
-                let (raw, fixed) = l.send_target();
+            l.start_next_send(self.frame_align);
+            let left = l.send_left();
+            if left > 0 {
                 let zero_copy = self.zero_copy_from.is_some_and(|from| left >= from)
                     && matches!(l.zero_copy, ZeroCopy::Untried | ZeroCopy::On);
                 l.describe_send();
                 let msg: *const libc::msghdr = &*l.msg;
                 let flags = (libc::MSG_WAITALL | libc::MSG_NOSIGNAL) as u32;
-                let entry = match (zero_copy, fixed) {
+                let raw = l.socket.as_raw_fd();
+                let entry = match (zero_copy, l.fixed) {
                     (false, Some(i)) => opcode::SendMsg::new(types::Fixed(i), msg)
                         .flags(flags)
                         .build(),
@@ -1025,6 +1336,52 @@ impl Driver {
                     l.zero_copy = ZeroCopy::Probing;
                 }
                 send = Some((entry.user_data(tag(SEND, link)), zero_copy));
+            }
+        }
+        let mut lane_entries = std::mem::take(&mut self.lane_entries);
+        lane_entries.clear();
+        if let Some(payload) = l.spread.as_ref().map(|s| s.payload) {
+            l.place_pieces(Instant::now());
+            for (i, lane) in l.send_lanes.iter_mut().enumerate() {
+                if lane.in_flight || lane.piece.is_none() {
+                    continue;
+                }
+                lane.describe(payload);
+                let msg: *const libc::msghdr = &*lane.msg;
+                let flags = (libc::MSG_WAITALL | libc::MSG_NOSIGNAL) as u32;
+                let entry = match lane.fixed {
+                    Some(f) => opcode::SendMsg::new(types::Fixed(f), msg),
+                    None => opcode::SendMsg::new(types::Fd(lane.socket.as_raw_fd()), msg),
+                };
+                let what = lane_tag(SEND, link, 1 + i);
+                lane_entries.push((entry.flags(flags).build().user_data(what), what));
+            }
+        }
+        if let Rx::Laned { dest, .. } = &mut l.rx {
+            let base = dest.base();
+            for (i, lane) in l.recv_lanes.iter_mut().enumerate() {
+                if lane.in_flight {
+                    continue;
+                }
+                let (ptr, len) = match &mut lane.rx {
+                    LaneRx::Header {
+                        got: PIECE_HEADER, ..
+                    } => continue, // waits for its frame
+                    LaneRx::Header { bytes, got } => {
+                        (bytes[*got..].as_mut_ptr(), PIECE_HEADER - *got)
+                    }
+                    LaneRx::Body { offset, len, got } => {
+                        (base.wrapping_add(*offset + *got), *len - *got)
+                    }
+                };
+                let len = len.min(u32::MAX as usize) as u32;
+                let entry = match lane.fixed {
+                    Some(f) => opcode::Recv::new(types::Fixed(f), ptr, len),
+                    None => opcode::Recv::new(types::Fd(lane.socket.as_raw_fd()), ptr, len),
+                };
+                let what = lane_tag(RECV, link, 1 + i);
+                let entry = entry.flags(libc::MSG_WAITALL).build().user_data(what);
+                lane_entries.push((entry, what));
             }
         }
         if let Some(entry) = recv {
@@ -1053,6 +1410,37 @@ impl Driver {
                 l.send_zero_copy = zero_copy;
             }
         }
+        for (entry, what) in lane_entries.drain(..) {
+            // SAFETY: a lane's send names its boxed `msghdr`/`iovec`, which
+            // describe its piece's header (held in the lane, which the link's
+            // box keeps in place) and a range of the laned send's payload,
+            // borrowed from a caller parked until the send finishes, which it
+            // does only once no piece is in flight (`take_finished_send`,
+            // `fail_dead_work`). A lane's receive writes into its piece
+            // header's bytes (in the lane, likewise) or into the laned
+            // frame's destination at an offset `fit_piece` checked against
+            // its length: a pooled buffer the driver owns, or a placement
+            // target whose caller stays parked until it is reported
+            // finished, which happens only once no lane reads into it.
+            if unsafe { self.push(&entry) } {
+                let conn = ((what >> 8) & 0xff) as usize - 1;
+                let me = self.me;
+                let l = self.links[link].as_mut().expect("link present");
+                let (in_flight, owner) = match what & 0xff {
+                    SEND => {
+                        let lane = &mut l.send_lanes[conn];
+                        (&mut lane.in_flight, &mut lane.owner)
+                    }
+                    _ => {
+                        let lane = &mut l.recv_lanes[conn];
+                        (&mut lane.in_flight, &mut lane.owner)
+                    }
+                };
+                *in_flight = true;
+                *owner = me;
+            }
+        }
+        self.lane_entries = lane_entries;
     }
 
     /// Takes every completion there is; false if there was none.
@@ -1066,11 +1454,14 @@ impl Driver {
         );
         self.in_flight = settled(self.in_flight, batch.iter().map(|c| c.2));
         for &(user_data, result, flags) in &batch {
-            let link = (user_data >> 8) as usize;
-            match user_data & 0xff {
-                WAKE => self.wake_in_flight = false,
-                RECV => self.received(link, result, sink, finished),
-                SEND => self.sent(link, result, flags, sink, finished),
+            let link = (user_data >> 16) as usize;
+            let conn = ((user_data >> 8) & 0xff) as usize;
+            match (user_data & 0xff, conn) {
+                (WAKE, _) => self.wake_in_flight = false,
+                (RECV, 0) => self.received(link, result, sink, finished),
+                (SEND, 0) => self.sent(link, result, flags, sink, finished),
+                (RECV, lane) => self.lane_received(link, lane - 1, result, sink, finished),
+                (SEND, lane) => self.lane_sent(link, lane - 1, result, sink, finished),
                 _ => {}
             }
             if link < self.links.len() {
@@ -1089,8 +1480,7 @@ impl Driver {
         sink: &dyn FrameSink,
         finished: &mut Vec<(u64, Outcome)>,
     ) {
-        let (header_len, frame_align, lane_from) =
-            (self.header_len, self.frame_align, self.lane_from);
+        let (header_len, frame_align) = (self.header_len, self.frame_align);
         let Some(l) = self.links.get_mut(link).and_then(|l| l.as_mut()) else {
             return;
         };
@@ -1123,184 +1513,124 @@ impl Driver {
                 target,
                 got,
                 tail,
-                laned,
             } => {
                 *got += n;
                 if *got < target.len {
                     return;
                 }
-                let (head, tail, laned) = (*head, *tail, *laned);
-                if !laned {
-                    l.header_only = true;
-                    l.skip = tail;
-                }
+                l.header_only = true;
+                l.skip = *tail;
+                let head = *head;
                 let Rx::Placing { target, .. } = std::mem::replace(&mut l.rx, Rx::Staging) else {
                     unreachable!()
                 };
                 finished.push((target.id, Outcome::Placed(head)));
-                if !laned {
-                    return;
-                }
-                // The staging buffer may hold the frames after it.
+                return;
             }
             Rx::Payload {
                 head,
                 buf,
                 got,
                 tail,
-                laned,
             } => {
                 *got += n;
                 if *got < buf.len() {
                     return;
                 }
-                let (head, tail, laned) = (*head, *tail, *laned);
-                if !laned {
-                    l.header_only = true;
-                    l.skip = tail;
-                }
+                l.header_only = true;
+                l.skip = *tail;
+                let head = *head;
                 let Rx::Payload { buf, .. } = std::mem::replace(&mut l.rx, Rx::Staging) else {
                     unreachable!()
                 };
                 sink.frame(link, &head[..header_len], buf);
-                if !laned {
+                return;
+            }
+            Rx::Staging => l.end += n,
+            Rx::Laned { .. } => return, // the socket is not read meanwhile
+        }
+        if let Err(reason) = cut_frames(l, link, header_len, frame_align, sink, finished) {
+            self.fail(link, LinkFault::BadFrame(reason), sink);
+        }
+    }
+
+    /// A receive on lane `lane` of `link` completed: a piece header is in
+    /// (checked against the frame being received), or a piece. The frame's
+    /// last piece delivers it, and the link's socket is read on.
+    fn lane_received(
+        &mut self,
+        link: usize,
+        lane: usize,
+        result: i32,
+        sink: &dyn FrameSink,
+        finished: &mut Vec<(u64, Outcome)>,
+    ) {
+        let (header_len, frame_align) = (self.header_len, self.frame_align);
+        let Some(l) = self.links.get_mut(link).and_then(|l| l.as_mut()) else {
+            return;
+        };
+        let Some(r) = l.recv_lanes.get_mut(lane) else {
+            return;
+        };
+        r.in_flight = false;
+        // As in `received`: a cancel that moved nothing is posted again.
+        if l.dead.is_none() && result == -libc::ECANCELED {
+            return;
+        }
+        if l.dead.is_none() && result <= 0 {
+            let fault = if result == 0 {
+                LinkFault::Closed
+            } else {
+                LinkFault::Io(io::Error::from_raw_os_error(-result))
+            };
+            self.fail(link, fault, sink);
+        }
+        let l = self.links[link].as_mut().expect("link present");
+        if l.dead.is_some() {
+            return;
+        }
+        let n = result as usize;
+        match &mut l.recv_lanes[lane].rx {
+            LaneRx::Header { got, .. } => {
+                *got += n;
+                if *got < PIECE_HEADER {
+                    return;
+                }
+                if let Err(reason) = l.fit_lane(lane) {
+                    self.fail(link, LinkFault::BadFrame(reason), sink);
+                }
+                return;
+            }
+            LaneRx::Body { len, got, .. } => {
+                *got += n;
+                if *got < *len {
+                    return;
+                }
+                let len = *len;
+                l.recv_lanes[lane].rx = LaneRx::EMPTY;
+                let Rx::Laned {
+                    got, len: total, ..
+                } = &mut l.rx
+                else {
+                    unreachable!("a lane reads a piece only during its frame")
+                };
+                *got += len;
+                if *got < *total {
                     return;
                 }
             }
-            Rx::Staging => l.end += n,
         }
-        // Cut whole frames out of the staging buffer.
-        let mut refused = None;
-        loop {
-            let dropped = l.skip.min(l.end - l.start);
-            l.start += dropped;
-            l.skip -= dropped;
-            let avail = l.end - l.start;
-            if avail < header_len {
-                break;
-            }
-            let mut head_copy = [0u8; MAX_HEADER];
-            head_copy[..header_len].copy_from_slice(&l.staging[l.start..l.start + header_len]);
-            let head = &head_copy[..header_len];
-            let (pad, len) = match sink.payload(link, head) {
-                Ok(at) if at.pad < frame_align => (at.pad, at.len),
-                Ok(at) => {
-                    refused = Some(format!(
-                        "link {link} sent a frame with a pad of {} bytes, not below the frame \
-                         alignment of {frame_align} bytes: a corrupt stream or a peer with \
-                         another framing",
-                        at.pad
-                    ));
-                    break;
-                }
-                Err(reason) => {
-                    refused = Some(reason);
-                    break;
-                }
-            };
-            let lead = header_len + pad;
-            if avail < lead {
-                break; // the pad is on its way
-            }
-            // Whether a caller waits for exactly this frame.
-            let placed = match (l.targets.is_empty(), sink.frame_key(link, head)) {
-                (false, Some(key)) => l.targets.iter().position(|t| t.key == key && t.len == len),
-                _ => None,
-            };
-            if l.lanes.is_some() && len >= lane_from {
-                // Its payload comes on the receive lane; here are only its
-                // header, pad and zeros, and perhaps the frames after it.
-                l.start += lead;
-                l.skip = super::tail_len(lead, frame_align);
-                l.header_only = false;
-                l.rx = match placed {
-                    Some(i) => Rx::Placing {
-                        head: head_copy,
-                        target: l.targets.swap_remove(i),
-                        got: 0,
-                        tail: 0,
-                        laned: true,
-                    },
-                    None => {
-                        let mut buf = sink.buffer();
-                        buf.prepare(len);
-                        Rx::Payload {
-                            head: head_copy,
-                            buf,
-                            got: 0,
-                            tail: 0,
-                            laned: true,
-                        }
-                    }
-                };
-                break;
-            }
-            let tail = super::tail_len(lead + len, frame_align);
-            if lead + len <= l.staging.len() {
-                l.header_only = false; // small frames come many per receive
-            }
-            let body = l.start + lead;
-            if let Some(i) = placed {
-                // A caller waits for exactly this frame: straight into its
-                // memory, no pooled buffer, no second copy.
-                let target = l.targets.swap_remove(i);
-                let have = (avail - lead).min(len);
-                // SAFETY: `target` names `len` bytes of a caller's memory
-                // that nothing else touches until the engine reports this
-                // placement finished (see `PlaceRequest`); `have <= len`, and
-                // the source is this link's staging buffer.
-                unsafe {
-                    std::ptr::copy_nonoverlapping(l.staging[body..].as_ptr(), target.ptr, have)
-                };
-                if have == len {
-                    finished.push((target.id, Outcome::Placed(head_copy)));
-                    l.start += lead + len;
-                    l.skip = tail;
-                    continue;
-                }
-                l.start = 0;
-                l.end = 0;
-                l.rx = Rx::Placing {
-                    head: head_copy,
-                    target,
-                    got: have,
-                    tail,
-                    laned: false,
-                };
-                break;
-            }
-            if avail >= lead + len {
-                let mut buf = sink.buffer();
-                buf.prepare(len)
-                    .copy_from_slice(&l.staging[body..body + len]);
-                sink.frame(link, head, buf);
-                l.start += lead + len;
-                l.skip = tail;
-                continue;
-            }
-            if lead + len <= l.staging.len() {
-                break; // the rest of a small frame is on its way
-            }
-            // A large payload: take what is here, receive the rest in place.
-            let mut buf = sink.buffer();
-            let have = avail - lead;
-            buf.prepare(len)[..have].copy_from_slice(&l.staging[body..l.end]);
-            l.start = 0;
-            l.end = 0;
-            l.rx = Rx::Payload {
-                head: head_copy,
-                buf,
-                got: have,
-                tail,
-                laned: false,
-            };
-            break;
+        // Whole: hand it over, then cut the frames behind its header out of
+        // the staging buffer.
+        let Rx::Laned { head, dest, .. } = std::mem::replace(&mut l.rx, Rx::Staging) else {
+            unreachable!()
+        };
+        l.recv_frames = l.recv_frames.wrapping_add(1);
+        match dest {
+            Dest::Target(target) => finished.push((target.id, Outcome::Placed(head))),
+            Dest::Buf(buf) => sink.frame(link, &head[..header_len], buf),
         }
-        if l.start == l.end {
-            l.start = 0;
-            l.end = 0;
-        }
-        if let Some(reason) = refused {
+        if let Err(reason) = cut_frames(l, link, header_len, frame_align, sink, finished) {
             self.fail(link, LinkFault::BadFrame(reason), sink);
         }
     }
@@ -1359,15 +1689,13 @@ impl Driver {
         let Some(req) = l.sending.as_mut() else {
             return;
         };
-        if let Some(reason) = &l.dead {
-            let reason = reason.clone();
-            let req = l.sending.take().expect("checked");
-            finished.push((req.id, Outcome::Sent(Err(reason))));
+        if l.dead.is_some() {
+            // Failed by `fail_dead_work` once no piece of it is in flight.
             return;
         }
         if result == -libc::ECANCELED {
             if withdrawing && req.sent == 0 {
-                let req = l.sending.take().expect("checked");
+                let req = l.take_unsent().expect("checked");
                 finished.push((req.id, Outcome::Withdrawn));
             }
             // Else nothing went out; sent again next turn (see `received`).
@@ -1375,8 +1703,7 @@ impl Driver {
         }
         if result > 0 {
             req.sent += result as usize;
-            if req.sent >= req.total() {
-                let req = l.sending.take().expect("checked");
+            if let Some(req) = l.take_finished_send() {
                 finished.push((req.id, Outcome::Sent(Ok(()))));
             }
             return;
@@ -1386,9 +1713,57 @@ impl Driver {
         } else {
             io::Error::from_raw_os_error(-result)
         };
-        let req = l.sending.take().expect("checked");
-        finished.push((req.id, Outcome::Sent(Err(error.to_string()))));
+        // The send fails with the link (`fail_dead_work`).
         self.fail(link, LinkFault::Io(error), sink);
+    }
+
+    /// A send on lane `lane` of `link` completed: its piece goes on, or is
+    /// out, which may finish the laned send.
+    fn lane_sent(
+        &mut self,
+        link: usize,
+        lane: usize,
+        result: i32,
+        sink: &dyn FrameSink,
+        finished: &mut Vec<(u64, Outcome)>,
+    ) {
+        let now = Instant::now();
+        let Some(l) = self.links.get_mut(link).and_then(|l| l.as_mut()) else {
+            return;
+        };
+        let Some(s) = l.send_lanes.get_mut(lane) else {
+            return;
+        };
+        s.in_flight = false;
+        // A dead link's send fails in `fail_dead_work`; a cancel that moved
+        // nothing is posted again.
+        if l.dead.is_some() || result == -libc::ECANCELED {
+            return;
+        }
+        if result <= 0 {
+            let error = if result == 0 {
+                io::Error::from(io::ErrorKind::WriteZero)
+            } else {
+                io::Error::from_raw_os_error(-result)
+            };
+            self.fail(link, LinkFault::Io(error), sink);
+            return;
+        }
+        let Some(piece) = s.piece.as_mut() else {
+            return;
+        };
+        piece.sent += result as usize;
+        if piece.sent < PIECE_HEADER + piece.len {
+            return;
+        }
+        s.piece = None;
+        l.loads[lane].finish(now);
+        if let Some(spread) = &mut l.spread {
+            spread.open -= 1;
+        }
+        if let Some(req) = l.take_finished_send() {
+            finished.push((req.id, Outcome::Sent(Ok(()))));
+        }
     }
 
     /// Marks `link` dead and shuts its socket down, which makes the kernel
@@ -1418,15 +1793,33 @@ impl Driver {
                 for t in l.targets.drain(..) {
                     finished.push((t.id, Outcome::Failed(reason.clone())));
                 }
-                if !l.recv_in_flight && matches!(l.rx, Rx::Placing { .. }) {
-                    if let Rx::Placing { target, .. } = std::mem::replace(&mut l.rx, Rx::Staging) {
-                        finished.push((target.id, Outcome::Failed(reason.clone())));
+                // A caller's memory is let go only once no receive (on the
+                // socket or a lane) can still write into it.
+                let writing = l.recv_in_flight || l.lanes_receiving();
+                let placing = matches!(
+                    l.rx,
+                    Rx::Placing { .. }
+                        | Rx::Laned {
+                            dest: Dest::Target(_),
+                            ..
+                        }
+                );
+                if !writing && placing {
+                    match std::mem::replace(&mut l.rx, Rx::Staging) {
+                        Rx::Placing { target, .. }
+                        | Rx::Laned {
+                            dest: Dest::Target(target),
+                            ..
+                        } => finished.push((target.id, Outcome::Failed(reason.clone()))),
+                        _ => {}
                     }
                 }
                 for req in l.queue.drain(..) {
                     finished.push((req.id, Outcome::Sent(Err(reason.clone()))));
                 }
-                if !l.send_in_flight {
+                // Likewise a send's: not while its head or a piece is out.
+                if !l.send_in_flight && !l.lanes_sending() {
+                    l.spread = None;
                     if let Some(req) = l.sending.take() {
                         finished.push((req.id, Outcome::Sent(Err(reason.clone()))));
                     }
@@ -1434,6 +1827,186 @@ impl Driver {
             }
         }
     }
+}
+
+/// Cuts whole frames out of `l`'s staging buffer: small ones to the sink
+/// (or a waiting caller), until one whose payload is received apart (in
+/// place, or laned) or that is not all here yet. `Err`: a header the sink
+/// refused, or a broken lane stream; the link is to fail with it.
+fn cut_frames(
+    l: &mut LinkIo,
+    link: usize,
+    header_len: usize,
+    frame_align: usize,
+    sink: &dyn FrameSink,
+    finished: &mut Vec<(u64, Outcome)>,
+) -> Result<(), String> {
+    let mut refused = None;
+    loop {
+        let dropped = l.skip.min(l.end - l.start);
+        l.start += dropped;
+        l.skip -= dropped;
+        let avail = l.end - l.start;
+        if avail < header_len {
+            break;
+        }
+        let mut head_copy = [0u8; MAX_HEADER];
+        head_copy[..header_len].copy_from_slice(&l.staging[l.start..l.start + header_len]);
+        let head = &head_copy[..header_len];
+        let (pad, len) = match sink.payload(link, head) {
+            Ok(at) if at.pad < frame_align => (at.pad, at.len),
+            Ok(at) => {
+                refused = Some(format!(
+                    "link {link} sent a frame with a pad of {} bytes, not below the frame \
+                     alignment of {frame_align} bytes: a corrupt stream or a peer with \
+                     another framing",
+                    at.pad
+                ));
+                break;
+            }
+            Err(reason) => {
+                refused = Some(reason);
+                break;
+            }
+        };
+        let lead = header_len + pad;
+        if avail < lead {
+            break; // the pad is on its way
+        }
+        // Whether a caller waits for exactly this frame.
+        let placed = match (l.targets.is_empty(), sink.frame_key(link, head)) {
+            (false, Some(key)) => l.targets.iter().position(|t| t.key == key && t.len == len),
+            _ => None,
+        };
+        if len >= l.lane_from && !l.recv_lanes.is_empty() {
+            // Its payload comes in pieces on the receive lanes; here are only
+            // its header, pad and zeros, and perhaps the frames after it.
+            l.start += lead;
+            l.skip = super::tail_len(lead, frame_align);
+            l.header_only = false;
+            let dest = match placed {
+                Some(i) => Dest::Target(l.targets.swap_remove(i)),
+                None => {
+                    let mut buf = sink.buffer();
+                    buf.prepare(len);
+                    Dest::Buf(buf)
+                }
+            };
+            l.rx = Rx::Laned {
+                head: head_copy,
+                dest,
+                len,
+                claimed: 0,
+                got: 0,
+            };
+            // Lanes that read a piece header of this frame before its header
+            // came go on with it.
+            for i in 0..l.recv_lanes.len() {
+                if let Err(reason) = l.fit_lane(i) {
+                    refused = Some(reason);
+                    break;
+                }
+            }
+            break;
+        }
+        let tail = super::tail_len(lead + len, frame_align);
+        if lead + len <= l.staging.len() {
+            l.header_only = false; // small frames come many per receive
+        }
+        let body = l.start + lead;
+        if let Some(i) = placed {
+            // A caller waits for exactly this frame: straight into its
+            // memory, no pooled buffer, no second copy.
+            let target = l.targets.swap_remove(i);
+            let have = (avail - lead).min(len);
+            // SAFETY: `target` names `len` bytes of a caller's memory
+            // that nothing else touches until the engine reports this
+            // placement finished (see `PlaceRequest`); `have <= len`, and
+            // the source is this link's staging buffer.
+            unsafe { std::ptr::copy_nonoverlapping(l.staging[body..].as_ptr(), target.ptr, have) };
+            if have == len {
+                finished.push((target.id, Outcome::Placed(head_copy)));
+                l.start += lead + len;
+                l.skip = tail;
+                continue;
+            }
+            l.start = 0;
+            l.end = 0;
+            l.rx = Rx::Placing {
+                head: head_copy,
+                target,
+                got: have,
+                tail,
+            };
+            break;
+        }
+        if avail >= lead + len {
+            let mut buf = sink.buffer();
+            buf.prepare(len)
+                .copy_from_slice(&l.staging[body..body + len]);
+            sink.frame(link, head, buf);
+            l.start += lead + len;
+            l.skip = tail;
+            continue;
+        }
+        if lead + len <= l.staging.len() {
+            break; // the rest of a small frame is on its way
+        }
+        // A large payload: take what is here, receive the rest in place.
+        let mut buf = sink.buffer();
+        let have = avail - lead;
+        buf.prepare(len)[..have].copy_from_slice(&l.staging[body..l.end]);
+        l.start = 0;
+        l.end = 0;
+        l.rx = Rx::Payload {
+            head: head_copy,
+            buf,
+            got: have,
+            tail,
+        };
+        break;
+    }
+    if l.start == l.end {
+        l.start = 0;
+        l.end = 0;
+    }
+    match refused {
+        Some(reason) => Err(reason),
+        None => Ok(()),
+    }
+}
+
+/// Sets `TCP_NOTSENT_LOWAT` on a send lane; a socket that takes no such
+/// option (not TCP) keeps its default.
+fn set_notsent_lowat(socket: &SharedFd, bytes: libc::c_int) {
+    // SAFETY: `setsockopt` reads `size_of::<c_int>()` bytes from `bytes`,
+    // a live local, and touches no other memory.
+    let _ = unsafe {
+        libc::setsockopt(
+            socket.as_raw_fd(),
+            libc::IPPROTO_TCP,
+            libc::TCP_NOTSENT_LOWAT,
+            (&bytes as *const libc::c_int).cast(),
+            size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+}
+
+/// Caps what a socket sends per second (`SO_MAX_PACING_RATE`, which TCP
+/// honours by pacing itself): a slow lane, for the engine's tests.
+#[cfg(test)]
+pub(super) fn pace_for_tests(socket: &impl AsRawFd, bytes_per_sec: u64) {
+    // SAFETY: `setsockopt` reads `size_of::<u64>()` bytes from a live local.
+    let done = unsafe {
+        libc::setsockopt(
+            socket.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_MAX_PACING_RATE,
+            (&bytes_per_sec as *const u64).cast(),
+            size_of::<u64>() as libc::socklen_t,
+        )
+    };
+    assert_eq!(done, 0, "{}", io::Error::last_os_error());
 }
 
 /// Entries still in flight after taking completions with these flags from

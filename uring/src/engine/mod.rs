@@ -23,6 +23,7 @@
 //! See docs/decisions/0007.
 
 mod driver;
+mod lanes;
 mod placements;
 
 pub(crate) use driver::on_a_passing_thread;
@@ -113,18 +114,21 @@ pub struct EngineConfig {
     /// only while this process's waiting thread has a core to itself: zero
     /// when ranks outnumber cores.
     pub spin: Duration,
-    /// On a link with lanes ([`FrameEngine::add_link_with_lanes`]), frames
-    /// whose payload is at least this many bytes send their header on the
-    /// link's socket and their payload on its send lane. Both ends of a link
-    /// must use the same value.
-    pub lane_from: usize,
+    /// Most lanes a link has each way ([`FrameEngine::add_link_with_lanes`]
+    /// takes no more): each has a slot in the ring's file table.
+    pub max_lanes: usize,
 }
 
 /// A link's lanes: connections to its peer that this end only writes
-/// (`send`) and only reads (`recv`).
+/// (`send`) and only reads (`recv`). Frames whose payload is at least
+/// `from` bytes send their header on the link's socket and their payload
+/// in pieces over the send lanes; the receiver takes the same rule to the
+/// header it reads. Both ends of a link must use the same `from`, and each
+/// end's `send` count must be the other's `recv` count.
 pub struct Lanes {
-    pub send: SharedFd,
-    pub recv: SharedFd,
+    pub send: Vec<SharedFd>,
+    pub recv: Vec<SharedFd>,
+    pub from: usize,
 }
 
 /// A socket the engine shares with whoever handed it over: they keep a
@@ -191,11 +195,11 @@ pub(crate) struct SendRequest {
     pub(crate) head_len: usize,
     pub(crate) body: Body,
     /// Zeros after the body, up to a whole frame; for a laned send, after
-    /// the head (the lane carries the body alone).
+    /// the head (the lanes carry the body alone).
     pub(crate) tail: usize,
     pub(crate) sent: usize,
-    /// The head and its zeros go on the link's socket, the body on its send
-    /// lane (set by the driver when the send starts).
+    /// The head and its zeros go on the link's socket, the body in pieces
+    /// on its send lanes (set by the driver when the send starts).
     pub(crate) laned: bool,
 }
 
@@ -225,10 +229,10 @@ impl SendRequest {
         self.head_len + self.tail
     }
 
-    /// Where the bytes for the socket the send is on now end: a laned
-    /// send's head and zeros first, then the whole.
-    pub(crate) fn phase_end(&self) -> usize {
-        match self.laned && self.sent < self.lead() {
+    /// Where the bytes for the link's socket end: a laned send puts only
+    /// its head and zeros there.
+    pub(crate) fn main_end(&self) -> usize {
+        match self.laned {
             true => self.lead(),
             false => self.total(),
         }
@@ -424,12 +428,14 @@ impl FrameEngine {
         self.poke_if_driving(&st);
     }
 
-    /// As [`FrameEngine::add_link`], for a link with lanes: two more
+    /// As [`FrameEngine::add_link`], for a link with lanes: more
     /// connections to the same peer, each carrying bytes one way only, that
-    /// take the payloads of large frames (see [`EngineConfig::lane_from`]).
-    /// A socket written by both ends at once makes each end's sends process
-    /// the other's arriving data under the socket's lock; one-way lanes keep
-    /// bulk data off that path (docs/decisions/0018).
+    /// take the payloads of large frames (see [`Lanes`]). A socket written
+    /// by both ends at once makes each end's sends process the other's
+    /// arriving data under the socket's lock; one-way lanes keep bulk data
+    /// off that path (docs/decisions/0018), and several spread a link's
+    /// payloads over more TCP streams, each piece to the lane expected to
+    /// finish it first (0034).
     pub fn add_link_with_lanes(&self, link: usize, socket: SharedFd, lanes: Lanes) {
         let mut st = lock(&self.state);
         st.queued.links.push((link, socket, Some(lanes)));
@@ -821,8 +827,8 @@ impl FrameEngine {
     /// to [`EngineConfig::frame_align`]) on `link`; it goes out with the
     /// next driver turn. [`FrameEngine::flush`] waits for it. It always
     /// goes whole on the link's socket, so its payload must be shorter than
-    /// [`EngineConfig::lane_from`] (a receiver reads a longer one's payload
-    /// from the lane).
+    /// the link's [`Lanes::from`] (a receiver reads a longer one's payload
+    /// from the lanes).
     pub fn send_owned(&self, link: usize, frame: Vec<u8>) {
         let tail = tail_len(frame.len(), self.frame_align);
         let mut st = lock(&self.state);

@@ -64,7 +64,7 @@ fn aligned_engine(links: usize, spin: Duration, frame_align: usize) -> FrameEngi
         // SEND_ZC, loopback TCP copies, and both must fall back cleanly.
         zero_copy_from: Some(64 << 10),
         spin,
-        lane_from: 64 << 10,
+        max_lanes: 8,
     })
     .expect("io_uring works on the test machines")
 }
@@ -354,7 +354,7 @@ fn work_queued_while_the_driver_sleeps_in_the_kernel_wakes_it() {
                 staging: 4096,
                 zero_copy_from: None,
                 spin,
-                lane_from: 64 << 10,
+                max_lanes: 8,
             })
             .unwrap()
         };
@@ -959,178 +959,6 @@ fn a_pad_past_the_frame_alignment_fails_the_link() {
     );
 }
 
-/// A link with lanes between two engines over loopback TCP (three
-/// connections, as ringwire makes them): frames sent on the first arrive on
-/// the second.
-fn laned_tcp(links: usize, link: [usize; 2]) -> [Arc<FrameEngine>; 2] {
-    let (main_a, main_b) = tcp_pair();
-    let (ab_a, ab_b) = tcp_pair();
-    let (ba_a, ba_b) = tcp_pair();
-    let ends = [Arc::new(engine(links)), Arc::new(engine(links))];
-    ends[0].add_link_with_lanes(
-        link[0],
-        shared(main_a),
-        Lanes {
-            send: shared(ab_a),
-            recv: shared(ba_a),
-        },
-    );
-    ends[1].add_link_with_lanes(
-        link[1],
-        shared(main_b),
-        Lanes {
-            send: shared(ba_b),
-            recv: shared(ab_b),
-        },
-    );
-    ends
-}
-
-#[test]
-fn a_laned_frame_puts_its_payload_on_the_lane_and_the_rest_stays_on_the_link() {
-    let (main_a, mut main_b) = tcp_pair();
-    let (lane_a, mut lane_b) = tcp_pair();
-    let (back_a, _back_b) = tcp_pair();
-    let e = aligned_engine(1, Duration::from_micros(20), 64);
-    e.add_link_with_lanes(
-        0,
-        shared(main_a),
-        Lanes {
-            send: shared(lane_a),
-            recv: shared(back_a),
-        },
-    );
-    // lane_from is 64 KiB here: the first and last go whole on the link,
-    // the middle one's payload on the lane.
-    let (small, large, edge) = (payload(2), payload(4), vec![7u8; (64 << 10) - 1]);
-    let sender = {
-        let sent = [small.clone(), large.clone(), edge.clone()];
-        std::thread::spawn(move || {
-            for p in &sent {
-                send_one(&e, 0, p, &Sink::default());
-            }
-        })
-    };
-    use std::io::Read;
-    let mut on_lane = vec![0u8; large.len()];
-    lane_b.read_exact(&mut on_lane).unwrap();
-    assert!(
-        on_lane == large,
-        "the lane carries the payload, nothing else"
-    );
-    // The link: the small frame (header, payload, zeros to 64), the large
-    // one's header and zeros, then the edge frame whole.
-    let whole = |len: usize| (HEADER + len).div_ceil(64) * 64;
-    let mut on_link = vec![0u8; whole(small.len()) + 64 + whole(edge.len())];
-    main_b.read_exact(&mut on_link).unwrap();
-    assert_eq!(on_link[..8], (small.len() as u64).to_le_bytes());
-    assert!(on_link[HEADER..HEADER + small.len()] == small[..]);
-    let second = &on_link[whole(small.len())..];
-    assert_eq!(second[..8], (large.len() as u64).to_le_bytes());
-    assert!(second[HEADER..64].iter().all(|&b| b == 0));
-    let third = &second[64..];
-    assert_eq!(third[..8], (edge.len() as u64).to_le_bytes());
-    assert!(third[HEADER..HEADER + edge.len()] == edge[..]);
-    sender.join().unwrap();
-    // The engine is gone with the sender thread: both ends are at their
-    // end of stream, with no byte left over.
-    assert_eq!(main_b.read(&mut [0u8; 1]).unwrap(), 0, "more on the link");
-    assert_eq!(lane_b.read(&mut [0u8; 1]).unwrap(), 0, "more on the lane");
-}
-
-#[test]
-fn laned_and_plain_frames_stay_in_order_both_ways_at_once() {
-    // Each end sends a mix (empty, small, past the staging buffer, laned)
-    // while receiving the other's: headers of laned frames travel between
-    // plain frames on the link, payloads in order on the lanes.
-    let ends = laned_tcp(2, [1, 0]);
-    let sinks = [Arc::new(Sink::default()), Arc::new(Sink::default())];
-    let n = 200;
-    let mut threads = Vec::new();
-    for (side, link) in [(0, 1), (1, 0)] {
-        let (e, sink) = (ends[side].clone(), sinks[side].clone());
-        threads.push(std::thread::spawn(move || {
-            for i in 0..n {
-                send_one(&e, link, &payload(i + side), &*sink);
-            }
-        }));
-        let (e, sink) = (ends[side].clone(), sinks[side].clone());
-        threads.push(std::thread::spawn(move || {
-            wait_for(&e, &sink, |s| lock(&s.frames).len() == n);
-        }));
-    }
-    for t in threads {
-        t.join().unwrap();
-    }
-    for (side, link) in [(0, 1), (1, 0)] {
-        let frames = lock(&sinks[side].frames);
-        assert_eq!(frames.len(), n);
-        for (i, (from, p)) in frames.iter().enumerate() {
-            assert_eq!(*from, link);
-            let sent = payload(i + 1 - side);
-            assert!(
-                *p == sent,
-                "side {side}, frame {i} differs (len {})",
-                p.len()
-            );
-        }
-        assert!(lock(&sinks[side].failed).is_empty());
-    }
-}
-
-#[test]
-fn a_laned_frame_is_received_in_place_and_the_frames_behind_it_follow() {
-    let [ea, eb] = laned_tcp(1, [0, 0]);
-    let sink = Sink::default();
-    // A laned frame, then small ones, all sent before the receiver looks:
-    // its first receive on the link takes the laned frame's header and the
-    // small frames behind it, which must be cut out once the payload is in
-    // from the lane, with no more bytes coming on the link.
-    let large: Vec<u8> = (0..100_000).map(|j| (j * 7) as u8).collect();
-    let smalls = [payload(1), payload(2), payload(6)];
-    for p in std::iter::once(&large).chain(&smalls) {
-        send_one(&ea, 0, p, &Sink::default());
-    }
-    let (got, dest) = place_whole(&eb, &sink, large.len());
-    assert!(matches!(got, Placement::Placed(_)), "{got:?}");
-    assert!(dest == large, "the laned payload differs");
-    wait_for(&eb, &sink, |s| lock(&s.frames).len() == smalls.len());
-    for (i, (_, p)) in lock(&sink.frames).iter().enumerate() {
-        assert!(*p == smalls[i], "small frame {i} differs");
-    }
-}
-
-#[test]
-fn a_lane_that_closes_fails_the_link() {
-    let (main_a, _main_b) = tcp_pair();
-    let (lane_a, _lane_b) = tcp_pair();
-    let (back_a, back_b) = tcp_pair();
-    let e = engine(1);
-    e.add_link_with_lanes(
-        0,
-        shared(main_a),
-        Lanes {
-            send: shared(lane_a),
-            recv: shared(back_a),
-        },
-    );
-    let sink = Sink::default();
-    // A laned frame's header arrives on the link, then its lane closes
-    // before the payload: the link fails, naming the closed connection.
-    use std::io::Write;
-    let mut main_b = _main_b;
-    main_b
-        .write_all(&(1u64 << 20).to_le_bytes())
-        .expect("header");
-    drop(back_b);
-    wait_for(&e, &sink, |s| !lock(&s.failed).is_empty());
-    assert!(
-        lock(&sink.failed)[0].1.contains("Closed"),
-        "{:?}",
-        lock(&sink.failed)
-    );
-}
-
 /// A send asked to stop 200 ms in ends withdrawn, in well under the 30 s
 /// it would wait for the peer otherwise.
 fn stops_soon(e: &FrameEngine, sink: &dyn FrameSink) {
@@ -1321,3 +1149,5 @@ fn a_placement_unwound_by_a_panic_is_withdrawn_and_its_memory_left_alone() {
         "the kernel wrote into memory an unwind handed back"
     );
 }
+
+mod lanes;
