@@ -475,7 +475,7 @@ fn padding_seeds_fail_for_their_reason() {
         reason("bad_version_1.bin"),
         WireError::UnsupportedVersion {
             got: 1,
-            supported: 3
+            supported: 4
         }
     ));
 }

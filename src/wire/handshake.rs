@@ -755,7 +755,7 @@ mod tests {
             ),
             Err(WireError::UnsupportedVersion {
                 got: 1,
-                supported: 3
+                supported: 4
             })
         );
         let foreign = Hello {

@@ -375,7 +375,7 @@ pub(crate) mod tests {
         assert_eq!(align_of::<RawHeader>(), 1);
         let bytes = sample().encode();
         assert_eq!(&bytes[0..4], b"RGWR");
-        assert_eq!(bytes[4..6], [3, 0]);
+        assert_eq!(bytes[4..6], [4, 0]);
         assert_eq!(bytes[6], FrameKind::Data as u8);
         assert_eq!(bytes[7], 0);
         assert_eq!(bytes[8..16], 0x0102_0304_0506_0708u64.to_le_bytes());
@@ -501,14 +501,14 @@ pub(crate) mod tests {
             Header::decode(&patched(4, 1), u32::MAX),
             Err(WireError::UnsupportedVersion {
                 got: 1,
-                supported: 3
+                supported: 4
             })
         );
         assert_eq!(
             Header::decode(&patched(5, 1), u32::MAX),
             Err(WireError::UnsupportedVersion {
-                got: 259,
-                supported: 3
+                got: 260,
+                supported: 4
             })
         );
         let unknown = |field, value| Err(WireError::UnknownField { field, value });

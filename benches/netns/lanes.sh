@@ -1,0 +1,181 @@
+#!/usr/bin/env bash
+# Two "hosts" (network namespaces) of one rank each, joined by a veth pair
+# whose ends cap every TCP connection of the ranks' link on its own (an htb
+# class per connection, CAP, under a LINK class for the whole), run
+# ringwire-bench's OP (default all_reduce) with RINGWIRE_TCP_LANES set to
+# each of LANES, rotated ROUNDS times, and print busbw as a fraction of
+# what the link can carry, min(lanes x CAP, LINK) (decision 0034).
+# With SLOW set (a tc rate), one lane the first rank writes is capped at
+# SLOW instead, and the fraction is of the summed rates.
+# Issue 33's goals: at least 0.9 of min(L x cap, link); with one slow lane,
+# at least 0.9 of the summed rates (fixed striping would fall to L x SLOW).
+#
+# Connections are classed as they appear (`ss` in the first namespace, by
+# port), during the warm-up iterations (WARMUP, default 3): every one of the
+# link's, its main connection too, which carries headers only. The slow
+# lane is the first connection seen carrying a megabyte from the first
+# rank.
+#
+# Needs root, ip, tc and ss. Everything it makes it removes, also on failure.
+# Usage: benches/netns/lanes.sh [BENCH]   (default: the release build)
+# Env: OP, LANES ("1 2 4 8"), CAP (100mbit), LINK (400mbit), SLOW (unset),
+#      ROUNDS (2), SIZES (-b/-e, default "4M 32M"), ITERS (3), WARMUP (3),
+#      OUT (a folder for the JSON of every run).
+set -euo pipefail
+bench=${1:-target/release/ringwire-bench}
+op=${OP:-all_reduce}
+lanes_list=${LANES:-1 2 4 8}
+cap=${CAP:-100mbit}
+link=${LINK:-400mbit}
+slow=${SLOW:-}
+rounds=${ROUNDS:-2}
+read -r min_size max_size <<<"${SIZES:-4M 32M}"
+iters=${ITERS:-3}
+warmup=${WARMUP:-3}
+out=${OUT:-$(mktemp -d)}
+mkdir -p "$out"
+[ -x "$bench" ] || { echo "no bench at $bench: cargo build --release -p ringwire-bench" >&2; exit 1; }
+
+id=$$
+ns=(rwln_a$id rwln_b$id)
+veth=(vlna$id vlnb$id)
+ip_of=(10.215.$((id % 200)).1 10.215.$((id % 200)).2)
+cleanup() {
+  for n in "${ns[@]}"; do ip netns del "$n" 2>/dev/null || true; done
+}
+trap cleanup EXIT
+for n in "${ns[@]}"; do ip netns add "$n"; done
+ip link add "${veth[0]}" type veth peer name "${veth[1]}"
+for i in 0 1; do
+  ip link set "${veth[$i]}" netns "${ns[$i]}"
+  ip -n "${ns[$i]}" addr add "${ip_of[$i]}/24" dev "${veth[$i]}"
+  ip -n "${ns[$i]}" link set "${veth[$i]}" mtu 1500 up
+  ip -n "${ns[$i]}" link set lo up
+done
+echo "# link: veth, htb $link each way, each connection $cap${slow:+ (one lane of rank 0: $slow)}, $(nproc) cores, $(uname -r)"
+
+# A fresh htb tree on both ends: LINK for everything, unclassed traffic
+# (the store) in 1:2.
+reset_qdiscs() {
+  for i in 0 1; do
+    tc -n "${ns[$i]}" qdisc del dev "${veth[$i]}" root 2>/dev/null || true
+    tc -n "${ns[$i]}" qdisc add dev "${veth[$i]}" root handle 1: htb default 2 r2q 1000
+    tc -n "${ns[$i]}" class add dev "${veth[$i]}" parent 1: classid 1:1 htb rate "$link" ceil "$link"
+    tc -n "${ns[$i]}" class add dev "${veth[$i]}" parent 1:1 classid 1:2 htb rate "$link" ceil "$link"
+  done
+}
+
+# Caps each connection of the link to rank 1's port as it appears: its
+# class on rank 0's end (by source port) and on rank 1's (by destination).
+class_connections() { # port want_connections
+  python3 - "${ns[@]}" "${veth[@]}" "$1" "$2" "$cap" "$slow" <<'EOF'
+import subprocess, sys, time
+ns0, ns1, v0, v1, port, want, cap, slow = sys.argv[1:9]
+want = int(want)
+classed, slow_port, k = {}, None, 0
+def tc(ns, *args):
+    subprocess.run(["tc", "-n", ns, *args], check=True, capture_output=True)
+def add(lport, rate):
+    global k
+    k += 1
+    classed[lport] = cls = f"1:{10 + k}"
+    for ns, dev, key in ((ns0, v0, "sport"), (ns1, v1, "dport")):
+        tc(ns, "class", "add", "dev", dev, "parent", "1:1", "classid", cls,
+           "htb", "rate", rate, "ceil", rate)
+        tc(ns, "filter", "add", "dev", dev, "parent", "1:", "protocol", "ip",
+           "prio", "1", "u32", "match", "ip", key, str(lport), "0xffff", "flowid", cls)
+deadline = time.time() + 60
+while time.time() < deadline:
+    ss = subprocess.run(["ip", "netns", "exec", ns0, "ss", "-tinH", "state", "established",
+                         "dport", "=", port], capture_output=True, text=True).stdout
+    conns, lport = [], None
+    for line in ss.splitlines():
+        if not line.startswith((" ", "\t")):
+            lport = int(line.split()[2].rsplit(":", 1)[1])
+            continue
+        sent = next((int(f.split(":")[1]) for f in line.split() if f.startswith("bytes_sent:")), 0)
+        conns.append((lport, sent))
+    for lport, sent in conns:
+        if lport not in classed:
+            add(lport, cap)
+    if slow and slow_port is None:
+        busy = [p for p, sent in conns if sent > 1 << 20 and p in classed]
+        if busy:
+            # A lane rank 0 writes (nothing else carries a megabyte from
+            # it): slowed on rank 0's end.
+            slow_port = busy[0]
+            tc(ns0, "class", "change", "dev", v0, "parent", "1:1", "classid",
+               classed[slow_port], "htb", "rate", slow, "ceil", slow)
+    if len(classed) >= want and (not slow or slow_port is not None):
+        print(f"classed {len(classed)} connections" + (f", slow lane at port {slow_port}" if slow else ""), flush=True)
+        sys.exit(0)
+    time.sleep(0.02)
+sys.exit(f"only {len(classed)} of {want} connections appeared")
+EOF
+}
+
+run_one() { # lanes round
+  local lanes=$1 round=$2 port=$((20000 + RANDOM % 20000)) pids=()
+  reset_qdiscs
+  for r in 0 1; do
+    ip netns exec "${ns[$r]}" env \
+      RANK=$r WORLD_SIZE=2 LOCAL_RANK=0 LOCAL_WORLD_SIZE=1 \
+      MASTER_ADDR="${ip_of[0]}" MASTER_PORT=$port RINGWIRE_TCP_LANES="$lanes" \
+      "$bench" "$op" -b "$min_size" -e "$max_size" -f 2 -n "$iters" -w "$warmup" \
+      --transport uring -c 1 \
+      $([ $r = 0 ] && echo --json "$out/$op-l$lanes-$round.json") \
+      >"$out/$op-l$lanes-$round-rank$r.log" 2>&1 &
+    pids+=($!)
+  done
+  # Rank 1 listens on the port after the store's (the bench's rule); its
+  # link to rank 0 has a main connection and `lanes` lanes each way.
+  local listen
+  for _ in $(seq 200); do
+    listen=$(ip netns exec "${ns[1]}" ss -tlnpH | awk '/ringwire-bench/ {split($4, a, ":"); print a[length(a)]}' | grep -v "^$port$" | head -1 || true)
+    [ -n "$listen" ] && break
+    sleep 0.05
+  done
+  class_connections "$listen" $((1 + 2 * lanes)) >"$out/$op-l$lanes-$round-classes.log" 2>&1 &
+  local classer=$!
+  local failed=0
+  for p in "${pids[@]}"; do wait "$p" || failed=1; done
+  wait "$classer" || { echo "classing failed ($lanes lanes, round $round):" >&2; cat "$out/$op-l$lanes-$round-classes.log" >&2; exit 1; }
+  if [ $failed = 1 ]; then
+    echo "a rank failed ($lanes lanes, round $round); logs in $out" >&2
+    tail -5 "$out/$op-l$lanes-$round-rank"*.log >&2
+    exit 1
+  fi
+}
+
+for ((round = 0; round < rounds; round++)); do
+  order=$lanes_list
+  if ((round % 2 == 1)); then order=$(echo "$lanes_list" | tr ' ' '\n' | tac | tr '\n' ' '); fi
+  for lanes in $order; do run_one "$lanes" "$round"; done
+done
+
+python3 - "$out" "$op" "$rounds" "$cap" "$link" "$slow" $lanes_list <<'EOF'
+import json, statistics, sys, glob, os, re
+out, op, rounds, cap, link, slow = sys.argv[1:7]
+def bits(rate):
+    m = re.fullmatch(r"([0-9.]+)([kmg]?)bit", rate.lower())
+    return float(m.group(1)) * {"": 1, "k": 1e3, "m": 1e6, "g": 1e9}[m.group(2)]
+cap_b, link_b = bits(cap), bits(link)
+print(f"{op}: busbw / what the link can carry, median of {rounds} rounds (each round's in brackets)")
+print(f"{'lanes':>5} {'bytes':>10} {'can carry':>10} {'fraction':>28} {'cpu s/GB':>9}")
+for lanes in map(int, sys.argv[7:]):
+    if slow:
+        ideal = min((lanes - 1) * cap_b + bits(slow), link_b)
+    else:
+        ideal = min(lanes * cap_b, link_b)
+    rows = {}
+    for path in sorted(glob.glob(os.path.join(out, f"{op}-l{lanes}-*.json"))):
+        for r in json.load(open(path))["rows"]:
+            if r["wrong"]:
+                sys.exit(f"{path}: {r['wrong']} wrong elements at {r['size_bytes']} bytes")
+            rows.setdefault(r["size_bytes"], []).append((r["busbw_gbps"] * 1e9 / ideal, r["cpu_s_per_gb"]))
+    for size in sorted(rows):
+        v = [f for f, _ in rows[size]]
+        cpu = statistics.median(c for _, c in rows[size])
+        print(f"{lanes:>5} {size:>10} {ideal / 1e6:>8.0f}Mb {statistics.median(v):>6.3f} {str([round(x, 3) for x in v]):>21} {cpu:>9.2f}")
+EOF
+echo "# runs: $out"
