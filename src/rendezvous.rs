@@ -369,7 +369,8 @@ impl Builder {
 
     /// How many lanes each way a TCP link of the io_uring engine has (0 to
     /// 8; more are taken as 8). With more than one, payloads of 256 KiB and
-    /// up travel in pieces, each on the lane expected to send it first, so
+    /// up travel in pieces, each on the lane with the fewest bytes yet to
+    /// deliver, so
     /// a link can fill a network faster than one TCP stream on one core
     /// moves, and one slow stream does not hold the rest to its pace
     /// (docs/decisions/0034). Env: RINGWIRE_TCP_LANES=N.

@@ -12,14 +12,15 @@
 # tbf), RANKS_LIST ranks in all ("8 16": 4 and 8 per host), host A's ranks
 # pinned to the first cores, host B's to the next. Each round (ROUNDS, the
 # order rotated) runs all_reduce (OP) from -b MINB (256K) to -e MAXB (256M):
-#   - ringwire with RINGWIRE_TWO_LEVEL never and always, TCP lanes on
-#     (decision 0018's two one-way lanes) and off, --link-limit: every size
+#   - ringwire flat (RINGWIRE_TWO_LEVEL=never) with each count of TCP lanes
+#     each way in LANES_LIST ("0 1 4 8"; decisions 0018, 0034), and two
+#     levels (=always) with 0 and 1 lane, --link-limit: every size
 #     is set beside every rank streaming to its ring successor at once over
 #     plain TCP on the same veth (link %, busbw over that limit);
 #   - Open MPI over TCP (btl tcp,self), mpirun in host A launching host
 #     B's daemon through an ssh stand-in that enters B's namespace.
-# Lanes per peer {1,2,4,8} x engine threads {1,2,4}, which the issue also
-# asks for, do not exist yet (parts 1 and 2): this sweeps what does.
+# Engine threads {1,2,4}, which the issue also asks for, do not exist yet
+# (part 2): this sweeps lanes only.
 # One JSON per run in $OUT, and a table of median busbw (and link %).
 set -euo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -32,6 +33,7 @@ minb=${MINB:-256K}
 maxb=${MAXB:-256M}
 rounds=${ROUNDS:-2}
 ranks_list=${RANKS_LIST:-8 16}
+lanes_list=${LANES_LIST:-0 1 4 8}
 mtu=${MTU:-9000}
 bench=$DEV/ringwire-bench
 for f in "$bench" "$DEV/mpi_coll" "$DEV/ompi/bin/mpirun"; do
@@ -137,9 +139,9 @@ run_ompi() { # world round
 
 for ((round = 0; round < rounds; round++)); do
   for world in $ranks_list; do
-    runs=("run_ringwire $world never 1 flat $round" "run_ringwire $world always 1 two-level $round"
-      "run_ringwire $world never 0 flat-nolanes $round" "run_ringwire $world always 0 two-level-nolanes $round"
+    runs=("run_ringwire $world always 1 two-level-l1 $round" "run_ringwire $world always 0 two-level-l0 $round"
       "run_ompi $world $round")
+    for lanes in $lanes_list; do runs+=("run_ringwire $world never $lanes flat-l$lanes $round"); done
     n=${#runs[@]}
     for ((i = 0; i < n; i++)); do
       ${runs[$(((i + round) % n))]} || true
@@ -161,7 +163,7 @@ for path in glob.glob(os.path.join(out, "*.json")):
             print(f"WRONG: {path} {r['size_bytes']}")
         key = (world, r["size_bytes"], label)
         cells.setdefault(key, []).append((r["busbw_gbps"], r.get("link_pct")))
-labels = ["flat", "two-level", "flat-nolanes", "two-level-nolanes", "ompi-tcp"]
+labels = sorted({k[2] for k in cells}, key=lambda l: (l.startswith("ompi"), l))
 for world in sorted({k[0] for k in cells}):
     print(f"\n{world} ranks: busbw GB/s, median over rounds (link % for ringwire)")
     print(f"{'bytes':>11} " + " ".join(f"{l:>20}" for l in labels))

@@ -20,7 +20,9 @@
 # Usage: benches/netns/lanes.sh [BENCH]   (default: the release build)
 # Env: OP, LANES ("1 2 4 8"), CAP (100mbit), LINK (400mbit), SLOW (unset),
 #      ROUNDS (2), SIZES (-b/-e, default "4M 32M"), ITERS (3), WARMUP (3),
-#      OUT (a folder for the JSON of every run).
+#      EXTRA_ENV (VAR=VALUE words for every rank), QUEUE (packets each
+#      connection's class queues, default 100), OUT (a folder for the JSON
+#      of every run).
 set -euo pipefail
 bench=${1:-target/release/ringwire-bench}
 op=${OP:-all_reduce}
@@ -33,6 +35,8 @@ read -r min_size max_size <<<"${SIZES:-4M 32M}"
 iters=${ITERS:-3}
 warmup=${WARMUP:-3}
 out=${OUT:-$(mktemp -d)}
+extra_env=${EXTRA_ENV:-}
+queue=${QUEUE:-100}
 mkdir -p "$out"
 [ -x "$bench" ] || { echo "no bench at $bench: cargo build --release -p ringwire-bench" >&2; exit 1; }
 
@@ -68,9 +72,9 @@ reset_qdiscs() {
 # Caps each connection of the link to rank 1's port as it appears: its
 # class on rank 0's end (by source port) and on rank 1's (by destination).
 class_connections() { # port want_connections
-  python3 - "${ns[@]}" "${veth[@]}" "$1" "$2" "$cap" "$slow" <<'EOF'
+  python3 - "${ns[@]}" "${veth[@]}" "$1" "$2" "$cap" "$slow" "$queue" <<'EOF'
 import subprocess, sys, time
-ns0, ns1, v0, v1, port, want, cap, slow = sys.argv[1:9]
+ns0, ns1, v0, v1, port, want, cap, slow, queue = sys.argv[1:10]
 want = int(want)
 classed, slow_port, k = {}, None, 0
 def tc(ns, *args):
@@ -80,8 +84,14 @@ def add(lport, rate):
     k += 1
     classed[lport] = cls = f"1:{10 + k}"
     for ns, dev, key in ((ns0, v0, "sport"), (ns1, v1, "dport")):
+        # A small assured rate, borrowing up to the cap from the link's
+        # class: the link's rate then bounds the sum (htb grants every
+        # class its assured rate even past its parent's).
         tc(ns, "class", "add", "dev", dev, "parent", "1:1", "classid", cls,
-           "htb", "rate", rate, "ceil", rate)
+           "htb", "rate", "1mbit", "ceil", rate, "quantum", "1514")
+        # A queue of a switch's depth, not htb's default 1000 packets
+        # (whose 120 ms at 100 Mbit/s would make every lane's RTT that).
+        tc(ns, "qdisc", "add", "dev", dev, "parent", cls, "pfifo", "limit", queue)
         tc(ns, "filter", "add", "dev", dev, "parent", "1:", "protocol", "ip",
            "prio", "1", "u32", "match", "ip", key, str(lport), "0xffff", "flowid", cls)
 deadline = time.time() + 60
@@ -105,7 +115,7 @@ while time.time() < deadline:
             # it): slowed on rank 0's end.
             slow_port = busy[0]
             tc(ns0, "class", "change", "dev", v0, "parent", "1:1", "classid",
-               classed[slow_port], "htb", "rate", slow, "ceil", slow)
+               classed[slow_port], "htb", "rate", "1mbit", "ceil", slow, "quantum", "1514")
     if len(classed) >= want and (not slow or slow_port is not None):
         print(f"classed {len(classed)} connections" + (f", slow lane at port {slow_port}" if slow else ""), flush=True)
         sys.exit(0)
@@ -114,13 +124,65 @@ sys.exit(f"only {len(classed)} of {want} connections appeared")
 EOF
 }
 
+# The baseline: `lanes` plain TCP streams each way at once (as the
+# all-reduce's two directions), each in a class of its own as the ranks'
+# connections are (with SLOW, rank 0's first stream at SLOW), for five
+# seconds: Mbit/s the slower way.
+plain_tcp() { # lanes
+  reset_qdiscs
+  local lanes=$1 i k rate pids=() senders=()
+  for i in 0 1; do
+    for ((k = 0; k < lanes; k++)); do
+      rate=$cap
+      if [ "$i" = 0 ] && [ "$k" = 0 ] && [ -n "$slow" ]; then rate=$slow; fi
+      tc -n "${ns[$i]}" class add dev "${veth[$i]}" parent 1:1 classid "1:$((100 + k))" htb rate 1mbit ceil "$rate" quantum 1514
+      tc -n "${ns[$i]}" qdisc add dev "${veth[$i]}" parent "1:$((100 + k))" pfifo limit "$queue"
+      tc -n "${ns[$i]}" filter add dev "${veth[$i]}" parent 1: protocol ip prio 1 u32 \
+        match ip dport $((6000 + 100 * i + k)) 0xffff flowid "1:$((100 + k))"
+    done
+  done
+  for i in 0 1; do
+    ip netns exec "${ns[$i]}" python3 -c '
+import socket, sys, threading, time
+host, base, n = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+def sink(port):
+    l = socket.socket(); l.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    l.bind((host, port)); l.listen(); c, _ = l.accept()
+    while c.recv(1 << 20): pass
+for k in range(n):
+    threading.Thread(target=sink, args=(base + k,), daemon=True).start()
+time.sleep(8)' "${ip_of[$i]}" $((6000 + 100 * (1 - i))) "$lanes" &
+    pids+=($!)
+  done
+  sleep 0.5
+  for i in 0 1; do
+    ip netns exec "${ns[$i]}" python3 -c '
+import socket, sys, threading, time
+host, base, n = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+secs, sent = 5.0, [0] * n
+def source(k):
+    s = socket.create_connection((host, base + k)); buf = b"x" * (1 << 20)
+    t = time.time()
+    while time.time() - t < secs: sent[k] += s.send(buf)
+ts = [threading.Thread(target=source, args=(k,)) for k in range(n)]
+t = time.time(); [x.start() for x in ts]; [x.join() for x in ts]
+print(sum(sent) * 8 / (time.time() - t) / 1e6)' "${ip_of[$((1 - i))]}" $((6000 + 100 * i)) "$lanes" \
+      >"$out/plain-$lanes-$i.txt" &
+    senders+=($!)
+  done
+  for p in "${senders[@]}"; do wait "$p"; done
+  for p in "${pids[@]}"; do wait "$p" || true; done
+  python3 -c "import sys; print(min(float(open(f).read()) for f in sys.argv[1:]))" \
+    "$out/plain-$lanes-0.txt" "$out/plain-$lanes-1.txt" >"$out/plain-$lanes.txt"
+}
+
 run_one() { # lanes round
   local lanes=$1 round=$2 port=$((20000 + RANDOM % 20000)) pids=()
   reset_qdiscs
   for r in 0 1; do
     ip netns exec "${ns[$r]}" env \
       RANK=$r WORLD_SIZE=2 LOCAL_RANK=0 LOCAL_WORLD_SIZE=1 \
-      MASTER_ADDR="${ip_of[0]}" MASTER_PORT=$port RINGWIRE_TCP_LANES="$lanes" \
+      MASTER_ADDR="${ip_of[0]}" MASTER_PORT=$port RINGWIRE_TCP_LANES="$lanes" $extra_env \
       "$bench" "$op" -b "$min_size" -e "$max_size" -f 2 -n "$iters" -w "$warmup" \
       --transport uring -c 1 \
       $([ $r = 0 ] && echo --json "$out/$op-l$lanes-$round.json") \
@@ -147,6 +209,8 @@ run_one() { # lanes round
   fi
 }
 
+for lanes in $lanes_list; do plain_tcp "$lanes"; done
+
 for ((round = 0; round < rounds; round++)); do
   order=$lanes_list
   if ((round % 2 == 1)); then order=$(echo "$lanes_list" | tr ' ' '\n' | tac | tr '\n' ' '); fi
@@ -160,22 +224,26 @@ def bits(rate):
     m = re.fullmatch(r"([0-9.]+)([kmg]?)bit", rate.lower())
     return float(m.group(1)) * {"": 1, "k": 1e3, "m": 1e6, "g": 1e9}[m.group(2)]
 cap_b, link_b = bits(cap), bits(link)
-print(f"{op}: busbw / what the link can carry, median of {rounds} rounds (each round's in brackets)")
-print(f"{'lanes':>5} {'bytes':>10} {'can carry':>10} {'fraction':>28} {'cpu s/GB':>9}")
+print(f"{op}: busbw / what the link can carry, median of {rounds} rounds (each round's in brackets);")
+print("'plain': busbw / what as many plain TCP streams each way moved through the same classes")
+print(f"{'lanes':>5} {'bytes':>10} {'can carry':>10} {'fraction':>28} {'plain':>6} {'cpu s/GB':>9}")
 for lanes in map(int, sys.argv[7:]):
     if slow:
         ideal = min((lanes - 1) * cap_b + bits(slow), link_b)
     else:
         ideal = min(lanes * cap_b, link_b)
+    plain = float(open(os.path.join(out, f"plain-{lanes}.txt")).read()) * 1e6
     rows = {}
     for path in sorted(glob.glob(os.path.join(out, f"{op}-l{lanes}-*.json"))):
         for r in json.load(open(path))["rows"]:
             if r["wrong"]:
                 sys.exit(f"{path}: {r['wrong']} wrong elements at {r['size_bytes']} bytes")
-            rows.setdefault(r["size_bytes"], []).append((r["busbw_gbps"] * 1e9 / ideal, r["cpu_s_per_gb"]))
+            rows.setdefault(r["size_bytes"], []).append((r["busbw_gbps"] * 8e9, r["cpu_s_per_gb"]))
     for size in sorted(rows):
-        v = [f for f, _ in rows[size]]
+        v = [b / ideal for b, _ in rows[size]]
+        vs_plain = statistics.median(b for b, _ in rows[size]) / plain
         cpu = statistics.median(c for _, c in rows[size])
-        print(f"{lanes:>5} {size:>10} {ideal / 1e6:>8.0f}Mb {statistics.median(v):>6.3f} {str([round(x, 3) for x in v]):>21} {cpu:>9.2f}")
+        print(f"{lanes:>5} {size:>10} {ideal / 1e6:>8.0f}Mb {statistics.median(v):>6.3f} {str([round(x, 3) for x in v]):>21} {vs_plain:>6.3f} {cpu:>9.2f}")
+    print(f"{lanes:>5} plain TCP, {lanes} streams each way: {plain / 1e6:.0f} Mbit/s the slower way")
 EOF
 echo "# runs: $out"

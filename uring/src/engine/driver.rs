@@ -102,8 +102,9 @@ fn lane_tag(kind: u64, link: usize, conn: usize) -> u64 {
 
 /// A send lane's socket holds at most about this many bytes not yet sent
 /// (`TCP_NOTSENT_LOWAT`), on links with more than one lane: a piece's send
-/// then ends about when the lane has moved it, which is what placement
-/// learns each lane's rate from (`lanes::LaneLoad`).
+/// then ends about when the lane has moved most of it, so a lane waited
+/// for wakes the driver when it has room, and bytes do not pile up unsent
+/// in a slow lane's buffer (`lanes::pick_lane`).
 const LANE_NOTSENT_LOWAT: libc::c_int = 64 << 10;
 
 enum Rx {
@@ -211,6 +212,9 @@ struct RecvLane {
     in_flight: bool,
     owner: Option<ThreadId>,
     rx: LaneRx,
+    /// A piece of a later frame, read ahead whole, waiting for its frame
+    /// (`LaneRx::Ahead`). A lane holding one reads no further.
+    ahead: Option<(PieceHeader, AlignedBuf)>,
 }
 
 enum LaneRx {
@@ -226,7 +230,19 @@ enum LaneRx {
         len: usize,
         got: usize,
     },
+    /// Reading a piece of a later frame into a buffer of its own, so the
+    /// lane's stream keeps moving while the frame being received waits for
+    /// other lanes (a lane not read has its TCP window close).
+    Ahead {
+        piece: PieceHeader,
+        buf: AlignedBuf,
+        got: usize,
+    },
 }
+
+/// A piece of a later frame is read ahead only up to this size; a longer
+/// one waits in its socket for its frame.
+const MAX_AHEAD: usize = lanes::MAX_PIECE;
 
 impl LaneRx {
     const EMPTY: LaneRx = LaneRx::Header {
@@ -394,19 +410,25 @@ impl LinkIo {
     }
 
     /// Hands pieces of the laned send's payload to lanes, each to the lane
-    /// expected to have sent it first, until that lane is a busy one
-    /// (`lanes::pick_lane`). Only once the frame's head is out: until then
+    /// with the fewest bytes yet to deliver, until that lane is a busy one
+    /// (`lanes::pick_lane`; what each lane's socket holds unacknowledged
+    /// is looked at first). Only once the frame's head is out: until then
     /// the send can still be withdrawn whole.
-    fn place_pieces(&mut self, now: Instant) {
+    fn place_pieces(&mut self) {
         let (Some(req), Some(s)) = (&self.sending, &mut self.spread) else {
             return;
         };
-        if req.sent < req.lead() {
+        if req.sent < req.lead() || s.next == s.len {
             return;
+        }
+        if self.send_lanes.len() > 1 {
+            for (lane, load) in self.send_lanes.iter().zip(&mut self.loads) {
+                load.observe(unacknowledged(&lane.socket));
+            }
         }
         while s.next < s.len {
             let len = s.piece.min(s.len - s.next);
-            let Some(i) = lanes::pick_lane(&self.loads, len, now) else {
+            let Some(i) = lanes::pick_lane(&self.loads) else {
                 break;
             };
             let head = PieceHeader {
@@ -420,7 +442,7 @@ impl LinkIo {
                 len,
                 sent: 0,
             });
-            self.loads[i].start(len, now);
+            self.loads[i].start(PIECE_HEADER + len);
             s.next += len;
             s.open += 1;
         }
@@ -436,9 +458,11 @@ impl LinkIo {
     }
 
     /// Checks the piece header lane `i` has read whole against the frame
-    /// being received: its bytes are read next if it belongs to it; it
-    /// waits if it belongs to a later one. Else the stream is broken.
-    fn fit_lane(&mut self, i: usize) -> Result<(), String> {
+    /// being received: its bytes are read next, into the frame if it
+    /// belongs to it, or read ahead into a buffer of their own if it
+    /// belongs to a later one (unless the lane holds such a piece already:
+    /// then it waits). Else the stream is broken.
+    fn fit_lane(&mut self, i: usize, sink: &dyn FrameSink) -> Result<(), String> {
         let LaneRx::Header {
             bytes,
             got: PIECE_HEADER,
@@ -447,21 +471,72 @@ impl LinkIo {
             return Ok(());
         };
         let piece = PieceHeader::decode(&bytes);
-        match lanes::fit_piece(&piece, self.current_laned(), self.recv_frames) {
+        let fit = lanes::fit_piece(&piece, self.current_laned(), self.recv_frames);
+        let lane = &mut self.recv_lanes[i];
+        match fit {
             Ok(PieceFit::Now) => {
                 if let Rx::Laned { claimed, .. } = &mut self.rx {
                     *claimed += piece.len as usize;
                 }
-                self.recv_lanes[i].rx = LaneRx::Body {
+                lane.rx = LaneRx::Body {
                     offset: piece.offset as usize,
                     len: piece.len as usize,
                     got: 0,
                 };
                 Ok(())
             }
-            Ok(PieceFit::Later) => Ok(()),
+            Ok(PieceFit::Later) => {
+                let len = piece.len as usize;
+                if lane.ahead.is_none() && (1..=MAX_AHEAD).contains(&len) {
+                    let mut buf = sink.buffer();
+                    buf.prepare(len);
+                    lane.rx = LaneRx::Ahead { piece, buf, got: 0 };
+                }
+                Ok(())
+            }
             Err(reason) => Err(format!("receive lane {i}: {reason}")),
         }
+    }
+
+    /// For the laned frame just begun: the pieces lanes read ahead for it
+    /// go to its destination, and lanes that waited read on. `Ok(true)`
+    /// if that made it whole.
+    fn take_ahead(&mut self, sink: &dyn FrameSink) -> Result<bool, String> {
+        for i in 0..self.recv_lanes.len() {
+            let frame = self.recv_frames;
+            let lane = &mut self.recv_lanes[i];
+            if lane.ahead.as_ref().is_some_and(|(p, _)| p.frame == frame) {
+                let (piece, buf) = lane.ahead.take().expect("checked");
+                let fit = lanes::fit_piece(&piece, self.current_laned(), frame);
+                if fit != Ok(PieceFit::Now) {
+                    let why = fit.err().unwrap_or_default();
+                    return Err(format!("receive lane {i}: {why}"));
+                }
+                let Rx::Laned {
+                    dest, claimed, got, ..
+                } = &mut self.rx
+                else {
+                    unreachable!("called with a laned frame begun")
+                };
+                let (at, len) = (piece.offset as usize, piece.len as usize);
+                match dest {
+                    Dest::Buf(whole) => {
+                        whole.bytes_mut()[at..at + len].copy_from_slice(buf.bytes());
+                    }
+                    // SAFETY: `target` names its `len` bytes of a caller's
+                    // memory that nothing else touches until the engine
+                    // reports this placement finished (see `PlaceRequest`);
+                    // `fit_piece` checked `at + len` against that length.
+                    Dest::Target(target) => unsafe {
+                        std::ptr::copy_nonoverlapping(buf.bytes().as_ptr(), target.ptr.add(at), len)
+                    },
+                }
+                *claimed += len;
+                *got += len;
+            }
+            self.fit_lane(i, sink)?;
+        }
+        Ok(matches!(self.rx, Rx::Laned { len, got, .. } if got == len))
     }
 
     /// Shuts every socket of the link down, which ends what is in flight on them.
@@ -1103,6 +1178,7 @@ impl Driver {
                 in_flight: false,
                 owner: None,
                 rx: LaneRx::EMPTY,
+                ahead: None,
             })
             .collect();
         // Links are made once; a replaced one with entries in flight is
@@ -1341,7 +1417,7 @@ impl Driver {
         let mut lane_entries = std::mem::take(&mut self.lane_entries);
         lane_entries.clear();
         if let Some(payload) = l.spread.as_ref().map(|s| s.payload) {
-            l.place_pieces(Instant::now());
+            l.place_pieces();
             for (i, lane) in l.send_lanes.iter_mut().enumerate() {
                 if lane.in_flight || lane.piece.is_none() {
                     continue;
@@ -1357,10 +1433,15 @@ impl Driver {
                 lane_entries.push((entry.flags(flags).build().user_data(what), what));
             }
         }
-        if let Rx::Laned { dest, .. } = &mut l.rx {
-            let base = dest.base();
+        let base = match &mut l.rx {
+            Rx::Laned { dest, .. } => Some(dest.base()),
+            _ => None,
+        };
+        {
             for (i, lane) in l.recv_lanes.iter_mut().enumerate() {
-                if lane.in_flight {
+                // Between laned frames only a piece being read ahead is.
+                let reading = base.is_some() || matches!(lane.rx, LaneRx::Ahead { .. });
+                if lane.in_flight || !reading {
                     continue;
                 }
                 let (ptr, len) = match &mut lane.rx {
@@ -1371,7 +1452,12 @@ impl Driver {
                         (bytes[*got..].as_mut_ptr(), PIECE_HEADER - *got)
                     }
                     LaneRx::Body { offset, len, got } => {
+                        let base = base.expect("a piece of the current frame");
                         (base.wrapping_add(*offset + *got), *len - *got)
+                    }
+                    LaneRx::Ahead { buf, got, .. } => {
+                        let rest = &mut buf.bytes_mut()[*got..];
+                        (rest.as_mut_ptr(), rest.len())
                     }
                 };
                 let len = len.min(u32::MAX as usize) as u32;
@@ -1590,16 +1676,13 @@ impl Driver {
             return;
         }
         let n = result as usize;
-        match &mut l.recv_lanes[lane].rx {
+        let whole = match &mut l.recv_lanes[lane].rx {
             LaneRx::Header { got, .. } => {
                 *got += n;
                 if *got < PIECE_HEADER {
                     return;
                 }
-                if let Err(reason) = l.fit_lane(lane) {
-                    self.fail(link, LinkFault::BadFrame(reason), sink);
-                }
-                return;
+                l.fit_lane(lane, sink).map(|()| false)
             }
             LaneRx::Body { len, got, .. } => {
                 *got += n;
@@ -1615,22 +1698,33 @@ impl Driver {
                     unreachable!("a lane reads a piece only during its frame")
                 };
                 *got += len;
-                if *got < *total {
+                Ok(*got == *total)
+            }
+            LaneRx::Ahead { piece, buf, got } => {
+                *got += n;
+                if *got < buf.len() {
                     return;
                 }
+                let piece = *piece;
+                let LaneRx::Ahead { buf, .. } =
+                    std::mem::replace(&mut l.recv_lanes[lane].rx, LaneRx::EMPTY)
+                else {
+                    unreachable!()
+                };
+                l.recv_lanes[lane].ahead = Some((piece, buf));
+                // Its frame may have begun while it was being read.
+                match l.current_laned() {
+                    Some((frame, ..)) if frame == piece.frame => l.take_ahead(sink),
+                    _ => Ok(false),
+                }
             }
-        }
-        // Whole: hand it over, then cut the frames behind its header out of
-        // the staging buffer.
-        let Rx::Laned { head, dest, .. } = std::mem::replace(&mut l.rx, Rx::Staging) else {
-            unreachable!()
         };
-        l.recv_frames = l.recv_frames.wrapping_add(1);
-        match dest {
-            Dest::Target(target) => finished.push((target.id, Outcome::Placed(head))),
-            Dest::Buf(buf) => sink.frame(link, &head[..header_len], buf),
-        }
-        if let Err(reason) = cut_frames(l, link, header_len, frame_align, sink, finished) {
+        let outcome = match whole {
+            Ok(true) => finish_laned(l, link, header_len, frame_align, sink, finished),
+            Ok(false) => Ok(()),
+            Err(reason) => Err(reason),
+        };
+        if let Err(reason) = outcome {
             self.fail(link, LinkFault::BadFrame(reason), sink);
         }
     }
@@ -1727,7 +1821,6 @@ impl Driver {
         sink: &dyn FrameSink,
         finished: &mut Vec<(u64, Outcome)>,
     ) {
-        let now = Instant::now();
         let Some(l) = self.links.get_mut(link).and_then(|l| l.as_mut()) else {
             return;
         };
@@ -1753,11 +1846,12 @@ impl Driver {
             return;
         };
         piece.sent += result as usize;
+        l.loads[lane].took(result as usize);
         if piece.sent < PIECE_HEADER + piece.len {
             return;
         }
         s.piece = None;
-        l.loads[lane].finish(now);
+        l.loads[lane].finish();
         if let Some(spread) = &mut l.spread {
             spread.open -= 1;
         }
@@ -1827,6 +1921,27 @@ impl Driver {
             }
         }
     }
+}
+
+/// The laned frame being received is whole: hands it over, then cuts the
+/// frames behind its header out of the staging buffer.
+fn finish_laned(
+    l: &mut LinkIo,
+    link: usize,
+    header_len: usize,
+    frame_align: usize,
+    sink: &dyn FrameSink,
+    finished: &mut Vec<(u64, Outcome)>,
+) -> Result<(), String> {
+    let Rx::Laned { head, dest, .. } = std::mem::replace(&mut l.rx, Rx::Staging) else {
+        unreachable!("called with a laned frame whole")
+    };
+    l.recv_frames = l.recv_frames.wrapping_add(1);
+    match dest {
+        Dest::Target(target) => finished.push((target.id, Outcome::Placed(head))),
+        Dest::Buf(buf) => sink.frame(link, &head[..header_len], buf),
+    }
+    cut_frames(l, link, header_len, frame_align, sink, finished)
 }
 
 /// Cuts whole frames out of `l`'s staging buffer: small ones to the sink
@@ -1899,15 +2014,27 @@ fn cut_frames(
                 claimed: 0,
                 got: 0,
             };
-            // Lanes that read a piece header of this frame before its header
-            // came go on with it.
-            for i in 0..l.recv_lanes.len() {
-                if let Err(reason) = l.fit_lane(i) {
+            // Pieces read ahead for this frame land; lanes that waited go on.
+            match l.take_ahead(sink) {
+                Ok(false) => break,
+                // Whole already: hand it over and cut on.
+                Ok(true) => {
+                    let Rx::Laned { head, dest, .. } = std::mem::replace(&mut l.rx, Rx::Staging)
+                    else {
+                        unreachable!()
+                    };
+                    l.recv_frames = l.recv_frames.wrapping_add(1);
+                    match dest {
+                        Dest::Target(target) => finished.push((target.id, Outcome::Placed(head))),
+                        Dest::Buf(buf) => sink.frame(link, &head[..header_len], buf),
+                    }
+                    continue;
+                }
+                Err(reason) => {
                     refused = Some(reason);
                     break;
                 }
             }
-            break;
         }
         let tail = super::tail_len(lead + len, frame_align);
         if lead + len <= l.staging.len() {
@@ -1974,6 +2101,16 @@ fn cut_frames(
         Some(reason) => Err(reason),
         None => Ok(()),
     }
+}
+
+/// Bytes a TCP socket holds that its peer has not acknowledged (sent or
+/// not: `SIOCOUTQ`); 0 if it cannot say.
+fn unacknowledged(socket: &SharedFd) -> u64 {
+    let mut bytes: libc::c_int = 0;
+    // SAFETY: `TIOCOUTQ` (`SIOCOUTQ` on a socket) writes one `c_int` into
+    // `bytes`, a live local.
+    let done = unsafe { libc::ioctl(socket.as_raw_fd(), libc::TIOCOUTQ, &mut bytes) };
+    if done == 0 { bytes.max(0) as u64 } else { 0 }
 }
 
 /// Sets `TCP_NOTSENT_LOWAT` on a send lane; a socket that takes no such

@@ -12,14 +12,12 @@
 //! finish it first ([`pick_lane`]), not round-robin, so one slow lane does
 //! not hold every frame to its pace.
 
-use std::time::Instant;
 
 /// Bytes of a [`PieceHeader`] on the wire.
 pub(crate) const PIECE_HEADER: usize = 16;
 
-/// Pieces no larger than this (a multiple of every page size), so a lane
-/// whose rate the sender has yet to learn holds at most this much of a
-/// frame.
+/// Pieces no larger than this (a multiple of every page size), so a slow
+/// lane takes at most this much of a frame at a time.
 pub(crate) const MAX_PIECE: usize = 1 << 20;
 
 /// Nor smaller than this: each piece costs a header and a system call on
@@ -72,73 +70,71 @@ pub(crate) fn piece_len(len: usize, lanes: usize) -> usize {
         .clamp(MIN_PIECE, MAX_PIECE)
 }
 
-/// What the sender knows of one send lane: its piece in flight (bytes, when
-/// posted) and the rate it has shown.
+/// What the sender knows of one send lane: whether a piece of it is in
+/// flight, the bytes of that piece the kernel has yet to take, and the
+/// bytes the kernel holds that the peer has not acknowledged (sent or not:
+/// `SIOCOUTQ`, looked at before each placement).
 #[derive(Clone, Copy, Debug, Default)]
 pub(crate) struct LaneLoad {
-    busy: Option<(usize, Instant)>,
-    /// Bytes per second, from pieces it finished; 0 until one has.
-    rate: f64,
+    busy: bool,
+    pending: usize,
+    unacked: u64,
 }
 
 impl LaneLoad {
     pub(crate) fn is_busy(&self) -> bool {
-        self.busy.is_some()
+        self.busy
     }
 
-    /// A piece of `bytes` went on the lane at `now`.
-    pub(crate) fn start(&mut self, bytes: usize, now: Instant) {
-        self.busy = Some((bytes, now));
+    /// A piece of `bytes` (header included) went on the lane.
+    pub(crate) fn start(&mut self, bytes: usize) {
+        self.busy = true;
+        self.pending = bytes;
     }
 
-    /// The lane's piece is out (the kernel took its last byte). Its time
-    /// is a sample of the lane's rate: a lane's socket holds little unsent
-    /// data (`TCP_NOTSENT_LOWAT`), so a send ends about when the lane has
-    /// moved it. Samples are averaged, the newest weighing half.
-    pub(crate) fn finish(&mut self, now: Instant) {
-        let Some((bytes, since)) = self.busy.take() else {
-            return;
-        };
-        let secs = now.saturating_duration_since(since).as_secs_f64().max(1e-6);
-        let sample = bytes as f64 / secs;
-        self.rate = match self.rate {
-            0.0 => sample,
-            rate => 0.5 * rate + 0.5 * sample,
-        };
+    /// The kernel took `bytes` more of the lane's piece.
+    pub(crate) fn took(&mut self, bytes: usize) {
+        self.pending = self.pending.saturating_sub(bytes);
     }
 
-    /// Seconds from `now` until this lane would have sent `piece` more
-    /// bytes after what it holds, at `rate`.
-    fn finish_after(&self, piece: usize, rate: f64, now: Instant) -> f64 {
-        let held = self.busy.map_or(0.0, |(bytes, since)| {
-            let done = now.saturating_duration_since(since).as_secs_f64() * rate;
-            (bytes as f64 - done).max(0.0)
-        });
-        (held + piece as f64) / rate
+    /// The lane's piece is all the kernel's.
+    pub(crate) fn finish(&mut self) {
+        self.busy = false;
+        self.pending = 0;
+    }
+
+    /// What the kernel holds of the lane unacknowledged now.
+    pub(crate) fn observe(&mut self, unacked: u64) {
+        self.unacked = unacked;
+    }
+
+    /// The bytes the lane has yet to deliver.
+    fn unsent(&self) -> u64 {
+        self.unacked + self.pending as u64
     }
 }
 
-/// The lane the next piece of `piece` bytes goes to, or `None` to wait:
-/// the lane expected to have sent it first, counting what each holds (its
-/// unsent bytes, as far as the sender can tell) at the rate each has shown.
-/// A lane yet to show a rate is taken to be as fast as the fastest (with
-/// none known, all are alike, and this is "fewest unsent bytes"). If that
-/// lane is busy, the piece waits for it rather than go to a slower lane
-/// that would finish it later. Ties go to the lowest idle lane.
-pub(crate) fn pick_lane(lanes: &[LaneLoad], piece: usize, now: Instant) -> Option<usize> {
-    let fastest = lanes.iter().map(|l| l.rate).fold(0.0, f64::max);
-    let fallback = if fastest > 0.0 { fastest } else { 1.0 };
-    let mut best: Option<(f64, bool, usize)> = None;
+/// The lane the next piece goes to, or `None` to wait: the lane with the
+/// fewest bytes yet to deliver (those the peer has not acknowledged, and
+/// those the kernel has yet to take). If that lane is busy, the piece
+/// waits for it. A slow lane's bytes pile up, so it gets fewer pieces; a
+/// lane that delivers stays fed. Ties go to the lowest idle lane.
+///
+/// Weighing each lane's bytes by the rate it has shown (when it would have
+/// delivered the piece, not how much it holds) was tried and measured
+/// worse, even with one slow lane: a rate learned from acknowledgements
+/// measures what the lane was fed, so a lane that once looked slow was fed
+/// less and looked slower still (decision 0034).
+pub(crate) fn pick_lane(lanes: &[LaneLoad]) -> Option<usize> {
+    let mut best: Option<(u64, bool, usize)> = None;
     for (i, lane) in lanes.iter().enumerate() {
-        let rate = if lane.rate > 0.0 { lane.rate } else { fallback };
-        let when = lane.finish_after(piece, rate, now);
-        let idle = !lane.is_busy();
+        let (unsent, idle) = (lane.unsent(), !lane.is_busy());
         let better = match best {
             None => true,
-            Some((t, was_idle, _)) => when < t || (when == t && idle && !was_idle),
+            Some((b, was_idle, _)) => unsent < b || (unsent == b && idle && !was_idle),
         };
         if better {
-            best = Some((when, idle, i));
+            best = Some((unsent, idle, i));
         }
     }
     match best {
@@ -201,7 +197,6 @@ pub(crate) fn fit_piece(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::time::Duration;
 
     #[test]
     fn a_piece_header_round_trips() {
@@ -235,54 +230,39 @@ mod tests {
     }
 
     #[test]
-    fn with_no_rate_known_idle_lanes_fill_in_order_then_pieces_wait() {
-        let now = Instant::now();
+    fn with_nothing_held_idle_lanes_fill_in_order_then_pieces_wait() {
         let mut lanes = [LaneLoad::default(); 3];
         for want in 0..3 {
-            let i = pick_lane(&lanes, 1000, now).expect("an idle lane");
+            let i = pick_lane(&lanes).expect("an idle lane");
             assert_eq!(i, want);
-            lanes[i].start(1000, now);
+            lanes[i].start(1000);
         }
-        assert_eq!(pick_lane(&lanes, 1000, now), None, "all busy: wait");
-        lanes[1].finish(now + Duration::from_millis(1));
-        assert_eq!(pick_lane(&lanes, 1000, now), Some(1));
+        assert_eq!(pick_lane(&lanes), None, "all busy: wait");
+        lanes[1].took(1000);
+        lanes[1].finish();
+        assert_eq!(pick_lane(&lanes), Some(1));
     }
 
     #[test]
-    fn a_slow_lane_is_passed_over_when_a_busy_fast_one_would_finish_first() {
-        let t0 = Instant::now();
-        let ms = Duration::from_millis;
-        let mut lanes = [LaneLoad::default(); 2];
-        // Lane 0 moves 1000 bytes in 1 ms, lane 1 in 10 ms.
-        lanes[0].start(1000, t0);
-        lanes[0].finish(t0 + ms(1));
-        lanes[1].start(1000, t0);
-        lanes[1].finish(t0 + ms(10));
-        let now = t0 + ms(10);
-        // Lane 0 busy with a piece it has half sent: it finishes a second
-        // one in 1.5 ms; lane 1, idle, would take 10 ms. Wait for lane 0.
-        lanes[0].start(1000, now - Duration::from_micros(500));
-        assert_eq!(pick_lane(&lanes, 1000, now), None);
-        // A lane yet to show a rate counts as the fastest: it gets tried.
-        let fresh = [lanes[0], lanes[1], LaneLoad::default()];
-        assert_eq!(pick_lane(&fresh, 1000, now), Some(2));
-        // Idle, the fast lane takes it.
-        lanes[0].finish(now);
-        assert_eq!(pick_lane(&lanes, 1000, now), Some(0));
-    }
-
-    #[test]
-    fn a_slow_lane_still_takes_a_piece_when_it_would_finish_it_first() {
-        let t0 = Instant::now();
-        let ms = Duration::from_millis;
-        let mut lanes = [LaneLoad::default(); 2];
-        lanes[0].start(1000, t0);
-        lanes[0].finish(t0 + ms(1));
-        lanes[1].start(1000, t0);
-        lanes[1].finish(t0 + ms(3));
-        // Lane 0 holds 5000 unsent bytes (5 ms); lane 1 sends 1000 in 3 ms.
-        lanes[0].start(5000, t0 + ms(3));
-        assert_eq!(pick_lane(&lanes, 1000, t0 + ms(3)), Some(1));
+    fn the_lane_with_the_fewest_bytes_to_deliver_gets_the_piece() {
+        let mut lanes = [LaneLoad::default(); 3];
+        // A slow lane holds 500 KB unacknowledged, a fast one 20 KB, and
+        // a busy one has 5 KB of its piece left for the kernel to take.
+        lanes[0].observe(500_000);
+        lanes[1].observe(20_000);
+        lanes[2].start(5000);
+        assert_eq!(pick_lane(&lanes), None, "the busy lane is best: wait");
+        // Its piece taken, it holds 30 KB: the idle fast lane is best.
+        lanes[2].took(5000);
+        lanes[2].observe(30_000);
+        assert_eq!(pick_lane(&lanes), Some(1));
+        // Once the fast lane holds more than the slow one, the slow one,
+        // idle, gets a piece.
+        lanes[1].observe(600_000);
+        assert_eq!(pick_lane(&lanes), None, "the busy lane again");
+        lanes[2].finish();
+        lanes[2].observe(700_000);
+        assert_eq!(pick_lane(&lanes), Some(0));
     }
 
     #[test]

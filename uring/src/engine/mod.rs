@@ -434,8 +434,8 @@ impl FrameEngine {
     /// by both ends at once makes each end's sends process the other's
     /// arriving data under the socket's lock; one-way lanes keep bulk data
     /// off that path (docs/decisions/0018), and several spread a link's
-    /// payloads over more TCP streams, each piece to the lane expected to
-    /// finish it first (0034).
+    /// payloads over more TCP streams, each piece to the lane with the
+    /// fewest bytes yet to deliver (0034).
     pub fn add_link_with_lanes(&self, link: usize, socket: SharedFd, lanes: Lanes) {
         let mut st = lock(&self.state);
         st.queued.links.push((link, socket, Some(lanes)));
