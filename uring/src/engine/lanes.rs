@@ -8,10 +8,9 @@
 //! its payload goes as pieces over the link's send lanes, each piece a
 //! [`PieceHeader`] and then its bytes. The header names the frame (a count
 //! of laned frames on the link, one way) and where the piece lands, so the
-//! sender may put any piece on any lane: each goes to the lane expected to
-//! finish it first ([`pick_lane`]), not round-robin, so one slow lane does
-//! not hold every frame to its pace.
-
+//! sender may put any piece on any lane: each goes to the lane with the
+//! fewest bytes yet to deliver ([`pick_lane`]), not round-robin, so one slow
+//! lane does not hold every frame to its pace.
 
 /// Bytes of a [`PieceHeader`] on the wire.
 pub(crate) const PIECE_HEADER: usize = 16;

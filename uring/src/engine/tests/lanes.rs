@@ -232,9 +232,9 @@ fn a_laned_frame_is_received_in_place_and_the_frames_behind_it_follow() {
 #[test]
 fn a_slow_lane_is_given_fewer_pieces() {
     // Four lanes, the last paced to 8 MB/s by its socket; the others run
-    // as fast as loopback does. Placement learns each lane's rate from its
-    // pieces and passes the slow one over whenever a fast one would finish
-    // the next piece first, so it carries far less than a quarter.
+    // as fast as loopback does. The slow lane's bytes pile up unacknowledged
+    // and each piece goes to the lane with the fewest, so it carries far
+    // less than a quarter.
     let (main_a, main_b) = tcp_pair();
     let (lanes_a, lanes_b): (Vec<_>, Vec<_>) = (0..4).map(|_| tcp_pair()).unzip();
     let (back_a, _back_b) = tcp_pair();
