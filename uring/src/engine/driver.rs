@@ -704,10 +704,15 @@ impl Driver {
             Some(libc::ENOMEM) => io::Error::new(e.kind(), crate::probe::memlock_refusal(&e)),
             _ => e,
         })?;
-        let fixed_files = ring
-            .submitter()
-            .register_files_sparse(((1 + 2 * config.max_lanes) * config.links.max(1)) as u32)
-            .is_ok();
+        // A slot for every lane a link may have; if the kernel refuses that
+        // many (RLIMIT_NOFILE bounds the table), one lane each way, as
+        // before lanes multiplied (a lane past the table runs unregistered).
+        let links = config.links.max(1);
+        let fixed_files = [1 + 2 * config.max_lanes, 3].iter().any(|per_link| {
+            ring.submitter()
+                .register_files_sparse((per_link * links) as u32)
+                .is_ok()
+        });
         Ok(Driver {
             ring,
             links: (0..config.links).map(|_| None).collect(),
