@@ -42,24 +42,11 @@ done
 chmod +x "$bench" "$DEV/mpi_coll"
 rm -rf /tmp/ompi && cp -r "$DEV/ompi" /tmp/ompi # mpi_coll's rpath
 
-id=$$
-ns=(rwdeva$id rwdevb$id)
-veth=(vdeva$id vdevb$id)
-net=10.216.$((id % 200))
-ip_of=("$net.1" "$net.2")
 work=$(mktemp -d)
-cleanup() {
-  for n in "${ns[@]}"; do ip netns del "$n" 2>/dev/null || true; done
-  rm -rf "$work"
-}
-trap cleanup EXIT
-for n in "${ns[@]}"; do ip netns add "$n"; done
-ip link add "${veth[0]}" type veth peer name "${veth[1]}"
+on_exit() { rm -rf "$work"; }
+source "$HERE/hosts.sh"
+two_hosts dev 216 "$mtu"
 for i in 0 1; do
-  ip link set "${veth[$i]}" netns "${ns[$i]}"
-  ip -n "${ns[$i]}" addr add "${ip_of[$i]}/24" dev "${veth[$i]}"
-  ip -n "${ns[$i]}" link set "${veth[$i]}" mtu "$mtu" up
-  ip -n "${ns[$i]}" link set lo up
   if [ -n "${RATE:-}" ]; then
     tc -n "${ns[$i]}" qdisc add dev "${veth[$i]}" root tbf rate "$RATE" burst 1mb latency 100ms
   fi

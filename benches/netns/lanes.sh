@@ -40,22 +40,8 @@ queue=${QUEUE:-100}
 mkdir -p "$out"
 [ -x "$bench" ] || { echo "no bench at $bench: cargo build --release -p ringwire-bench" >&2; exit 1; }
 
-id=$$
-ns=(rwln_a$id rwln_b$id)
-veth=(vlna$id vlnb$id)
-ip_of=(10.215.$((id % 200)).1 10.215.$((id % 200)).2)
-cleanup() {
-  for n in "${ns[@]}"; do ip netns del "$n" 2>/dev/null || true; done
-}
-trap cleanup EXIT
-for n in "${ns[@]}"; do ip netns add "$n"; done
-ip link add "${veth[0]}" type veth peer name "${veth[1]}"
-for i in 0 1; do
-  ip link set "${veth[$i]}" netns "${ns[$i]}"
-  ip -n "${ns[$i]}" addr add "${ip_of[$i]}/24" dev "${veth[$i]}"
-  ip -n "${ns[$i]}" link set "${veth[$i]}" mtu 1500 up
-  ip -n "${ns[$i]}" link set lo up
-done
+source "$(dirname "${BASH_SOURCE[0]}")/hosts.sh"
+two_hosts ln 215 1500
 echo "# link: veth, htb $link each way, each connection $cap${slow:+ (one lane of rank 0: $slow)}, $(nproc) cores, $(uname -r)"
 
 # A fresh htb tree on both ends: LINK for everything, unclassed traffic
@@ -244,6 +230,8 @@ for lanes in map(int, sys.argv[7:]):
         vs_plain = statistics.median(b for b, _ in rows[size]) / plain
         cpu = statistics.median(c for _, c in rows[size])
         print(f"{lanes:>5} {size:>10} {ideal / 1e6:>8.0f}Mb {statistics.median(v):>6.3f} {str([round(x, 3) for x in v]):>21} {vs_plain:>6.3f} {cpu:>9.2f}")
+        if max(v) > 1.05:
+            print(f"      above the caps: connections were classed after timing began (raise WARMUP)")
     print(f"{lanes:>5} plain TCP, {lanes} streams each way: {plain / 1e6:.0f} Mbit/s the slower way")
 EOF
 echo "# runs: $out"

@@ -27,23 +27,11 @@ out=${OUT:-$(mktemp -d)}
 mkdir -p "$out"
 [ -x "$bench" ] || { echo "no bench at $bench: cargo build --release -p ringwire-bench" >&2; exit 1; }
 
-id=$$
-ns=(rwtl_a$id rwtl_b$id)
-veth=(vtla$id vtlb$id)
-ip_of=(10.214.$((id % 200)).1 10.214.$((id % 200)).2)
-cleanup() {
-  for n in "${ns[@]}"; do ip netns del "$n" 2>/dev/null || true; done
-}
-trap cleanup EXIT
-for n in "${ns[@]}"; do ip netns add "$n"; done
-ip link add "${veth[0]}" type veth peer name "${veth[1]}"
+source "$(dirname "${BASH_SOURCE[0]}")/hosts.sh"
+# MTU 1500, as real NICs: packet rates like a NIC's, and tbf's burst well
+# above a GSO segment.
+two_hosts tl 214 1500
 for i in 0 1; do
-  ip link set "${veth[$i]}" netns "${ns[$i]}"
-  ip -n "${ns[$i]}" addr add "${ip_of[$i]}/24" dev "${veth[$i]}"
-  # MTU 1500, as real NICs: packet rates like a NIC's, and tbf's burst
-  # well above a GSO segment.
-  ip -n "${ns[$i]}" link set "${veth[$i]}" mtu 1500 up
-  ip -n "${ns[$i]}" link set lo up
   tc -n "${ns[$i]}" qdisc add dev "${veth[$i]}" root tbf rate "$rate" burst 512kb latency 100ms
 done
 rate_bits=$(tc -n "${ns[0]}" -j qdisc show dev "${veth[0]}" | python3 -c '

@@ -1576,28 +1576,11 @@ impl Driver {
             return;
         };
         l.recv_in_flight = false;
-        // Cancelled with nothing received: the thread that submitted it
-        // exited (io_uring cancels a task's requests when it exits, and any
-        // thread may drive). A cancelled receive or send that had moved
-        // bytes reports that count instead (the kernel's
-        // `io_sendrecv_fail`), so the accounting stays exact; the next turn
-        // posts it again.
-        if l.dead.is_none() && result == -libc::ECANCELED {
+        // A placement in progress on a dead link is failed by `fail_dead_work`.
+        let Some(n) = self.bytes_received(link, result, sink) else {
             return;
-        }
-        if l.dead.is_none() && result <= 0 {
-            let fault = if result == 0 {
-                LinkFault::Closed
-            } else {
-                LinkFault::Io(io::Error::from_raw_os_error(-result))
-            };
-            self.fail(link, fault, sink);
-        }
+        };
         let l = self.links[link].as_mut().expect("link present");
-        if l.dead.is_some() {
-            return; // a placement in progress is failed by `fail_dead_work`
-        }
-        let n = result as usize;
         match &mut l.rx {
             Rx::Placing {
                 head,
@@ -1645,6 +1628,31 @@ impl Driver {
         }
     }
 
+    /// The bytes a receive on `link` (its socket or a lane) moved, or
+    /// `None` if there is nothing to take: the link is dead (failed here if
+    /// this result ended it: end of stream, or an error), or the receive
+    /// was cancelled with nothing received. That happens when the thread
+    /// that submitted it exited (io_uring cancels a task's requests when
+    /// it exits, and any thread may drive); the next turn posts it again. A
+    /// cancelled receive or send that had moved bytes reports that count
+    /// instead (the kernel's `io_sendrecv_fail`), so the accounting stays
+    /// exact.
+    fn bytes_received(&mut self, link: usize, result: i32, sink: &dyn FrameSink) -> Option<usize> {
+        if self.links[link].as_ref()?.dead.is_some() || result == -libc::ECANCELED {
+            return None;
+        }
+        if result <= 0 {
+            let fault = if result == 0 {
+                LinkFault::Closed
+            } else {
+                LinkFault::Io(io::Error::from_raw_os_error(-result))
+            };
+            self.fail(link, fault, sink);
+            return None;
+        }
+        Some(result as usize)
+    }
+
     /// A receive on lane `lane` of `link` completed: a piece header is in
     /// (checked against the frame being received), or a piece. The frame's
     /// last piece delivers it, and the link's socket is read on.
@@ -1664,23 +1672,10 @@ impl Driver {
             return;
         };
         r.in_flight = false;
-        // As in `received`: a cancel that moved nothing is posted again.
-        if l.dead.is_none() && result == -libc::ECANCELED {
+        let Some(n) = self.bytes_received(link, result, sink) else {
             return;
-        }
-        if l.dead.is_none() && result <= 0 {
-            let fault = if result == 0 {
-                LinkFault::Closed
-            } else {
-                LinkFault::Io(io::Error::from_raw_os_error(-result))
-            };
-            self.fail(link, fault, sink);
-        }
+        };
         let l = self.links[link].as_mut().expect("link present");
-        if l.dead.is_some() {
-            return;
-        }
-        let n = result as usize;
         let whole = match &mut l.recv_lanes[lane].rx {
             LaneRx::Header { got, .. } => {
                 *got += n;
