@@ -13,6 +13,19 @@ use hdrhistogram::Histogram;
 use std::sync::Mutex;
 use std::time::Duration;
 
+/// What one lane this rank writes to a peer has carried (decision 0034):
+/// [`crate::Communicator::lane_stats`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LaneStats {
+    /// Bytes the kernel took on the lane (16-byte piece headers included).
+    pub bytes_sent: u64,
+    /// Pieces of payloads wholly sent on it.
+    pub pieces_sent: u64,
+    /// Bytes its socket held unacknowledged when last looked at (before a
+    /// placement; links with more than one lane only): its queue depth.
+    pub unacked_bytes: u64,
+}
+
 /// A snapshot of a communicator's counters.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Stats {

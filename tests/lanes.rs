@@ -47,6 +47,16 @@ fn every_collective_is_right_over_1_2_4_and_8_lanes() {
         for (rank, c) in comms.iter().enumerate() {
             for peer in (0..3).filter(|&p| p != rank) {
                 assert_eq!(c.link_lanes(peer), want, "rank {rank} to {peer}");
+                // Every lane this rank writes carried pieces: with one, each
+                // laned payload whole; with more, placement spread them.
+                let stats = c.lane_stats(peer);
+                assert_eq!(stats.len(), want, "rank {rank} to {peer}: {stats:?}");
+                for (i, lane) in stats.iter().enumerate() {
+                    assert!(
+                        lane.pieces_sent > 0 && lane.bytes_sent >= lane.pieces_sent * 16,
+                        "{lanes} lanes, rank {rank} to {peer}, lane {i}: {stats:?}"
+                    );
+                }
             }
         }
     }

@@ -764,6 +764,14 @@ fn run_rank(a: &Args) -> Result<bool, String> {
                     high[1],
                 );
             }
+            if world > 1 {
+                for (name, comm) in &comms {
+                    let next = (rank + 1) % world;
+                    if let Some(line) = report::lane_shares(&comm.lane_stats(next)) {
+                        println!("# {name}: rank 0's link to rank {next}: {line}");
+                    }
+                }
+            }
             for (t, sizes) in report::two_level_sizes(&rows) {
                 println!(
                     "# {t}: in two levels, within each host and across hosts (RINGWIRE_TWO_LEVEL), at {sizes} B"

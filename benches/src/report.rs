@@ -128,6 +128,26 @@ pub(crate) fn format_row(r: &Row) -> String {
     )
 }
 
+/// The line under the table on how a link's lanes shared its bytes
+/// (decision 0034): each lane's share of the bytes, its pieces and the
+/// bytes it last held unacknowledged. `None` without lanes.
+pub(crate) fn lane_shares(stats: &[ringwire::LaneStats]) -> Option<String> {
+    let total: u64 = stats.iter().map(|l| l.bytes_sent).sum();
+    if stats.is_empty() || total == 0 {
+        return None;
+    }
+    let mut line = format!("{} lanes carried {} B:", stats.len(), total);
+    for (i, l) in stats.iter().enumerate() {
+        let share = 100.0 * l.bytes_sent as f64 / total as f64;
+        let _ = write!(
+            line,
+            " lane {i} {share:.1}% ({} pieces, {} B unacked)",
+            l.pieces_sent, l.unacked_bytes
+        );
+    }
+    Some(line)
+}
+
 /// Per transport, the sizes whose op ran in two levels, as ranges of
 /// consecutive rows ("16777216-67108864"), for the line under the table.
 pub(crate) fn two_level_sizes(rows: &[Row]) -> Vec<(String, String)> {
@@ -278,6 +298,23 @@ pub(crate) fn human_bytes(n: usize) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn lane_shares_say_what_each_lane_carried() {
+        assert_eq!(lane_shares(&[]), None);
+        let lane = |bytes_sent, pieces_sent, unacked_bytes| ringwire::LaneStats {
+            bytes_sent,
+            pieces_sent,
+            unacked_bytes,
+        };
+        assert_eq!(lane_shares(&[lane(0, 0, 0)]), None, "nothing laned yet");
+        let line = lane_shares(&[lane(300, 3, 0), lane(100, 1, 4096)]).unwrap();
+        assert_eq!(
+            line,
+            "2 lanes carried 400 B: lane 0 75.0% (3 pieces, 0 B unacked) \
+             lane 1 25.0% (1 pieces, 4096 B unacked)"
+        );
+    }
 
     fn row(t: &str, size: usize, busbw: f64) -> Row {
         Row {

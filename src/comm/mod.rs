@@ -272,6 +272,17 @@ impl Communicator {
             .map_or(0, |&r| self.inner.world.transport.link_lanes(r))
     }
 
+    /// What each lane this rank writes to `peer` has carried, in lane
+    /// order: bytes, pieces, and the bytes its socket holds
+    /// unacknowledged (decision 0034). Counted over the process's link, so
+    /// every communicator sharing it sees the same. Empty without lanes.
+    pub fn lane_stats(&self, peer: usize) -> Vec<crate::LaneStats> {
+        self.inner
+            .members
+            .get(peer)
+            .map_or_else(Vec::new, |&r| self.inner.world.transport.link_lane_stats(r))
+    }
+
     /// A handle to the same communicator whose ops use `timeout` instead of
     /// the configured default. Ops queue in one order whichever handle
     /// submits them.

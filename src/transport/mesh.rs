@@ -527,6 +527,13 @@ impl Transport for Mesh {
             .map_or(0, |link| link.plane.lanes())
     }
 
+    fn link_lane_stats(&self, peer: usize) -> Vec<crate::stats::LaneStats> {
+        self.hub
+            .peers
+            .ready(peer)
+            .map_or_else(Vec::new, |link| link.plane.lane_stats())
+    }
+
     fn name(&self) -> &'static str {
         self.hub.planes.name()
     }

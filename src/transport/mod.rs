@@ -230,6 +230,12 @@ pub(crate) trait Transport: Send + Sync {
         let _ = peer;
         0
     }
+    /// What each lane this rank writes to `peer` has carried (empty
+    /// without lanes, or no link yet).
+    fn link_lane_stats(&self, peer: usize) -> Vec<crate::stats::LaneStats> {
+        let _ = peer;
+        Vec::new()
+    }
     /// This rank starts op `seq` of communicator `comm_id` (a collective;
     /// or, `from` a peer's world rank, its `seq`-th point-to-point receive
     /// from that peer): frames of that op no longer count as run ahead

@@ -31,8 +31,8 @@ pub use aligned::AlignedBuf;
 pub use counting::CountingAllocator;
 #[cfg(target_os = "linux")]
 pub use engine::{
-    EngineConfig, FrameEngine, FrameKey, FrameSink, Lanes, LinkFault, MAX_FRAME_ALIGN, MAX_HEADER,
-    PayloadAt, Placement, Placements, SendResult, Sent, SharedFd,
+    EngineConfig, FrameEngine, FrameKey, FrameSink, LaneCounter, LaneCounters, Lanes, LinkFault,
+    MAX_FRAME_ALIGN, MAX_HEADER, PayloadAt, Placement, Placements, SendResult, Sent, SharedFd,
 };
 
 pub use memlock::{MemlockLimit, memlock};

@@ -165,6 +165,11 @@ pub(crate) trait LinkPlane: Send + Sync {
         0
     }
 
+    /// What each lane this end writes has carried (empty without lanes).
+    fn lane_stats(&self) -> Vec<crate::stats::LaneStats> {
+        Vec::new()
+    }
+
     /// What carries the link when it is not its socket's kind (`shm`).
     fn kind(&self) -> Option<&'static str> {
         None

@@ -9,6 +9,7 @@ use super::{
     send_stop,
 };
 use crate::error::Error;
+use crate::stats::LaneStats;
 use crate::transport::conn::Conn;
 use crate::transport::failure::{LinkFailure, Loss};
 use crate::transport::framing::padded_head;
@@ -16,8 +17,8 @@ use crate::transport::inbox::{Await, Inbox, Wake};
 use crate::transport::{AlignedBuf, Incoming, LinkError, PostedRecvs, Received};
 use crate::wire::{self, FrameKind, HEADER_LEN, Header};
 use ringwire_uring::{
-    EngineConfig, FrameEngine, FrameKey, FrameSink, Lanes, LinkFault, PayloadAt, Placement,
-    Placements, Sent, SharedFd,
+    EngineConfig, FrameEngine, FrameKey, FrameSink, LaneCounters, Lanes, LinkFault, PayloadAt,
+    Placement, Placements, Sent, SharedFd,
 };
 use std::io;
 use std::os::fd::AsRawFd;
@@ -95,6 +96,7 @@ impl Engine {
         drop(halves);
         let main: SharedFd = Arc::new(conn.into());
         let mut sockets = vec![main.clone()];
+        let mut counters = None;
         match lanes {
             Some(LaneConns { send, recv }) => {
                 for lane in send.iter().chain(&recv) {
@@ -107,8 +109,11 @@ impl Engine {
                 let (send, recv) = (shared(send), shared(recv));
                 sockets.extend(send.iter().chain(&recv).cloned());
                 let from = lane_from(send.len());
-                self.engine
-                    .add_link_with_lanes(peer, main, Lanes { send, recv, from });
+                counters = Some(self.engine.add_link_with_lanes(
+                    peer,
+                    main,
+                    Lanes { send, recv, from },
+                ));
             }
             None => self.engine.add_link(peer, main),
         }
@@ -117,6 +122,7 @@ impl Engine {
         Ok(Box::new(UringLink {
             engine: self.engine.clone(),
             sockets,
+            counters,
             write_timeout: config.write_timeout,
         }))
     }
@@ -146,6 +152,8 @@ impl Engine {
 struct UringLink {
     engine: Arc<FrameEngine>,
     sockets: Vec<SharedFd>,
+    /// What its send lanes have carried, as the engine counts.
+    counters: Option<LaneCounters>,
     write_timeout: Duration,
 }
 
@@ -338,6 +346,19 @@ impl LinkPlane for UringLink {
 
     fn lanes(&self) -> usize {
         (self.sockets.len() - 1) / 2
+    }
+
+    fn lane_stats(&self) -> Vec<LaneStats> {
+        let load = |a: &std::sync::atomic::AtomicU64| a.load(std::sync::atomic::Ordering::Relaxed);
+        self.counters
+            .iter()
+            .flat_map(|c| c.iter())
+            .map(|c| LaneStats {
+                bytes_sent: load(&c.bytes),
+                pieces_sent: load(&c.pieces),
+                unacked_bytes: load(&c.unacked),
+            })
+            .collect()
     }
 }
 

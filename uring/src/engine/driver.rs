@@ -13,8 +13,8 @@
 
 use super::lanes::{self, LaneLoad, PIECE_HEADER, PieceFit, PieceHeader};
 use super::{
-    Body, EngineConfig, FrameSink, Lanes, LinkFault, MAX_FRAME_ALIGN, MAX_HEADER, Outcome,
-    PlaceRequest, Queued, SendRequest, SharedFd,
+    Body, EngineConfig, FrameSink, LaneCounters, Lanes, LanesToInstall, LinkFault, MAX_FRAME_ALIGN,
+    MAX_HEADER, Outcome, PlaceRequest, Queued, SendRequest, SharedFd,
 };
 use crate::AlignedBuf;
 use io_uring::{IoUring, opcode, squeue, types};
@@ -275,6 +275,8 @@ struct LinkIo {
     recv_lanes: Vec<RecvLane>,
     /// What placement knows of each send lane.
     loads: Vec<LaneLoad>,
+    /// What each send lane has carried, for whoever added the link.
+    counters: Option<LaneCounters>,
     lane_from: usize,
     /// The payload of the laned frame in `sending`.
     spread: Option<Spread>,
@@ -422,8 +424,12 @@ impl LinkIo {
             return;
         }
         if self.send_lanes.len() > 1 {
-            for (lane, load) in self.send_lanes.iter().zip(&mut self.loads) {
-                load.observe(unacknowledged(&lane.socket));
+            for (i, (lane, load)) in self.send_lanes.iter().zip(&mut self.loads).enumerate() {
+                let unacked = unacknowledged(&lane.socket);
+                load.observe(unacked);
+                if let Some(c) = self.counters.as_ref().and_then(|c| c.get(i)) {
+                    c.unacked.store(unacked, Ordering::Relaxed);
+                }
             }
         }
         while s.next < s.len {
@@ -1118,7 +1124,7 @@ impl Driver {
         pushed
     }
 
-    fn install(&mut self, link: usize, socket: SharedFd, lanes: Option<Lanes>) {
+    fn install(&mut self, link: usize, socket: SharedFd, lanes: Option<LanesToInstall>) {
         let count = self.links.len();
         if link >= count {
             return;
@@ -1142,11 +1148,17 @@ impl Driver {
                 .flatten()
         };
         let max = self.max_lanes;
-        let Lanes { send, recv, from } = lanes.unwrap_or(Lanes {
-            send: Vec::new(),
-            recv: Vec::new(),
-            from: usize::MAX,
-        });
+        let (Lanes { send, recv, from }, counters) = match lanes {
+            Some((lanes, counters)) => (lanes, Some(counters)),
+            None => (
+                Lanes {
+                    send: Vec::new(),
+                    recv: Vec::new(),
+                    from: usize::MAX,
+                },
+                None,
+            ),
+        };
         let several = send.len() > 1;
         let send_lanes: Vec<SendLane> = send
             .into_iter()
@@ -1201,6 +1213,7 @@ impl Driver {
             socket,
             fixed,
             loads: vec![LaneLoad::default(); send_lanes.len()],
+            counters,
             lane_from: from,
             send_lanes,
             recv_lanes,
@@ -1847,11 +1860,18 @@ impl Driver {
         };
         piece.sent += result as usize;
         l.loads[lane].took(result as usize);
+        let counter = l.counters.as_ref().and_then(|c| c.get(lane));
+        if let Some(c) = counter {
+            c.bytes.fetch_add(result as u64, Ordering::Relaxed);
+        }
         if piece.sent < PIECE_HEADER + piece.len {
             return;
         }
         s.piece = None;
         l.loads[lane].finish();
+        if let Some(c) = counter {
+            c.pieces.fetch_add(1, Ordering::Relaxed);
+        }
         if let Some(spread) = &mut l.spread {
             spread.open -= 1;
         }

@@ -131,6 +131,25 @@ pub struct Lanes {
     pub from: usize,
 }
 
+/// What one send lane of a link has carried, updated by the engine as it
+/// goes (relaxed atomics: counters, not synchronisation).
+#[derive(Debug, Default)]
+pub struct LaneCounter {
+    /// Bytes the kernel took on the lane (piece headers included).
+    pub bytes: std::sync::atomic::AtomicU64,
+    /// Pieces wholly sent on it.
+    pub pieces: std::sync::atomic::AtomicU64,
+    /// Bytes its socket held unacknowledged when last looked at (before
+    /// a placement, with more than one lane): its queue depth.
+    pub unacked: std::sync::atomic::AtomicU64,
+}
+
+/// A link's send lanes' counters, in lane order.
+pub type LaneCounters = Arc<[LaneCounter]>;
+
+/// A link's lanes as queued for the driver, with the counters it keeps.
+pub(crate) type LanesToInstall = (Lanes, LaneCounters);
+
 /// A socket the engine shares with whoever handed it over: they keep a
 /// clone to shut it down (which ends what is in flight on it) without a
 /// duplicate descriptor, and it closes when both are done with it. A link
@@ -242,7 +261,7 @@ impl SendRequest {
 /// Work queued for the next driver turn.
 #[derive(Default)]
 pub(crate) struct Queued {
-    pub(crate) links: Vec<(usize, SharedFd, Option<Lanes>)>,
+    pub(crate) links: Vec<(usize, SharedFd, Option<LanesToInstall>)>,
     pub(crate) sends: Vec<SendRequest>,
     pub(crate) placements: Vec<PlaceRequest>,
     pub(crate) withdrawals: Vec<u64>,
@@ -436,10 +455,18 @@ impl FrameEngine {
     /// off that path (docs/decisions/0018), and several spread a link's
     /// payloads over more TCP streams, each piece to the lane with the
     /// fewest bytes yet to deliver (0034).
-    pub fn add_link_with_lanes(&self, link: usize, socket: SharedFd, lanes: Lanes) {
+    ///
+    /// Returns the send lanes' counters, which the engine keeps current.
+    pub fn add_link_with_lanes(&self, link: usize, socket: SharedFd, lanes: Lanes) -> LaneCounters {
+        let counters: LaneCounters = (0..lanes.send.len())
+            .map(|_| LaneCounter::default())
+            .collect();
         let mut st = lock(&self.state);
-        st.queued.links.push((link, socket, Some(lanes)));
+        st.queued
+            .links
+            .push((link, socket, Some((lanes, counters.clone()))));
         self.poke_if_driving(&st);
+        counters
     }
 
     /// The current generation; read it *before* checking a condition, then
