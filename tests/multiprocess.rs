@@ -329,6 +329,26 @@ fn child_rank() {
                 assert!(got.wait().unwrap().iter().all(|&x| x == world as i32));
                 assert_eq!(comm.stats().two_level_ops, before + 1, "rank {rank}");
             }
+            if let Ok(lanes) = std::env::var("RINGWIRE_TEST_EXPECT_LANES") {
+                // Links across namespaces have the lanes asked for, and
+                // every lane carried pieces of the sweep's large payloads
+                // (decision 0034); the portable transport has none.
+                let want = match comm.transport_name() {
+                    "uring" => lanes.parse().unwrap(),
+                    _ => 0,
+                };
+                let per_ns: usize =
+                    std::env::var("RINGWIRE_TEST_PER_NS").map_or(1, |v| v.parse().unwrap());
+                for q in (0..world).filter(|&q| q / per_ns != rank / per_ns) {
+                    assert_eq!(comm.link_lanes(q), want, "rank {rank} to {q}");
+                    let stats = comm.lane_stats(q);
+                    assert_eq!(stats.len(), want, "rank {rank} to {q}");
+                    assert!(
+                        stats.iter().all(|l| l.pieces_sent > 0),
+                        "rank {rank} to {q}: {stats:?}"
+                    );
+                }
+            }
             println!("CHILD-OK rank {rank}");
             return;
         }

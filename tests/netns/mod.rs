@@ -169,6 +169,20 @@ fn two_namespaces_of_two_ranks_share_memory_inside_and_tcp_across() {
     all_ran_the_sweep(two_hosts_of_two(&net, "netem", &extra));
 }
 
+/// Two namespaces of one rank, four TCP lanes each way (decision 0034):
+/// the sweep is right over a real veth hop with its large payloads in
+/// pieces, and every lane carried some.
+#[test]
+fn four_lanes_across_namespaces_carry_the_sweep() {
+    let Some(net) = try_net("w") else { return };
+    let extra = [
+        ("RINGWIRE_TCP_LANES", "4"),
+        ("RINGWIRE_TEST_EXPECT_LANES", "4"),
+    ];
+    let children: Vec<_> = (0..2).map(|r| spawn_in(&net, r, "netem", &extra)).collect();
+    all_ran_the_sweep(children);
+}
+
 /// Ranks 0 and 1 in the first namespace, 2 and 3 in the second.
 fn two_hosts_of_two(net: &TestNet, mode: &str, extra: &[(&str, &str)]) -> Vec<Child> {
     (0..4)
