@@ -420,7 +420,9 @@ impl LinkIo {
         let (Some(req), Some(s)) = (&self.sending, &mut self.spread) else {
             return;
         };
-        if req.sent < req.lead() || s.next == s.len {
+        // With every lane busy nothing can be placed: spare the looks.
+        let all_busy = self.loads.iter().all(LaneLoad::is_busy);
+        if req.sent < req.lead() || s.next == s.len || all_busy {
             return;
         }
         if self.send_lanes.len() > 1 {
@@ -1455,38 +1457,34 @@ impl Driver {
             Rx::Laned { dest, .. } => Some(dest.base()),
             _ => None,
         };
-        {
-            for (i, lane) in l.recv_lanes.iter_mut().enumerate() {
-                // Between laned frames only a piece being read ahead is.
-                let reading = base.is_some() || matches!(lane.rx, LaneRx::Ahead { .. });
-                if lane.in_flight || !reading {
-                    continue;
-                }
-                let (ptr, len) = match &mut lane.rx {
-                    LaneRx::Header {
-                        got: PIECE_HEADER, ..
-                    } => continue, // waits for its frame
-                    LaneRx::Header { bytes, got } => {
-                        (bytes[*got..].as_mut_ptr(), PIECE_HEADER - *got)
-                    }
-                    LaneRx::Body { offset, len, got } => {
-                        let base = base.expect("a piece of the current frame");
-                        (base.wrapping_add(*offset + *got), *len - *got)
-                    }
-                    LaneRx::Ahead { buf, got, .. } => {
-                        let rest = &mut buf.bytes_mut()[*got..];
-                        (rest.as_mut_ptr(), rest.len())
-                    }
-                };
-                let len = len.min(u32::MAX as usize) as u32;
-                let entry = match lane.fixed {
-                    Some(f) => opcode::Recv::new(types::Fixed(f), ptr, len),
-                    None => opcode::Recv::new(types::Fd(lane.socket.as_raw_fd()), ptr, len),
-                };
-                let what = lane_tag(RECV, link, 1 + i);
-                let entry = entry.flags(libc::MSG_WAITALL).build().user_data(what);
-                lane_entries.push((entry, what));
+        for (i, lane) in l.recv_lanes.iter_mut().enumerate() {
+            // Between laned frames only a piece being read ahead is.
+            let reading = base.is_some() || matches!(lane.rx, LaneRx::Ahead { .. });
+            if lane.in_flight || !reading {
+                continue;
             }
+            let (ptr, len) = match &mut lane.rx {
+                LaneRx::Header {
+                    got: PIECE_HEADER, ..
+                } => continue, // waits for its frame
+                LaneRx::Header { bytes, got } => (bytes[*got..].as_mut_ptr(), PIECE_HEADER - *got),
+                LaneRx::Body { offset, len, got } => {
+                    let base = base.expect("a piece of the current frame");
+                    (base.wrapping_add(*offset + *got), *len - *got)
+                }
+                LaneRx::Ahead { buf, got, .. } => {
+                    let rest = &mut buf.bytes_mut()[*got..];
+                    (rest.as_mut_ptr(), rest.len())
+                }
+            };
+            let len = len.min(u32::MAX as usize) as u32;
+            let entry = match lane.fixed {
+                Some(f) => opcode::Recv::new(types::Fixed(f), ptr, len),
+                None => opcode::Recv::new(types::Fd(lane.socket.as_raw_fd()), ptr, len),
+            };
+            let what = lane_tag(RECV, link, 1 + i);
+            let entry = entry.flags(libc::MSG_WAITALL).build().user_data(what);
+            lane_entries.push((entry, what));
         }
         if let Some(entry) = recv {
             // SAFETY: the receive writes into this link's boxed staging
@@ -1733,7 +1731,11 @@ impl Driver {
             }
         };
         let outcome = match whole {
-            Ok(true) => finish_laned(l, link, header_len, frame_align, sink, finished),
+            Ok(true) => {
+                // Whole: then the frames behind its header.
+                hand_over_laned(l, link, header_len, sink, finished);
+                cut_frames(l, link, header_len, frame_align, sink, finished)
+            }
             Ok(false) => Ok(()),
             Err(reason) => Err(reason),
         };
@@ -1943,16 +1945,15 @@ impl Driver {
     }
 }
 
-/// The laned frame being received is whole: hands it over, then cuts the
-/// frames behind its header out of the staging buffer.
-fn finish_laned(
+/// The laned frame being received is whole: hands it to its waiting
+/// caller or the sink, and the link's socket is read on.
+fn hand_over_laned(
     l: &mut LinkIo,
     link: usize,
     header_len: usize,
-    frame_align: usize,
     sink: &dyn FrameSink,
     finished: &mut Vec<(u64, Outcome)>,
-) -> Result<(), String> {
+) {
     let Rx::Laned { head, dest, .. } = std::mem::replace(&mut l.rx, Rx::Staging) else {
         unreachable!("called with a laned frame whole")
     };
@@ -1961,7 +1962,6 @@ fn finish_laned(
         Dest::Target(target) => finished.push((target.id, Outcome::Placed(head))),
         Dest::Buf(buf) => sink.frame(link, &head[..header_len], buf),
     }
-    cut_frames(l, link, header_len, frame_align, sink, finished)
 }
 
 /// Cuts whole frames out of `l`'s staging buffer: small ones to the sink
@@ -2039,15 +2039,7 @@ fn cut_frames(
                 Ok(false) => break,
                 // Whole already: hand it over and cut on.
                 Ok(true) => {
-                    let Rx::Laned { head, dest, .. } = std::mem::replace(&mut l.rx, Rx::Staging)
-                    else {
-                        unreachable!()
-                    };
-                    l.recv_frames = l.recv_frames.wrapping_add(1);
-                    match dest {
-                        Dest::Target(target) => finished.push((target.id, Outcome::Placed(head))),
-                        Dest::Buf(buf) => sink.frame(link, &head[..header_len], buf),
-                    }
+                    hand_over_laned(l, link, header_len, sink, finished);
                     continue;
                 }
                 Err(reason) => {
