@@ -24,6 +24,13 @@ pub struct LaneStats {
     /// Bytes its socket held unacknowledged when last looked at (before a
     /// placement; links with more than one lane only): its queue depth.
     pub unacked_bytes: u64,
+    /// Sends by SEND_ZC: each lane tries one for its first large piece and
+    /// keeps to it while the kernel reports it sent in place.
+    pub zero_copy_sends: u64,
+    /// SEND_ZC sends the kernel reported it copied after all (loopback,
+    /// veth, a NIC without the offload): the lane's fallbacks to plain
+    /// sends.
+    pub copied_sends: u64,
 }
 
 /// A snapshot of a communicator's counters.

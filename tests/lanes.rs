@@ -56,6 +56,13 @@ fn every_collective_is_right_over_1_2_4_and_8_lanes() {
                         lane.pieces_sent > 0 && lane.bytes_sent >= lane.pieces_sent * 16,
                         "{lanes} lanes, rank {rank} to {peer}, lane {i}: {stats:?}"
                     );
+                    // Each lane tried SEND_ZC once; loopback copies, the
+                    // kernel said so, and the lane sent plainly after.
+                    assert_eq!(
+                        (lane.zero_copy_sends, lane.copied_sends),
+                        (1, 1),
+                        "{lanes} lanes, rank {rank} to {peer}, lane {i}: {stats:?}"
+                    );
                 }
             }
         }

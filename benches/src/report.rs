@@ -130,7 +130,8 @@ pub(crate) fn format_row(r: &Row) -> String {
 
 /// The line under the table on how a link's lanes shared its bytes
 /// (decision 0034): each lane's share of the bytes, its pieces and the
-/// bytes it last held unacknowledged. `None` without lanes.
+/// bytes it last held unacknowledged; then the lanes' SEND_ZC sends and
+/// how many the kernel copied after all. `None` without lanes.
 pub(crate) fn lane_shares(stats: &[ringwire::LaneStats]) -> Option<String> {
     let total: u64 = stats.iter().map(|l| l.bytes_sent).sum();
     if stats.is_empty() || total == 0 {
@@ -145,6 +146,9 @@ pub(crate) fn lane_shares(stats: &[ringwire::LaneStats]) -> Option<String> {
             l.pieces_sent, l.unacked_bytes
         );
     }
+    let zero_copy: u64 = stats.iter().map(|l| l.zero_copy_sends).sum();
+    let copied: u64 = stats.iter().map(|l| l.copied_sends).sum();
+    let _ = write!(line, "; {zero_copy} SEND_ZC sends, {copied} copied");
     Some(line)
 }
 
@@ -306,13 +310,15 @@ mod tests {
             bytes_sent,
             pieces_sent,
             unacked_bytes,
+            zero_copy_sends: 1,
+            copied_sends: 1,
         };
         assert_eq!(lane_shares(&[lane(0, 0, 0)]), None, "nothing laned yet");
         let line = lane_shares(&[lane(300, 3, 0), lane(100, 1, 4096)]).unwrap();
         assert_eq!(
             line,
             "2 lanes carried 400 B: lane 0 75.0% (3 pieces, 0 B unacked) \
-             lane 1 25.0% (1 pieces, 4096 B unacked)"
+             lane 1 25.0% (1 pieces, 4096 B unacked); 2 SEND_ZC sends, 2 copied"
         );
     }
 

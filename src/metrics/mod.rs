@@ -38,7 +38,9 @@ mod server;
 
 pub use server::server_addr;
 
-use crate::stats::{Counters, FAILURE_KINDS, LATENCY_BOUNDS_NS, OpCounters, StatsRecorder};
+use crate::stats::{
+    Counters, FAILURE_KINDS, LATENCY_BOUNDS_NS, LaneStats, OpCounters, StatsRecorder,
+};
 use crate::wire::OpKind;
 use crate::world::World;
 use prometheus_client::collector::Collector;
@@ -111,6 +113,11 @@ impl Source {
             .filter(|&peer| peer != self.rank)
             .filter_map(|peer| Some((peer, transport.link_kind(self.members[peer])?)))
             .collect();
+        let lanes = (0..self.members.len())
+            .filter(|&peer| peer != self.rank)
+            .map(|peer| (peer, transport.link_lane_stats(self.members[peer])))
+            .filter(|(_, lanes)| !lanes.is_empty())
+            .collect();
         Sample {
             rank: self.rank,
             comm: format!("{:016x}", self.comm_id),
@@ -119,6 +126,7 @@ impl Source {
             held_ahead_peak: peak as u64,
             inboxes: transport.inboxes() as u64,
             links,
+            lanes,
         }
     }
 }
@@ -135,6 +143,8 @@ pub(crate) struct Sample {
     inboxes: u64,
     /// (peer rank, link kind) for each peer with a link up.
     links: Vec<(usize, &'static str)>,
+    /// (peer rank, its link's send lanes) for each link with lanes.
+    lanes: Vec<(usize, Vec<LaneStats>)>,
 }
 
 /// Every live communicator's metrics in this process, in the Prometheus
@@ -183,6 +193,48 @@ fn base(s: &Sample) -> Base<'_> {
 struct Samples(Vec<Sample>);
 
 type OpCounter = (&'static str, &'static str, fn(&OpCounters) -> u64);
+
+type LaneCounter = (
+    &'static str,
+    &'static str,
+    MetricType,
+    fn(&LaneStats) -> u64,
+);
+
+/// Each send lane's numbers (decision 0034): of the process's link to the
+/// peer, which every communicator over that link shares.
+const LANE_COUNTERS: [LaneCounter; 5] = [
+    (
+        "lane_bytes_sent",
+        "Bytes the kernel took on a send lane of the link to a peer (piece headers          included); the link is the process's, shared by its communicators.",
+        MetricType::Counter,
+        |l| l.bytes_sent,
+    ),
+    (
+        "lane_pieces_sent",
+        "Pieces of payloads wholly sent on a send lane.",
+        MetricType::Counter,
+        |l| l.pieces_sent,
+    ),
+    (
+        "lane_zero_copy_sends",
+        "Sends on a send lane by SEND_ZC (zero-copy).",
+        MetricType::Counter,
+        |l| l.zero_copy_sends,
+    ),
+    (
+        "lane_copied_sends",
+        "SEND_ZC sends on a send lane that the kernel reported it copied after all: the          lane's fallbacks to plain sends.",
+        MetricType::Counter,
+        |l| l.copied_sends,
+    ),
+    (
+        "lane_unacked_bytes",
+        "Bytes a send lane's socket held unacknowledged when last looked at (links with          more than one lane): its queue depth.",
+        MetricType::Gauge,
+        |l| l.unacked_bytes,
+    ),
+];
 
 const OP_COUNTERS: [OpCounter; 4] = [
     ("ops", "Ops completed, by op kind.", |c| c.ops),
@@ -301,6 +353,24 @@ impl Collector for Samples {
                     .encode_info(&([("peer", peer)], [("kind", kind)]))?;
             }
         }
+
+        for (name, help, ty, value) in LANE_COUNTERS {
+            let mut metric = encoder.encode_descriptor(name, help, None, ty)?;
+            for s in &self.0 {
+                for (peer, lanes) in &s.lanes {
+                    for (lane, stats) in lanes.iter().enumerate() {
+                        let labels = (base(s), [("peer", *peer), ("lane", lane)]);
+                        let mut family = metric.encode_family(&labels)?;
+                        match ty {
+                            MetricType::Gauge => family.encode_gauge(&value(stats))?,
+                            _ => {
+                                family.encode_counter::<NoLabelSet, _, u64>(&value(stats), None)?
+                            }
+                        }
+                    }
+                }
+            }
+        }
         Ok(())
     }
 }
@@ -313,6 +383,19 @@ mod tests {
     use std::time::Duration;
 
     fn sample(rank: usize, recorder: &StatsRecorder, links: Vec<(usize, &'static str)>) -> Sample {
+        // The TCP links have two lanes.
+        let lane = |i: u64| LaneStats {
+            bytes_sent: 1000 * i,
+            pieces_sent: i,
+            unacked_bytes: 64 * i,
+            zero_copy_sends: 1,
+            copied_sends: i - 1,
+        };
+        let lanes = links
+            .iter()
+            .filter(|(_, kind)| *kind == "tcp")
+            .map(|&(peer, _)| (peer, vec![lane(1), lane(2)]))
+            .collect();
         Sample {
             rank,
             comm: format!("{:016x}", 0xabcu64),
@@ -321,6 +404,7 @@ mod tests {
             held_ahead_peak: 9,
             inboxes: 2,
             links,
+            lanes,
         }
     }
 
@@ -380,6 +464,11 @@ mod tests {
             "ringwire_held_ahead_peak_bytes gauge",
             "ringwire_inboxes gauge",
             "ringwire_link_info gauge",
+            "ringwire_lane_bytes_sent_total counter",
+            "ringwire_lane_pieces_sent_total counter",
+            "ringwire_lane_zero_copy_sends_total counter",
+            "ringwire_lane_copied_sends_total counter",
+            "ringwire_lane_unacked_bytes gauge",
         ] {
             let ty = format!("# TYPE {name}\n");
             assert_eq!(text.matches(&ty).count(), 1, "{name}:\n{text}");
@@ -470,6 +559,20 @@ mod tests {
         assert!(
             !text.contains(&format!("ringwire_link_info{{{r0}")),
             "{text}"
+        );
+        let lane = |name: &str, lane: usize| {
+            at(&format!(
+                r#"ringwire_lane_{name}{{{r1},peer="2",lane="{lane}"}}"#
+            ))
+        };
+        assert_eq!(lane("bytes_sent_total", 1), 2000.0);
+        assert_eq!(lane("pieces_sent_total", 0), 1.0);
+        assert_eq!(lane("zero_copy_sends_total", 1), 1.0);
+        assert_eq!(lane("copied_sends_total", 1), 1.0);
+        assert_eq!(lane("unacked_bytes", 1), 128.0);
+        assert!(
+            !text.contains(r#"peer="0",lane="#),
+            "a Unix link has no lanes"
         );
         // Rank 0's series come before rank 1's.
         let first = |r: &str| text.find(&format!("ringwire_ops_total{{{r}")).unwrap();

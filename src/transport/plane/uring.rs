@@ -25,8 +25,9 @@ use std::os::fd::AsRawFd;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// Payloads from this size try SEND_ZC, once per link: the kernel's report
-/// says whether it sent in place, and links where it copied (loopback,
+/// Payloads (and lanes' pieces) from this size try SEND_ZC, once per
+/// connection (a link's socket, each send lane): the kernel's report says
+/// whether it sent in place, and connections where it copied (loopback,
 /// veth, NICs without offload; every link here) send plainly from then on.
 /// The kernel's MSG_ZEROCOPY notes put the break-even near 10 KB; this
 /// stays above it because an in-place send completes only at the
@@ -67,6 +68,7 @@ impl Engine {
             frame_align: wire::FRAME_ALIGN,
             staging: STAGING_BYTES,
             zero_copy_from: Some(ZERO_COPY_FROM),
+            zero_copy_always: false,
             spin,
             max_lanes: usize::from(wire::MAX_LANES),
         })?;
@@ -357,6 +359,8 @@ impl LinkPlane for UringLink {
                 bytes_sent: load(&c.bytes),
                 pieces_sent: load(&c.pieces),
                 unacked_bytes: load(&c.unacked),
+                zero_copy_sends: load(&c.zero_copy_sends),
+                copied_sends: load(&c.copied_sends),
             })
             .collect()
     }

@@ -11,6 +11,7 @@
 //! waiting until the completion has been recorded.
 #![allow(unsafe_code)]
 
+use super::head_slots::{HEAD_SLOTS, HeadSlots};
 use super::lanes::{self, LaneLoad, PIECE_HEADER, PieceFit, PieceHeader};
 use super::{
     Body, EngineConfig, FrameSink, LaneCounters, Lanes, LanesToInstall, LinkFault, MAX_FRAME_ALIGN,
@@ -38,9 +39,11 @@ unsafe impl Send for SendRequest {}
 // `FrameEngine::receive_in_place`.
 unsafe impl Send for PlaceRequest {}
 
-/// What a completion is for: the low byte of `user_data`; the next byte is
-/// the connection of the link (0: its main one; `1 + i`: lane `i`), and
-/// the link is above that.
+/// What a completion is for: the low four bits of `user_data`; the next
+/// four name a send lane's header slot (`HeadSlots`), the next byte the
+/// connection of the link (0: its main one; `1 + i`: lane `i`), and the
+/// link is above that.
+const KIND: u64 = 0x0f;
 const RECV: u64 = 1;
 const SEND: u64 = 2;
 const WAKE: u64 = 3;
@@ -98,6 +101,13 @@ fn tag(kind: u64, link: usize) -> u64 {
 /// `tag` for a link's connection `conn` (0: main; `1 + i`: lane `i`).
 fn lane_tag(kind: u64, link: usize, conn: usize) -> u64 {
     kind | ((conn as u64) << 8) | ((link as u64) << 16)
+}
+
+/// `lane_tag` for a send of the piece in header slot `slot`: a SEND_ZC's
+/// notification names the slot whose bytes the kernel let go.
+fn piece_tag(link: usize, conn: usize, slot: usize) -> u64 {
+    const _: () = assert!(HEAD_SLOTS <= 16, "a slot fits in four bits");
+    lane_tag(SEND, link, conn) | ((slot as u64) << 4)
 }
 
 /// A send lane's socket holds at most about this many bytes not yet sent
@@ -160,15 +170,27 @@ struct SendLane {
     fixed: Option<u32>,
     in_flight: bool,
     owner: Option<ThreadId>,
-    /// The piece being written; it stays here (not moved) while in flight.
+    /// The `user_data` of the send in flight (its cancel names it).
+    posted: u64,
+    /// The send in flight is a SEND_ZC (not cancelled: its notification
+    /// must still come).
+    posted_zero_copy: bool,
+    /// The piece being written.
     piece: Option<OutPiece>,
+    /// Piece headers, each kept in place until the kernel is done with it
+    /// (`slots` says when: after its send, or its SEND_ZCs' notifications).
+    heads: Box<[[u8; PIECE_HEADER]; HEAD_SLOTS]>,
+    slots: HeadSlots,
+    /// Whether this lane's large pieces go zero-copy (probed per lane).
+    zero_copy: ZeroCopy,
     msg: Box<libc::msghdr>,
     iov: Box<[libc::iovec; 2]>,
 }
 
 /// A piece of a laned frame's payload, on its way out.
 struct OutPiece {
-    head: [u8; PIECE_HEADER],
+    /// Its header's slot in the lane's `heads`.
+    slot: usize,
     /// Where in the payload, and how many bytes.
     offset: usize,
     len: usize,
@@ -182,7 +204,7 @@ impl SendLane {
     fn describe(&mut self, payload: *const u8) {
         let Some(p) = &self.piece else { return };
         let parts = [
-            (p.head.as_ptr(), PIECE_HEADER),
+            (self.heads[p.slot].as_ptr(), PIECE_HEADER),
             (payload.wrapping_add(p.offset), p.len),
         ];
         let mut n = 0;
@@ -215,6 +237,8 @@ struct RecvLane {
     /// A piece of a later frame, read ahead whole, waiting for its frame
     /// (`LaneRx::Ahead`). A lane holding one reads no further.
     ahead: Option<(PieceHeader, AlignedBuf)>,
+    /// The peer closed the lane between pieces: it is read no more.
+    ended: bool,
 }
 
 enum LaneRx {
@@ -280,6 +304,10 @@ struct LinkIo {
     lane_from: usize,
     /// The payload of the laned frame in `sending`.
     spread: Option<Spread>,
+    /// Laned frames wholly sent whose SEND_ZC notifications some lane still
+    /// owes (by frame count): their callers wait on the side while the next
+    /// frame goes (`HeadSlots`).
+    notified_later: Vec<(u32, SendRequest)>,
     /// Laned frames begun on this link, each way (wrapping): a piece
     /// header names its frame by this count.
     sent_frames: u32,
@@ -395,7 +423,9 @@ impl LinkIo {
     }
 
     /// The send in `sending`, if it is done: a plain one once its bytes
-    /// are out, a laned one once its head and every piece are.
+    /// are out, a laned one once its head and every piece are and no lane
+    /// owes a notification of it. One whose pieces are out but owed
+    /// notifications moves to `notified_later`, so the next frame can go.
     fn take_finished_send(&mut self) -> Option<SendRequest> {
         let req = self.sending.as_ref()?;
         if req.sent < req.main_end() {
@@ -406,9 +436,26 @@ impl LinkIo {
             if s.next < s.len || s.open > 0 {
                 return None;
             }
+            let frame = s.frame;
             self.spread = None;
+            if self.send_lanes.iter().any(|l| l.slots.holds(frame)) {
+                let req = self.sending.take().expect("checked");
+                self.notified_later.push((frame, req));
+                return None;
+            }
         }
         self.sending.take()
+    }
+
+    /// A laned frame waiting in `notified_later` that no lane owes a
+    /// notification of any more, if there is one.
+    fn take_notified(&mut self) -> Option<SendRequest> {
+        let lanes = &self.send_lanes;
+        let i = self
+            .notified_later
+            .iter()
+            .position(|(frame, _)| !lanes.iter().any(|l| l.slots.holds(*frame)))?;
+        Some(self.notified_later.swap_remove(i).1)
     }
 
     /// Hands pieces of the laned send's payload to lanes, each to the lane
@@ -439,13 +486,20 @@ impl LinkIo {
             let Some(i) = lanes::pick_lane(&self.loads) else {
                 break;
             };
+            // A lane whose header slots are all owed notifications is
+            // waited for like a busy one; a notification wakes the driver.
+            let lane = &mut self.send_lanes[i];
+            let Some(slot) = lane.slots.take(s.frame) else {
+                break;
+            };
             let head = PieceHeader {
                 frame: s.frame,
                 len: len as u32,
                 offset: s.next as u64,
             };
-            self.send_lanes[i].piece = Some(OutPiece {
-                head: head.encode(),
+            lane.heads[slot] = head.encode();
+            lane.piece = Some(OutPiece {
+                slot,
                 offset: s.next,
                 len,
                 sent: 0,
@@ -544,7 +598,14 @@ impl LinkIo {
             }
             self.fit_lane(i, sink)?;
         }
-        Ok(matches!(self.rx, Rx::Laned { len, got, .. } if got == len))
+        let whole = matches!(self.rx, Rx::Laned { len, got, .. } if got == len);
+        if !whole && self.recv_lanes.iter().all(|lane| lane.ended) {
+            return Err(format!(
+                "laned frame #{} began after the peer had closed every lane",
+                self.recv_frames
+            ));
+        }
+        Ok(whole)
     }
 
     /// Shuts every socket of the link down, which ends what is in flight on them.
@@ -672,12 +733,13 @@ pub(crate) struct Driver {
     pub(crate) spare: Queued,
     /// Sends with at least this many bytes left try SEND_ZC.
     zero_copy_from: Option<usize>,
+    zero_copy_always: bool,
     /// How long a driver polls before it sleeps.
     spin: Duration,
     /// Lanes a link may have each way (their slots in the file table).
     max_lanes: usize,
     /// Lane entries built in `post_entries` (kept to reuse its storage).
-    lane_entries: Vec<(squeue::Entry, u64)>,
+    lane_entries: Vec<(squeue::Entry, u64, bool)>,
 }
 
 // SAFETY: the raw pointers in `msghdr`/`iovec` point into this driver's own
@@ -744,6 +806,7 @@ impl Driver {
             finished: Vec::new(),
             spare: Queued::default(),
             zero_copy_from: config.zero_copy_from,
+            zero_copy_always: config.zero_copy_always,
             spin: config.spin,
             max_lanes: config.max_lanes,
             lane_entries: Vec::new(),
@@ -963,10 +1026,7 @@ impl Driver {
                 cancels.push(tag(RECV, link));
             }
             // A SEND_ZC is left alone: its notification must still come.
-            if l.send_in_flight
-                && l.send_owner == me
-                && matches!(l.zero_copy, ZeroCopy::Untried | ZeroCopy::Off)
-            {
+            if l.send_in_flight && l.send_owner == me && !l.send_zero_copy {
                 cancels.push(tag(SEND, link));
             }
             for (i, lane) in l.recv_lanes.iter().enumerate() {
@@ -974,9 +1034,9 @@ impl Driver {
                     cancels.push(lane_tag(RECV, link, 1 + i));
                 }
             }
-            for (i, lane) in l.send_lanes.iter().enumerate() {
-                if lane.in_flight && lane.owner == me {
-                    cancels.push(lane_tag(SEND, link, 1 + i));
+            for lane in &l.send_lanes {
+                if lane.in_flight && lane.owner == me && !lane.posted_zero_copy {
+                    cancels.push(lane.posted);
                 }
             }
         }
@@ -985,7 +1045,7 @@ impl Driver {
         }
         let mine = |d: &Driver, what: u64| {
             let (link, conn) = ((what >> 16) as usize, ((what >> 8) & 0xff) as usize);
-            match what & 0xff {
+            match what & KIND {
                 WAKE => d.wake_in_flight && d.wake_owner == me,
                 RECV => d.links[link].as_ref().is_some_and(|l| l.receiving(conn)),
                 _ => d.links[link].as_ref().is_some_and(|l| l.sending_on(conn)),
@@ -1175,7 +1235,12 @@ impl Driver {
                     socket,
                     in_flight: false,
                     owner: None,
+                    posted: 0,
+                    posted_zero_copy: false,
                     piece: None,
+                    heads: Box::new([[0; PIECE_HEADER]; HEAD_SLOTS]),
+                    slots: HeadSlots::default(),
+                    zero_copy: ZeroCopy::Untried,
                     // SAFETY: `msghdr` is plain old data; all-zero is its empty value.
                     msg: Box::new(unsafe { std::mem::zeroed() }),
                     iov: Box::new(
@@ -1198,6 +1263,7 @@ impl Driver {
                 owner: None,
                 rx: LaneRx::EMPTY,
                 ahead: None,
+                ended: false,
             })
             .collect();
         // Links are made once; a replaced one with entries in flight is
@@ -1207,6 +1273,7 @@ impl Driver {
                 || old.send_in_flight
                 || old.lanes_sending()
                 || old.lanes_receiving()
+                || old.send_lanes.iter().any(|l| l.slots.owed())
             {
                 std::mem::forget(old);
             }
@@ -1220,6 +1287,7 @@ impl Driver {
             send_lanes,
             recv_lanes,
             spread: None,
+            notified_later: Vec::new(),
             sent_frames: 0,
             recv_frames: 0,
             staging: vec![0u8; self.staging].into_boxed_slice(),
@@ -1439,18 +1507,34 @@ impl Driver {
         if let Some(payload) = l.spread.as_ref().map(|s| s.payload) {
             l.place_pieces();
             for (i, lane) in l.send_lanes.iter_mut().enumerate() {
-                if lane.in_flight || lane.piece.is_none() {
+                let Some(piece) = lane.piece.as_ref().filter(|_| !lane.in_flight) else {
                     continue;
-                }
+                };
+                let left = PIECE_HEADER + piece.len - piece.sent;
+                let what = piece_tag(link, 1 + i, piece.slot);
+                let zero_copy = self.zero_copy_from.is_some_and(|from| left >= from)
+                    && matches!(lane.zero_copy, ZeroCopy::Untried | ZeroCopy::On);
                 lane.describe(payload);
                 let msg: *const libc::msghdr = &*lane.msg;
                 let flags = (libc::MSG_WAITALL | libc::MSG_NOSIGNAL) as u32;
-                let entry = match lane.fixed {
-                    Some(f) => opcode::SendMsg::new(types::Fixed(f), msg),
-                    None => opcode::SendMsg::new(types::Fd(lane.socket.as_raw_fd()), msg),
+                let fd = lane.socket.as_raw_fd();
+                let entry = match (zero_copy, lane.fixed) {
+                    (false, Some(f)) => opcode::SendMsg::new(types::Fixed(f), msg)
+                        .flags(flags)
+                        .build(),
+                    (false, None) => opcode::SendMsg::new(types::Fd(fd), msg)
+                        .flags(flags)
+                        .build(),
+                    (true, Some(f)) => opcode::SendMsgZc::new(types::Fixed(f), msg)
+                        .flags(flags)
+                        .ioprio(SEND_ZC_REPORT_USAGE)
+                        .build(),
+                    (true, None) => opcode::SendMsgZc::new(types::Fd(fd), msg)
+                        .flags(flags)
+                        .ioprio(SEND_ZC_REPORT_USAGE)
+                        .build(),
                 };
-                let what = lane_tag(SEND, link, 1 + i);
-                lane_entries.push((entry.flags(flags).build().user_data(what), what));
+                lane_entries.push((entry.user_data(what), what, zero_copy));
             }
         }
         let base = match &mut l.rx {
@@ -1460,7 +1544,7 @@ impl Driver {
         for (i, lane) in l.recv_lanes.iter_mut().enumerate() {
             // Between laned frames only a piece being read ahead is.
             let reading = base.is_some() || matches!(lane.rx, LaneRx::Ahead { .. });
-            if lane.in_flight || !reading {
+            if lane.in_flight || !reading || lane.ended {
                 continue;
             }
             let (ptr, len) = match &mut lane.rx {
@@ -1484,7 +1568,7 @@ impl Driver {
             };
             let what = lane_tag(RECV, link, 1 + i);
             let entry = entry.flags(libc::MSG_WAITALL).build().user_data(what);
-            lane_entries.push((entry, what));
+            lane_entries.push((entry, what, false));
         }
         if let Some(entry) = recv {
             // SAFETY: the receive writes into this link's boxed staging
@@ -1512,13 +1596,16 @@ impl Driver {
                 l.send_zero_copy = zero_copy;
             }
         }
-        for (entry, what) in lane_entries.drain(..) {
+        for (entry, what, zero_copy) in lane_entries.drain(..) {
             // SAFETY: a lane's send names its boxed `msghdr`/`iovec`, which
-            // describe its piece's header (held in the lane, which the link's
-            // box keeps in place) and a range of the laned send's payload,
-            // borrowed from a caller parked until the send finishes, which it
-            // does only once no piece is in flight (`take_finished_send`,
-            // `fail_dead_work`). A lane's receive writes into its piece
+            // describe its piece's header (in a boxed slot of the lane,
+            // not rewritten until `HeadSlots` frees it: after the send, or
+            // a SEND_ZC's notifications) and a range of the laned send's
+            // payload, borrowed from a caller parked until the send
+            // finishes, which it does only once no piece is in flight and
+            // no lane owes a notification of it (`take_finished_send`,
+            // `take_notified`), or the link failed (`fail_dead_work`). A
+            // lane's receive writes into its piece
             // header's bytes (in the lane, likewise) or into the laned
             // frame's destination at an offset `fit_piece` checked against
             // its length: a pooled buffer the driver owns, or a placement
@@ -1528,9 +1615,14 @@ impl Driver {
                 let conn = ((what >> 8) & 0xff) as usize - 1;
                 let me = self.me;
                 let l = self.links[link].as_mut().expect("link present");
-                let (in_flight, owner) = match what & 0xff {
+                let (in_flight, owner) = match what & KIND {
                     SEND => {
                         let lane = &mut l.send_lanes[conn];
+                        lane.posted = what;
+                        lane.posted_zero_copy = zero_copy;
+                        if zero_copy && lane.zero_copy == ZeroCopy::Untried {
+                            lane.zero_copy = ZeroCopy::Probing;
+                        }
                         (&mut lane.in_flight, &mut lane.owner)
                     }
                     _ => {
@@ -1558,12 +1650,16 @@ impl Driver {
         for &(user_data, result, flags) in &batch {
             let link = (user_data >> 16) as usize;
             let conn = ((user_data >> 8) & 0xff) as usize;
-            match (user_data & 0xff, conn) {
+            let slot = ((user_data >> 4) & 0x0f) as usize;
+            match (user_data & KIND, conn) {
                 (WAKE, _) => self.wake_in_flight = false,
                 (RECV, 0) => self.received(link, result, sink, finished),
                 (SEND, 0) => self.sent(link, result, flags, sink, finished),
                 (RECV, lane) => self.lane_received(link, lane - 1, result, sink, finished),
-                (SEND, lane) => self.lane_sent(link, lane - 1, result, sink, finished),
+                (SEND, lane) => {
+                    let done = (lane - 1, slot);
+                    self.lane_sent(link, done, result, flags, sink, finished)
+                }
                 _ => {}
             }
             if link < self.links.len() {
@@ -1683,6 +1779,18 @@ impl Driver {
             return;
         };
         r.in_flight = false;
+        // A peer that is done closes its lanes with its link, and one lane
+        // may end, between pieces, while others still bring the frame
+        // being received: the link fails only once every lane has ended
+        // (or when the link's own socket ends, read once the frame is in).
+        let between_pieces = matches!(r.rx, LaneRx::Header { got: 0, .. }) && r.ahead.is_none();
+        if result == 0 && between_pieces && l.dead.is_none() {
+            r.ended = true;
+            if l.recv_lanes.iter().all(|r| r.ended) {
+                self.fail(link, LinkFault::Closed, sink);
+            }
+            return;
+        }
         let Some(n) = self.bytes_received(link, result, sink) else {
             return;
         };
@@ -1752,6 +1860,7 @@ impl Driver {
         sink: &dyn FrameSink,
         finished: &mut Vec<(u64, Outcome)>,
     ) {
+        let always = self.zero_copy_always;
         let Some(l) = self.links.get_mut(link).and_then(|l| l.as_mut()) else {
             return;
         };
@@ -1768,7 +1877,10 @@ impl Driver {
             let copied = result as u32 & NOTIF_USAGE_ZC_COPIED != 0;
             let result = l.zc_result.take().unwrap_or(0);
             if was_probing && result >= 0 {
-                l.zero_copy = if copied { ZeroCopy::Off } else { ZeroCopy::On };
+                l.zero_copy = match copied && !always {
+                    true => ZeroCopy::Off,
+                    false => ZeroCopy::On,
+                };
                 tracing::debug!(
                     link,
                     copied,
@@ -1826,23 +1938,62 @@ impl Driver {
         self.fail(link, LinkFault::Io(error), sink);
     }
 
-    /// A send on lane `lane` of `link` completed: its piece goes on, or is
-    /// out, which may finish the laned send.
+    /// A send on lane `lane` of `link`, of the piece in header slot `slot`,
+    /// completed: its piece goes on, or is out, which may finish the laned
+    /// send. Or a SEND_ZC's notification came: the kernel let the slot's
+    /// bytes go, which may finish a laned send waiting for it.
     fn lane_sent(
         &mut self,
         link: usize,
-        lane: usize,
+        (lane, slot): (usize, usize),
         result: i32,
+        flags: u32,
         sink: &dyn FrameSink,
         finished: &mut Vec<(u64, Outcome)>,
     ) {
+        let always = self.zero_copy_always;
         let Some(l) = self.links.get_mut(link).and_then(|l| l.as_mut()) else {
             return;
         };
         let Some(s) = l.send_lanes.get_mut(lane) else {
             return;
         };
+        let counter = l.counters.as_ref().and_then(|c| c.get(lane));
+        if io_uring::cqueue::notif(flags) {
+            let copied = result as u32 & NOTIF_USAGE_ZC_COPIED != 0;
+            s.slots.notified(slot);
+            if let Some(c) = counter.filter(|_| copied) {
+                c.copied_sends.fetch_add(1, Ordering::Relaxed);
+            }
+            let before = s.zero_copy;
+            s.zero_copy = match before {
+                ZeroCopy::Probing | ZeroCopy::On if copied && !always => ZeroCopy::Off,
+                ZeroCopy::Probing => ZeroCopy::On,
+                other => other,
+            };
+            if s.zero_copy != before {
+                tracing::debug!(link, lane, copied, zero_copy = ?s.zero_copy, "SEND_ZC on a lane");
+            }
+            while let Some(req) = l.take_notified() {
+                finished.push((req.id, Outcome::Sent(Ok(()))));
+            }
+            return;
+        }
         s.in_flight = false;
+        let owed = io_uring::cqueue::more(flags);
+        if owed {
+            s.slots.expect_notification(slot);
+            if let Some(c) = counter {
+                c.zero_copy_sends.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        if s.posted_zero_copy && !owed && result < 0 && result != -libc::ECANCELED {
+            // This socket takes no SEND_ZC: nothing went out; the piece
+            // goes again, plainly, as the lane's pieces do from now on.
+            s.zero_copy = ZeroCopy::Off;
+            tracing::debug!(link, lane, result, "SEND_ZC refused on a lane; plain sends");
+            return;
+        }
         // A dead link's send fails in `fail_dead_work`; a cancel that moved
         // nothing is posted again.
         if l.dead.is_some() || result == -libc::ECANCELED {
@@ -1862,13 +2013,13 @@ impl Driver {
         };
         piece.sent += result as usize;
         l.loads[lane].took(result as usize);
-        let counter = l.counters.as_ref().and_then(|c| c.get(lane));
         if let Some(c) = counter {
             c.bytes.fetch_add(result as u64, Ordering::Relaxed);
         }
         if piece.sent < PIECE_HEADER + piece.len {
             return;
         }
+        s.slots.piece_sent(piece.slot);
         s.piece = None;
         l.loads[lane].finish();
         if let Some(c) = counter {
@@ -1939,6 +2090,12 @@ impl Driver {
                     if let Some(req) = l.sending.take() {
                         finished.push((req.id, Outcome::Sent(Err(reason.clone()))));
                     }
+                }
+                // Frames owed notifications are let go at once: the kernel
+                // only reads their bytes, and on a dead link a notification
+                // may take as long as TCP's retransmissions (minutes).
+                for (_, req) in l.notified_later.drain(..) {
+                    finished.push((req.id, Outcome::Sent(Err(reason.clone()))));
                 }
             }
         }

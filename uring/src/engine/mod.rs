@@ -23,6 +23,7 @@
 //! See docs/decisions/0007.
 
 mod driver;
+mod head_slots;
 mod lanes;
 mod placements;
 
@@ -106,10 +107,16 @@ pub struct EngineConfig {
     /// Per-link staging buffer for small frames; payloads that do not fit
     /// are received in place.
     pub staging: usize,
-    /// Sends of at least this many bytes try SEND_ZC, once per link with a
-    /// usage report: if the kernel copied anyway, the link sends plainly
-    /// from then on. `None`: plain sends only.
+    /// Sends of at least this many bytes try SEND_ZC, once per connection
+    /// (a link's socket, each send lane) with a usage report: if the
+    /// kernel copied anyway, that connection sends plainly from then on
+    /// (a lane also stops where a later report says it copied). `None`:
+    /// plain sends only.
     pub zero_copy_from: Option<usize>,
+    /// Keep sending zero-copy where the kernel reports it copied. For
+    /// tests: loopback always copies, and this drives the notification
+    /// path there.
+    pub zero_copy_always: bool,
     /// A driver polls this long for a completion before it sleeps. Worth it
     /// only while this process's waiting thread has a core to itself: zero
     /// when ranks outnumber cores.
@@ -142,6 +149,12 @@ pub struct LaneCounter {
     /// Bytes its socket held unacknowledged when last looked at (before
     /// a placement, with more than one lane): its queue depth.
     pub unacked: std::sync::atomic::AtomicU64,
+    /// Sends by SEND_ZC (each owes a notification).
+    pub zero_copy_sends: std::sync::atomic::AtomicU64,
+    /// Notifications that said the kernel copied the bytes after all
+    /// (loopback, veth, a NIC without the offload): the lane's fallbacks
+    /// to plain sends.
+    pub copied_sends: std::sync::atomic::AtomicU64,
 }
 
 /// A link's send lanes' counters, in lane order.

@@ -55,7 +55,11 @@ fn spinning_engine(links: usize, spin: Duration) -> FrameEngine {
 }
 
 fn aligned_engine(links: usize, spin: Duration, frame_align: usize) -> FrameEngine {
-    FrameEngine::new(EngineConfig {
+    FrameEngine::new(config(links, spin, frame_align)).expect("io_uring works on the test machines")
+}
+
+fn config(links: usize, spin: Duration, frame_align: usize) -> EngineConfig {
+    EngineConfig {
         links,
         header_len: HEADER,
         frame_align,
@@ -63,10 +67,10 @@ fn aligned_engine(links: usize, spin: Duration, frame_align: usize) -> FrameEngi
         // Exercised on every large send of these tests: socket pairs refuse
         // SEND_ZC, loopback TCP copies, and both must fall back cleanly.
         zero_copy_from: Some(64 << 10),
+        zero_copy_always: false,
         spin,
         max_lanes: 8,
-    })
-    .expect("io_uring works on the test machines")
+    }
 }
 
 /// A socket as the engine takes it.
@@ -353,6 +357,7 @@ fn work_queued_while_the_driver_sleeps_in_the_kernel_wakes_it() {
                 frame_align: 1,
                 staging: 4096,
                 zero_copy_from: None,
+                zero_copy_always: false,
                 spin,
                 max_lanes: 8,
             })

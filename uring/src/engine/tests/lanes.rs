@@ -21,13 +21,30 @@ fn lanes_of(send: Vec<TcpStream>, recv: Vec<TcpStream>) -> Lanes {
 
 /// A link with `n` lanes each way between two engines over loopback TCP.
 fn laned_tcp(n: usize, links: usize, link: [usize; 2]) -> [Arc<FrameEngine>; 2] {
+    laned_between([engine(links), engine(links)], n, link).0
+}
+
+/// `laned_tcp` between the engines given, and the first end's send lanes'
+/// counters.
+fn laned_between(
+    ends: [FrameEngine; 2],
+    n: usize,
+    link: [usize; 2],
+) -> ([Arc<FrameEngine>; 2], LaneCounters) {
     let (main_a, main_b) = tcp_pair();
     let (ab_a, ab_b): (Vec<_>, Vec<_>) = (0..n).map(|_| tcp_pair()).unzip();
     let (ba_a, ba_b): (Vec<_>, Vec<_>) = (0..n).map(|_| tcp_pair()).unzip();
-    let ends = [Arc::new(engine(links)), Arc::new(engine(links))];
-    ends[0].add_link_with_lanes(link[0], shared(main_a), lanes_of(ab_a, ba_a));
+    let ends = ends.map(Arc::new);
+    let counters = ends[0].add_link_with_lanes(link[0], shared(main_a), lanes_of(ab_a, ba_a));
     ends[1].add_link_with_lanes(link[1], shared(main_b), lanes_of(ba_b, ab_b));
-    ends
+    (ends, counters)
+}
+
+/// An engine of one link with `config`'s changes.
+fn engine_with(change: impl FnOnce(&mut EngineConfig)) -> FrameEngine {
+    let mut config = config(1, Duration::from_micros(20), 1);
+    change(&mut config);
+    FrameEngine::new(config).unwrap()
 }
 
 /// Reads pieces off a raw lane until its end of stream: (frame, offset,
@@ -192,7 +209,10 @@ fn laned_and_plain_frames_stay_in_order_both_ways_at_once() {
 #[test]
 fn a_laned_frame_is_received_in_place_and_the_frames_behind_it_follow() {
     for lanes in [1, 3] {
-        let [ea, eb] = laned_tcp(lanes, 1, [0, 0]);
+        // Plain sends: with one lane, all of it is sent before the receiver
+        // reads (a zero-copy send ends only once the peer has the bytes).
+        let plain = engine_with(|c| c.zero_copy_from = None);
+        let ([ea, eb], _) = laned_between([plain, engine(1)], lanes, [0, 0]);
         let sink = Sink::default();
         // A laned frame, then small ones, all sent before the receiver
         // looks: its first receive on the link takes the laned frame's
@@ -343,10 +363,10 @@ fn a_lane_that_closes_mid_frame_fails_the_link() {
     for cut_in_a_piece in [false, true] {
         let (e, mut main, mut lanes) = raw_peer(2);
         let sink = Sink::default();
-        // A laned frame's header arrives on the link, then one lane closes
-        // before (or partway through) its piece: the link fails, naming
-        // the closed connection, and a caller waiting for the frame is
-        // told.
+        // A laned frame's header arrives on the link, then a lane closes
+        // partway through its piece, or every lane closes before its
+        // piece: the link fails, naming the closed connection, and a
+        // caller waiting for the frame is told.
         laned_header(&mut main, 1 << 20);
         if cut_in_a_piece {
             let head = PieceHeader {
@@ -356,8 +376,10 @@ fn a_lane_that_closes_mid_frame_fails_the_link() {
             };
             lanes[0].write_all(&head.encode()).unwrap();
             lanes[0].write_all(&[3u8; 1000]).unwrap();
+            drop(lanes.remove(0));
+        } else {
+            lanes.clear();
         }
-        drop(lanes.remove(0));
         let (got, _) = place_whole(&e, &sink, 1 << 20);
         assert!(matches!(got, Placement::Failed(_)), "{got:?}");
         assert!(
@@ -365,5 +387,98 @@ fn a_lane_that_closes_mid_frame_fails_the_link() {
             "{:?}",
             lock(&sink.failed)
         );
+    }
+}
+
+#[test]
+fn a_lane_that_ends_between_pieces_leaves_the_others_to_finish_the_frame() {
+    // A peer that is done closes everything, and one lane's end may be
+    // read before another lane's last piece: the frame still arrives.
+    let (e, mut main, mut lanes) = raw_peer(2);
+    let sink = Sink::default();
+    let frame: Vec<u8> = (0..200_000).map(|j| (j % 251) as u8).collect();
+    laned_header(&mut main, frame.len());
+    piece(&mut lanes[0], 0, 0, &frame[..70_000]);
+    drop(lanes.remove(0));
+    std::thread::sleep(Duration::from_millis(50));
+    piece(&mut lanes[0], 0, 70_000, &frame[70_000..]);
+    let (got, dest) = place_whole(&e, &sink, frame.len());
+    assert!(matches!(got, Placement::Placed(_)), "{got:?}");
+    assert!(dest == frame);
+    assert!(lock(&sink.failed).is_empty(), "{:?}", lock(&sink.failed));
+    // The next laned frame can only come on the lane left; once that one
+    // ends too, the link fails.
+    laned_header(&mut main, frame.len());
+    lanes.clear();
+    let (got, _) = place_whole(&e, &sink, frame.len());
+    assert!(matches!(got, Placement::Failed(_)), "{got:?}");
+}
+
+#[test]
+fn each_lane_probes_zero_copy_once_and_sends_plainly_where_the_kernel_copies() {
+    let ([ea, eb], counters) = laned_between([engine(1), engine(1)], 4, [0, 0]);
+    let frames: Vec<Vec<u8>> = (0..12).map(|i| vec![i as u8; 1 << 20]).collect();
+    let sent = frames.clone();
+    let sender = std::thread::spawn(move || {
+        for p in &sent {
+            send_one(&ea, 0, p, &Sink::default());
+        }
+    });
+    let sink = Sink::default();
+    wait_for(&eb, &sink, |s| lock(&s.frames).len() == frames.len());
+    sender.join().unwrap();
+    for (i, (_, p)) in lock(&sink.frames).iter().enumerate() {
+        assert!(*p == frames[i], "frame {i} differs");
+    }
+    // Loopback copies: each lane's first large piece went by SEND_ZC, the
+    // kernel said it copied, and the lane sent plainly from then on.
+    for (lane, c) in counters.iter().enumerate() {
+        let zc = c.zero_copy_sends.load(Ordering::Relaxed);
+        let copied = c.copied_sends.load(Ordering::Relaxed);
+        assert_eq!((zc, copied), (1, 1), "lane {lane}: SEND_ZCs, copied");
+        assert!(c.pieces.load(Ordering::Relaxed) > 1, "lane {lane}");
+    }
+}
+
+#[test]
+fn a_zero_copy_caller_is_held_until_its_notifications_while_the_next_frame_goes() {
+    // Every piece goes by SEND_ZC. The receiver reads nothing for a while,
+    // so pieces sit in the senders' socket queues after their sends
+    // completed, the kernel still reading the caller's memory. The caller
+    // reuses one buffer, writing the next frame into it as soon as its
+    // send returns: were it let go before the notifications, the peer
+    // would read later frames' bytes in earlier ones.
+    let always = engine_with(|c| c.zero_copy_always = true);
+    let ([ea, eb], counters) = laned_between([always, engine(1)], 2, [0, 0]);
+    let n = 32;
+    let frame = |i: usize| -> Vec<u8> { (0..1 << 20).map(|j| (i * 13 + j / 4096) as u8).collect() };
+    let sender = std::thread::spawn(move || {
+        let mut buf = vec![0u8; 1 << 20];
+        for i in 0..n {
+            buf.copy_from_slice(&frame(i));
+            send_one(&ea, 0, &buf, &Sink::default());
+        }
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    let sink = Sink::default();
+    wait_for(&eb, &sink, |s| lock(&s.frames).len() == n);
+    sender.join().unwrap();
+    for (i, (_, p)) in lock(&sink.frames).iter().enumerate() {
+        assert!(
+            *p == frame(i),
+            "frame {i} differs: its memory was let go early"
+        );
+    }
+    // Every piece of 128 KiB goes by SEND_ZC (a short write's rest under
+    // 64 KiB plainly), and each notification said the kernel copied.
+    for (lane, c) in counters.iter().enumerate() {
+        let pieces = c.pieces.load(Ordering::Relaxed);
+        let zc = c.zero_copy_sends.load(Ordering::Relaxed);
+        let copied = c.copied_sends.load(Ordering::Relaxed);
+        assert!(
+            zc * 10 >= pieces * 9,
+            "lane {lane}: {zc} SEND_ZCs, {pieces} pieces"
+        );
+        assert_eq!(copied, zc, "lane {lane}");
     }
 }
