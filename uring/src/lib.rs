@@ -39,6 +39,11 @@ pub use memlock::{MemlockLimit, memlock};
 pub use probe::{Support, Unavailable, probe};
 pub use spin::{poll_yield, set_home_core, usable_core_ids, usable_cores};
 
+/// For the fuzz targets (`fuzz/`): the lanes' rules, driven by bytes.
+#[cfg(target_os = "linux")]
+#[doc(hidden)]
+pub use engine::fuzzing;
+
 /// For tests: simulating hosts where io_uring is refused.
 #[cfg(target_os = "linux")]
 pub mod testing {

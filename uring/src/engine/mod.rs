@@ -23,6 +23,8 @@
 //! See docs/decisions/0007.
 
 mod driver;
+#[doc(hidden)]
+pub mod fuzzing;
 mod head_slots;
 mod lanes;
 mod placements;
