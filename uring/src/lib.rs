@@ -13,7 +13,8 @@
 //!
 //! - [`CountingAllocator`] counts heap allocations (tests, benchmarks).
 //!
-//! The crate denies `unsafe`; only `engine::driver` (the ring), `refuse` (a
+//! The crate denies `unsafe`; only `engine::driver` (the ring),
+//! `engine::shard` (an engine thread's ring: MSG_RING entries), `refuse` (a
 //! seccomp filter for tests) and `counting` (an allocator) allow it, with a
 //! `// SAFETY:` note on every block.
 

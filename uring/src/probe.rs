@@ -18,6 +18,9 @@ pub struct Support {
     /// Multishot receive with provided buffers (IORING_OP_RECV + flag; a
     /// 6.0+ kernel feature the probe cannot see per opcode).
     pub recv_multishot: bool,
+    /// Rings for one thread each (SINGLE_ISSUER, DEFER_TASKRUN,
+    /// COOP_TASKRUN; Linux 6.1+), what engine threads need (decision 0036).
+    pub thread_rings: bool,
 }
 
 /// Why io_uring cannot be used in this process.
@@ -45,12 +48,13 @@ impl fmt::Display for Support {
         };
         write!(
             f,
-            "io_uring on Linux {}: {}, {}, {}, {}",
+            "io_uring on Linux {}: {}, {}, {}, {}, {}",
             self.kernel,
             flag(self.send_zc, "SEND_ZC"),
             flag(self.recv_multishot, "multishot recv"),
             flag(self.read_fixed, "fixed buffers"),
             flag(self.msg_ring, "MSG_RING"),
+            flag(self.thread_rings, "single-thread rings"),
         )
     }
 }
@@ -123,6 +127,7 @@ fn probe_here() -> Result<Support, Unavailable> {
         read_fixed: probe.is_supported(opcode::ReadFixed::CODE),
         msg_ring: probe.is_supported(opcode::MsgRingData::CODE),
         recv_multishot: probe.is_supported(opcode::Recv::CODE) && kernel_at_least(&kernel, 6, 0),
+        thread_rings: crate::engine::shard::shard_ring(8).is_ok(),
         kernel,
     })
 }
@@ -169,6 +174,9 @@ mod tests {
                     s.send && s.recv,
                     "a kernel with io_uring but without SEND/RECV: {s:?}"
                 );
+                if kernel_at_least(&s.kernel, 6, 1) {
+                    assert!(s.thread_rings, "Linux 6.1+ takes DEFER_TASKRUN: {s:?}");
+                }
             }
             Err(u) => {
                 eprintln!("SKIP io_uring checks: {u}");

@@ -28,6 +28,10 @@ pub mod fuzzing;
 mod head_slots;
 mod lanes;
 mod placements;
+// Step 1 of decision 0036 (engine threads): the probe asks for its ring;
+// the rest waits for the engine threads that will use it.
+#[cfg_attr(not(test), allow(dead_code))]
+pub(crate) mod shard;
 
 pub(crate) use driver::on_a_passing_thread;
 pub use placements::Placements;
