@@ -181,6 +181,9 @@ struct SendLane {
     /// (`slots` says when: after its send, or its SEND_ZCs' notifications).
     heads: Box<[[u8; PIECE_HEADER]; HEAD_SLOTS]>,
     slots: HeadSlots,
+    /// The thread that posted each slot's last SEND_ZC: the kernel runs
+    /// its notification's completion work there (`Driver::release`).
+    zc_owners: [Option<ThreadId>; HEAD_SLOTS],
     /// Whether this lane's large pieces go zero-copy (probed per lane).
     zero_copy: ZeroCopy,
     msg: Box<libc::msghdr>,
@@ -510,6 +513,27 @@ impl LinkIo {
         }
     }
 
+    /// Whether the laned frame being received can no longer be whole: a
+    /// lane has ended, and every lane that has not holds a piece of a later
+    /// frame (a lane reads no further then), so none can bring its bytes.
+    fn stranded(&self) -> bool {
+        let Rx::Laned { len, got, .. } = &self.rx else {
+            return false;
+        };
+        let idle = |r: &RecvLane| {
+            r.ended
+                || r.ahead.is_some()
+                || matches!(
+                    r.rx,
+                    LaneRx::Header {
+                        got: PIECE_HEADER,
+                        ..
+                    }
+                )
+        };
+        got < len && self.recv_lanes.iter().any(|r| r.ended) && self.recv_lanes.iter().all(idle)
+    }
+
     /// The laned frame being received (its count, length and bytes claimed
     /// by pieces), if one is.
     fn current_laned(&self) -> Option<(u32, usize, usize)> {
@@ -598,14 +622,7 @@ impl LinkIo {
             }
             self.fit_lane(i, sink)?;
         }
-        let whole = matches!(self.rx, Rx::Laned { len, got, .. } if got == len);
-        if !whole && self.recv_lanes.iter().all(|lane| lane.ended) {
-            return Err(format!(
-                "laned frame #{} began after the peer had closed every lane",
-                self.recv_frames
-            ));
-        }
-        Ok(whole)
+        Ok(matches!(self.rx, Rx::Laned { len, got, .. } if got == len))
     }
 
     /// Shuts every socket of the link down, which ends what is in flight on them.
@@ -1058,8 +1075,23 @@ impl Driver {
             // SAFETY: a cancel names no memory.
             let _ = unsafe { self.push(&cancel) };
         }
+        // A SEND_ZC's notification is completion work the kernel runs in
+        // the thread that posted it, and this ring's (COOP_TASKRUN) does
+        // not wake a thread asleep elsewhere for it: one that leaves with
+        // notifications owed could hold their callers until it next enters
+        // the kernel. It waits for them here, as for the cancels (0035).
+        let owes_mine = |d: &Driver| {
+            d.links.iter().flatten().any(|l| {
+                (l.send_in_flight && l.send_zero_copy && l.send_owner == me)
+                    || l.send_lanes.iter().any(|lane| {
+                        (0..HEAD_SLOTS).any(|i| lane.slots.owes(i) && lane.zc_owners[i] == me)
+                    })
+            })
+        };
         let deadline = Instant::now() + Duration::from_secs(1);
-        while cancels.iter().any(|&what| mine(self, what)) && Instant::now() < deadline {
+        while (cancels.iter().any(|&what| mine(self, what)) || owes_mine(self))
+            && Instant::now() < deadline
+        {
             // Not `enter`: that would post the eventfd read anew.
             if self.ring.completion().is_empty() {
                 self.sleep_in_kernel(Duration::from_millis(10));
@@ -1240,6 +1272,7 @@ impl Driver {
                     piece: None,
                     heads: Box::new([[0; PIECE_HEADER]; HEAD_SLOTS]),
                     slots: HeadSlots::default(),
+                    zc_owners: [None; HEAD_SLOTS],
                     zero_copy: ZeroCopy::Untried,
                     // SAFETY: `msghdr` is plain old data; all-zero is its empty value.
                     msg: Box::new(unsafe { std::mem::zeroed() }),
@@ -1620,6 +1653,9 @@ impl Driver {
                         let lane = &mut l.send_lanes[conn];
                         lane.posted = what;
                         lane.posted_zero_copy = zero_copy;
+                        if zero_copy {
+                            lane.zc_owners[((what >> 4) & 0x0f) as usize] = me;
+                        }
                         if zero_copy && lane.zero_copy == ZeroCopy::Untried {
                             lane.zero_copy = ZeroCopy::Probing;
                         }
@@ -1733,6 +1769,8 @@ impl Driver {
         if let Err(reason) = cut_frames(l, link, header_len, frame_align, sink, finished) {
             self.fail(link, LinkFault::BadFrame(reason), sink);
         }
+        // A laned frame begun here may find its lanes ended already.
+        self.fail_if_stranded(link, sink);
     }
 
     /// The bytes a receive on `link` (its socket or a lane) moved, or
@@ -1786,9 +1824,7 @@ impl Driver {
         let between_pieces = matches!(r.rx, LaneRx::Header { got: 0, .. }) && r.ahead.is_none();
         if result == 0 && between_pieces && l.dead.is_none() {
             r.ended = true;
-            if l.recv_lanes.iter().all(|r| r.ended) {
-                self.fail(link, LinkFault::Closed, sink);
-            }
+            self.fail_if_stranded(link, sink);
             return;
         }
         let Some(n) = self.bytes_received(link, result, sink) else {
@@ -1849,6 +1885,18 @@ impl Driver {
         };
         if let Err(reason) = outcome {
             self.fail(link, LinkFault::BadFrame(reason), sink);
+        }
+        self.fail_if_stranded(link, sink);
+    }
+
+    /// Fails `link` as closed if the laned frame it receives can no longer
+    /// be whole (`LinkIo::stranded`).
+    fn fail_if_stranded(&mut self, link: usize, sink: &dyn FrameSink) {
+        let Some(l) = self.links.get(link).and_then(|l| l.as_ref()) else {
+            return;
+        };
+        if l.dead.is_none() && l.stranded() {
+            self.fail(link, LinkFault::Closed, sink);
         }
     }
 
@@ -1974,25 +2022,29 @@ impl Driver {
             if s.zero_copy != before {
                 tracing::debug!(link, lane, copied, zero_copy = ?s.zero_copy, "SEND_ZC on a lane");
             }
-            while let Some(req) = l.take_notified() {
-                finished.push((req.id, Outcome::Sent(Ok(()))));
+            // On a failed link, `fail_dead_work` lets them go.
+            if l.dead.is_none() {
+                while let Some(req) = l.take_notified() {
+                    finished.push((req.id, Outcome::Sent(Ok(()))));
+                }
             }
             return;
         }
         s.in_flight = false;
-        let owed = io_uring::cqueue::more(flags);
-        if owed {
+        // A failed SEND_ZC may still owe a notification (flagged "more").
+        if io_uring::cqueue::more(flags) {
             s.slots.expect_notification(slot);
-            if let Some(c) = counter {
-                c.zero_copy_sends.fetch_add(1, Ordering::Relaxed);
-            }
         }
-        if s.posted_zero_copy && !owed && result < 0 && result != -libc::ECANCELED {
+        let refused = result < 0 && result != -libc::ECANCELED;
+        if s.posted_zero_copy && refused && s.zero_copy == ZeroCopy::Probing {
             // This socket takes no SEND_ZC: nothing went out; the piece
             // goes again, plainly, as the lane's pieces do from now on.
             s.zero_copy = ZeroCopy::Off;
             tracing::debug!(link, lane, result, "SEND_ZC refused on a lane; plain sends");
             return;
+        }
+        if let Some(c) = counter.filter(|_| s.posted_zero_copy && result >= 0) {
+            c.zero_copy_sends.fetch_add(1, Ordering::Relaxed);
         }
         // A dead link's send fails in `fail_dead_work`; a cancel that moved
         // nothing is posted again.
@@ -2049,6 +2101,13 @@ impl Driver {
             LinkFault::BadFrame(r) => r.clone(),
         });
         l.shut_down();
+        // A shut-down socket still sends what it holds, from callers'
+        // memory where it went zero-copy: those lanes are reset instead,
+        // which drops what they hold and brings the notifications owed, so
+        // their callers can be let go before they write that memory again.
+        for lane in l.send_lanes.iter().filter(|lane| lane.slots.owed()) {
+            reset(&lane.socket);
+        }
         sink.link_failed(link, fault);
     }
 
@@ -2056,7 +2115,7 @@ impl Driver {
     /// callers are released.
     fn fail_dead_work(&mut self, finished: &mut Vec<(u64, Outcome)>) {
         for l in self.links.iter_mut().flatten() {
-            if let Some(reason) = &l.dead {
+            if let Some(reason) = l.dead.clone() {
                 for t in l.targets.drain(..) {
                     finished.push((t.id, Outcome::Failed(reason.clone())));
                 }
@@ -2084,17 +2143,19 @@ impl Driver {
                 for req in l.queue.drain(..) {
                     finished.push((req.id, Outcome::Sent(Err(reason.clone()))));
                 }
-                // Likewise a send's: not while its head or a piece is out.
-                if !l.send_in_flight && !l.lanes_sending() {
+                // Likewise a send's: not while its head or a piece is out,
+                // nor while the kernel may still read a piece of it.
+                let frame = l.spread.as_ref().map(|s| s.frame);
+                let held = frame.is_some_and(|f| l.send_lanes.iter().any(|s| s.slots.holds(f)));
+                if !l.send_in_flight && !l.lanes_sending() && !held {
                     l.spread = None;
                     if let Some(req) = l.sending.take() {
                         finished.push((req.id, Outcome::Sent(Err(reason.clone()))));
                     }
                 }
-                // Frames owed notifications are let go at once: the kernel
-                // only reads their bytes, and on a dead link a notification
-                // may take as long as TCP's retransmissions (minutes).
-                for (_, req) in l.notified_later.drain(..) {
+                // Frames owed notifications once these came (`fail` reset
+                // their lanes, which brings them).
+                while let Some(req) = l.take_notified() {
                     finished.push((req.id, Outcome::Sent(Err(reason.clone()))));
                 }
             }
@@ -2274,6 +2335,26 @@ fn cut_frames(
 
 /// Bytes a TCP socket holds that its peer has not acknowledged (sent or
 /// not: `SIOCOUTQ`); 0 if it cannot say.
+/// Resets a TCP connection (`connect` to `AF_UNSPEC`: the kernel's
+/// `tcp_disconnect`): what it holds unsent or unacknowledged is dropped and
+/// the peer gets a reset. The descriptor stays open, shared as before.
+fn reset(socket: &SharedFd) {
+    // SAFETY: `sockaddr` is plain old data; all-zero with the family set is
+    // an `AF_UNSPEC` address, passed by pointer and length for the call only.
+    let rc = unsafe {
+        let mut unspec: libc::sockaddr = std::mem::zeroed();
+        unspec.sa_family = libc::AF_UNSPEC as libc::sa_family_t;
+        libc::connect(
+            socket.as_raw_fd(),
+            &unspec,
+            size_of::<libc::sockaddr>() as libc::socklen_t,
+        )
+    };
+    if rc != 0 {
+        tracing::debug!(error = %io::Error::last_os_error(), "resetting a lane");
+    }
+}
+
 fn unacknowledged(socket: &SharedFd) -> u64 {
     let mut bytes: libc::c_int = 0;
     // SAFETY: `TIOCOUTQ` (`SIOCOUTQ` on a socket) writes one `c_int` into

@@ -76,6 +76,11 @@ impl HeadSlots {
             .any(|s| s.frame == frame && s.notifications > 0)
     }
 
+    /// Whether a notification is owed for slot `i`.
+    pub(crate) fn owes(&self, i: usize) -> bool {
+        self.slots[i].notifications > 0
+    }
+
     /// Whether any notification is owed on this lane.
     pub(crate) fn owed(&self) -> bool {
         self.slots.iter().any(|s| s.notifications > 0)

@@ -395,23 +395,49 @@ fn a_lane_that_ends_between_pieces_leaves_the_others_to_finish_the_frame() {
     // A peer that is done closes everything, and one lane's end may be
     // read before another lane's last piece: the frame still arrives.
     let (e, mut main, mut lanes) = raw_peer(2);
-    let sink = Sink::default();
+    let e = Arc::new(e);
     let frame: Vec<u8> = (0..200_000).map(|j| (j % 251) as u8).collect();
     laned_header(&mut main, frame.len());
     piece(&mut lanes[0], 0, 0, &frame[..70_000]);
     drop(lanes.remove(0));
-    std::thread::sleep(Duration::from_millis(50));
+    let (receiver, len) = (e.clone(), frame.len());
+    let placing = std::thread::spawn(move || {
+        let sink = Sink::default();
+        let placed = place_whole(&receiver, &sink, len);
+        (placed, lock(&sink.failed).clone())
+    });
+    // The receiver drives meanwhile: lane 0's piece and end are read first.
+    std::thread::sleep(Duration::from_millis(200));
     piece(&mut lanes[0], 0, 70_000, &frame[70_000..]);
-    let (got, dest) = place_whole(&e, &sink, frame.len());
+    let ((got, dest), failed) = placing.join().unwrap();
     assert!(matches!(got, Placement::Placed(_)), "{got:?}");
     assert!(dest == frame);
-    assert!(lock(&sink.failed).is_empty(), "{:?}", lock(&sink.failed));
+    assert!(failed.is_empty(), "{failed:?}");
     // The next laned frame can only come on the lane left; once that one
     // ends too, the link fails.
+    let sink = Sink::default();
     laned_header(&mut main, frame.len());
     lanes.clear();
     let (got, _) = place_whole(&e, &sink, frame.len());
     assert!(matches!(got, Placement::Failed(_)), "{got:?}");
+}
+
+#[test]
+fn a_frame_no_lane_can_finish_fails_the_link() {
+    // Lane 1 reads a piece of the next frame ahead and then reads no
+    // further; lane 0 brings part of the current frame and ends between
+    // pieces. No lane can bring the rest: the link fails as closed rather
+    // than leave the caller waiting.
+    let (e, mut main, mut lanes) = raw_peer(2);
+    let sink = Sink::default();
+    laned_header(&mut main, 200_000);
+    piece(&mut lanes[1], 1, 0, &[9u8; 1000]);
+    piece(&mut lanes[0], 0, 0, &[1u8; 100_000]);
+    drop(lanes.remove(0));
+    let (got, _) = place_whole(&e, &sink, 200_000);
+    assert!(matches!(got, Placement::Failed(_)), "{got:?}");
+    let failed = lock(&sink.failed);
+    assert!(failed[0].1.contains("Closed"), "{failed:?}");
 }
 
 #[test]
@@ -480,5 +506,85 @@ fn a_zero_copy_caller_is_held_until_its_notifications_while_the_next_frame_goes(
             "lane {lane}: {zc} SEND_ZCs, {pieces} pieces"
         );
         assert_eq!(copied, zc, "lane {lane}");
+    }
+}
+
+#[test]
+fn a_failed_link_lets_zero_copy_callers_go_once_its_lanes_are_reset() {
+    // Every piece by SEND_ZC to a peer that reads nothing: once its socket
+    // buffers are full, pieces sit in the sender's lanes, the kernel
+    // reading the caller's memory, and notifications wait on
+    // acknowledgements that never come. The link then fails here (its
+    // socket shut down, as the transport does on a dead peer): the lanes
+    // are reset, which drops what they hold, and the caller is let go
+    // with the link's error instead of waiting on TCP's retransmissions.
+    let (main_a, main_b) = tcp_pair();
+    let (ab_a, ab_b): (Vec<_>, Vec<_>) = (0..2).map(|_| tcp_pair()).unzip();
+    let (ba_a, ba_b): (Vec<_>, Vec<_>) = (0..2).map(|_| tcp_pair()).unzip();
+    let ea = Arc::new(engine_with(|c| c.zero_copy_always = true));
+    let main_a = shared(main_a);
+    ea.add_link_with_lanes(0, main_a.clone(), lanes_of(ab_a, ba_a));
+    let _idle_peer = (main_b, ab_b, ba_b);
+    let (done, finished) = std::sync::mpsc::channel();
+    let sender = ea.clone();
+    std::thread::spawn(move || {
+        let payload = vec![7u8; 1 << 20];
+        let far = Instant::now() + Duration::from_secs(60);
+        let header = (payload.len() as u64).to_le_bytes();
+        let sink = Sink::default();
+        let mut sent = 0;
+        let error = loop {
+            match plain_send(&sender, 0, &header, &payload, far, &mut || {}, &sink) {
+                Ok(()) => sent += 1,
+                Err(e) => break e,
+            }
+        };
+        done.send((sent, error)).unwrap();
+    });
+    std::thread::sleep(Duration::from_millis(500));
+    use nix::sys::socket::{Shutdown, shutdown};
+    use std::os::fd::AsRawFd;
+    shutdown(main_a.as_raw_fd(), Shutdown::Both).unwrap();
+    let (sent, error) = finished
+        .recv_timeout(Duration::from_secs(20))
+        .expect("the caller was let go");
+    assert!(sent < 64, "the peer read nothing, yet {sent} MiB went");
+    assert!(!error.is_empty());
+}
+
+#[test]
+fn a_lane_that_refuses_zero_copy_resends_its_piece_plainly() {
+    // Unix sockets take no SEND_ZC: each lane's probe is refused (with a
+    // notification still owed on current kernels), and the piece goes
+    // again plainly; the link carries on.
+    let pair = || UnixStream::pair().unwrap();
+    let (main_a, main_b) = pair();
+    let (ab_a, ab_b): (Vec<_>, Vec<_>) = (0..2).map(|_| pair()).unzip();
+    let (ba_a, ba_b): (Vec<_>, Vec<_>) = (0..2).map(|_| pair()).unzip();
+    let unix_lanes = |send: Vec<UnixStream>, recv: Vec<UnixStream>| Lanes {
+        send: send.into_iter().map(shared).collect(),
+        recv: recv.into_iter().map(shared).collect(),
+        from: FROM,
+    };
+    let (ea, eb) = (Arc::new(engine(1)), engine(1));
+    let counters = ea.add_link_with_lanes(0, shared(main_a), unix_lanes(ab_a, ba_a));
+    eb.add_link_with_lanes(0, shared(main_b), unix_lanes(ba_b, ab_b));
+    let frames: Vec<Vec<u8>> = (0..6).map(|i| vec![i as u8 + 1; 1 << 20]).collect();
+    let (sent, sender) = (frames.clone(), ea.clone());
+    let t = std::thread::spawn(move || {
+        for p in &sent {
+            send_one(&sender, 0, p, &Sink::default());
+        }
+    });
+    let sink = Sink::default();
+    wait_for(&eb, &sink, |s| lock(&s.frames).len() == frames.len());
+    t.join().unwrap();
+    for (i, (_, p)) in lock(&sink.frames).iter().enumerate() {
+        assert!(*p == frames[i], "frame {i} differs");
+    }
+    assert!(lock(&sink.failed).is_empty());
+    for (lane, c) in counters.iter().enumerate() {
+        assert_eq!(c.zero_copy_sends.load(Ordering::Relaxed), 0, "lane {lane}");
+        assert!(c.pieces.load(Ordering::Relaxed) > 0, "lane {lane}");
     }
 }
