@@ -757,6 +757,9 @@ pub(crate) struct Driver {
     max_lanes: usize,
     /// Lane entries built in `post_entries` (kept to reuse its storage).
     lane_entries: Vec<(squeue::Entry, u64, bool)>,
+    /// SEND_ZC notifications owed on lanes, all links together: when none
+    /// are, `release` looks no further.
+    lane_notifications: usize,
 }
 
 // SAFETY: the raw pointers in `msghdr`/`iovec` point into this driver's own
@@ -827,6 +830,7 @@ impl Driver {
             spin: config.spin,
             max_lanes: config.max_lanes,
             lane_entries: Vec::new(),
+            lane_notifications: 0,
         })
     }
 
@@ -1083,9 +1087,10 @@ impl Driver {
         let owes_mine = |d: &Driver| {
             d.links.iter().flatten().any(|l| {
                 (l.send_in_flight && l.send_zero_copy && l.send_owner == me)
-                    || l.send_lanes.iter().any(|lane| {
-                        (0..HEAD_SLOTS).any(|i| lane.slots.owes(i) && lane.zc_owners[i] == me)
-                    })
+                    || d.lane_notifications > 0
+                        && l.send_lanes.iter().any(|lane| {
+                            (0..HEAD_SLOTS).any(|i| lane.slots.owes(i) && lane.zc_owners[i] == me)
+                        })
             })
         };
         let deadline = Instant::now() + Duration::from_secs(1);
@@ -2009,6 +2014,9 @@ impl Driver {
         let counter = l.counters.as_ref().and_then(|c| c.get(lane));
         if io_uring::cqueue::notif(flags) {
             let copied = result as u32 & NOTIF_USAGE_ZC_COPIED != 0;
+            if s.slots.owes(slot) {
+                self.lane_notifications -= 1;
+            }
             s.slots.notified(slot);
             if let Some(c) = counter.filter(|_| copied) {
                 c.copied_sends.fetch_add(1, Ordering::Relaxed);
@@ -2034,6 +2042,7 @@ impl Driver {
         // A failed SEND_ZC may still owe a notification (flagged "more").
         if io_uring::cqueue::more(flags) {
             s.slots.expect_notification(slot);
+            self.lane_notifications += 1;
         }
         let refused = result < 0 && result != -libc::ECANCELED;
         if s.posted_zero_copy && refused && s.zero_copy == ZeroCopy::Probing {
