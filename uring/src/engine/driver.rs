@@ -2111,9 +2111,13 @@ impl Driver {
         });
         l.shut_down();
         // A shut-down socket still sends what it holds, from callers'
-        // memory where it went zero-copy: those lanes are reset instead,
+        // memory where it went zero-copy: those sockets are reset instead,
         // which drops what they hold and brings the notifications owed, so
-        // their callers can be let go before they write that memory again.
+        // their callers can be let go before they write that memory again
+        // (and without waiting on a dead peer's acknowledgements).
+        if l.send_in_flight && l.send_zero_copy {
+            reset(&l.socket);
+        }
         for lane in l.send_lanes.iter().filter(|lane| lane.slots.owed()) {
             reset(&lane.socket);
         }

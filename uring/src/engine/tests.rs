@@ -1156,3 +1156,51 @@ fn a_placement_unwound_by_a_panic_is_withdrawn_and_its_memory_left_alone() {
 }
 
 mod lanes;
+
+#[test]
+fn a_failed_link_lets_a_zero_copy_send_on_its_socket_go() {
+    // As for lanes (tests/lanes.rs), on a link without them: a SEND_ZC of
+    // the link's own socket waits for its notification, which a peer that
+    // reads nothing never brings. The link fails here; its socket is reset
+    // and the caller is let go with the error.
+    let (a, _idle_peer) = tcp_pair();
+    let e = Arc::new(
+        FrameEngine::new(EngineConfig {
+            zero_copy_always: true,
+            ..config(1, Duration::from_micros(20), 1)
+        })
+        .unwrap(),
+    );
+    let a = shared(a);
+    e.add_link(0, a.clone());
+    let (done, finished) = std::sync::mpsc::channel();
+    let sender = e.clone();
+    std::thread::spawn(move || {
+        let payload = vec![7u8; 1 << 20];
+        let far = Instant::now() + Duration::from_secs(60);
+        let header = (payload.len() as u64).to_le_bytes();
+        let sink = Sink::default();
+        let mut sent = 0;
+        let error = loop {
+            match plain_send(&sender, 0, &header, &payload, far, &mut || {}, &sink) {
+                Ok(()) => sent += 1,
+                Err(e) => break e,
+            }
+        };
+        done.send((sent, error)).unwrap();
+    });
+    std::thread::sleep(Duration::from_millis(500));
+    use nix::sys::socket::{Shutdown, shutdown};
+    use std::os::fd::AsRawFd;
+    shutdown(a.as_raw_fd(), Shutdown::Both).unwrap();
+    let (sent, error) = finished
+        .recv_timeout(Duration::from_secs(20))
+        .expect("the caller was let go");
+    assert!(sent < 64, "the peer read nothing, yet {sent} MiB went");
+    assert!(!error.is_empty());
+    assert_eq!(
+        e.zero_copy_links(),
+        vec![(0, true)],
+        "kept by zero_copy_always"
+    );
+}
