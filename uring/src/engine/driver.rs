@@ -103,6 +103,36 @@ fn lane_tag(kind: u64, link: usize, conn: usize) -> u64 {
     kind | ((conn as u64) << 8) | ((link as u64) << 16)
 }
 
+/// A `SENDMSG` of what `msg` describes on `socket` (by its file-table
+/// slot when it has one), or a `SENDMSG_ZC` asking the kernel to report
+/// whether it copied. Building it names no memory; pushing it does.
+fn send_entry(
+    socket: &SharedFd,
+    fixed: Option<u32>,
+    msg: &libc::msghdr,
+    zero_copy: bool,
+) -> squeue::Entry {
+    let msg: *const libc::msghdr = msg;
+    let flags = (libc::MSG_WAITALL | libc::MSG_NOSIGNAL) as u32;
+    let fd = socket.as_raw_fd();
+    match (zero_copy, fixed) {
+        (false, Some(f)) => opcode::SendMsg::new(types::Fixed(f), msg)
+            .flags(flags)
+            .build(),
+        (false, None) => opcode::SendMsg::new(types::Fd(fd), msg)
+            .flags(flags)
+            .build(),
+        (true, Some(f)) => opcode::SendMsgZc::new(types::Fixed(f), msg)
+            .flags(flags)
+            .ioprio(SEND_ZC_REPORT_USAGE)
+            .build(),
+        (true, None) => opcode::SendMsgZc::new(types::Fd(fd), msg)
+            .flags(flags)
+            .ioprio(SEND_ZC_REPORT_USAGE)
+            .build(),
+    }
+}
+
 /// `lane_tag` for a send of the piece in header slot `slot`: a SEND_ZC's
 /// notification names the slot whose bytes the kernel let go.
 fn piece_tag(link: usize, conn: usize, slot: usize) -> u64 {
@@ -453,12 +483,7 @@ impl LinkIo {
     /// A laned frame waiting in `notified_later` that no lane owes a
     /// notification of any more, if there is one.
     fn take_notified(&mut self) -> Option<SendRequest> {
-        let lanes = &self.send_lanes;
-        let i = self
-            .notified_later
-            .iter()
-            .position(|(frame, _)| !lanes.iter().any(|l| l.slots.holds(*frame)))?;
-        Some(self.notified_later.swap_remove(i).1)
+        take_notified(&mut self.notified_later, &self.send_lanes)
     }
 
     /// Hands pieces of the laned send's payload to lanes, each to the lane
@@ -1087,10 +1112,10 @@ impl Driver {
         let owes_mine = |d: &Driver| {
             d.links.iter().flatten().any(|l| {
                 (l.send_in_flight && l.send_zero_copy && l.send_owner == me)
-                    || d.lane_notifications > 0
+                    || (d.lane_notifications > 0
                         && l.send_lanes.iter().any(|lane| {
                             (0..HEAD_SLOTS).any(|i| lane.slots.owes(i) && lane.zc_owners[i] == me)
-                        })
+                        }))
             })
         };
         let deadline = Instant::now() + Duration::from_secs(1);
@@ -1515,25 +1540,7 @@ impl Driver {
                 let zero_copy = self.zero_copy_from.is_some_and(|from| left >= from)
                     && matches!(l.zero_copy, ZeroCopy::Untried | ZeroCopy::On);
                 l.describe_send();
-                let msg: *const libc::msghdr = &*l.msg;
-                let flags = (libc::MSG_WAITALL | libc::MSG_NOSIGNAL) as u32;
-                let raw = l.socket.as_raw_fd();
-                let entry = match (zero_copy, l.fixed) {
-                    (false, Some(i)) => opcode::SendMsg::new(types::Fixed(i), msg)
-                        .flags(flags)
-                        .build(),
-                    (false, None) => opcode::SendMsg::new(types::Fd(raw), msg)
-                        .flags(flags)
-                        .build(),
-                    (true, Some(i)) => opcode::SendMsgZc::new(types::Fixed(i), msg)
-                        .flags(flags)
-                        .ioprio(SEND_ZC_REPORT_USAGE)
-                        .build(),
-                    (true, None) => opcode::SendMsgZc::new(types::Fd(raw), msg)
-                        .flags(flags)
-                        .ioprio(SEND_ZC_REPORT_USAGE)
-                        .build(),
-                };
+                let entry = send_entry(&l.socket, l.fixed, &l.msg, zero_copy);
                 if zero_copy && l.zero_copy == ZeroCopy::Untried {
                     l.zero_copy = ZeroCopy::Probing;
                 }
@@ -1553,25 +1560,7 @@ impl Driver {
                 let zero_copy = self.zero_copy_from.is_some_and(|from| left >= from)
                     && matches!(lane.zero_copy, ZeroCopy::Untried | ZeroCopy::On);
                 lane.describe(payload);
-                let msg: *const libc::msghdr = &*lane.msg;
-                let flags = (libc::MSG_WAITALL | libc::MSG_NOSIGNAL) as u32;
-                let fd = lane.socket.as_raw_fd();
-                let entry = match (zero_copy, lane.fixed) {
-                    (false, Some(f)) => opcode::SendMsg::new(types::Fixed(f), msg)
-                        .flags(flags)
-                        .build(),
-                    (false, None) => opcode::SendMsg::new(types::Fd(fd), msg)
-                        .flags(flags)
-                        .build(),
-                    (true, Some(f)) => opcode::SendMsgZc::new(types::Fixed(f), msg)
-                        .flags(flags)
-                        .ioprio(SEND_ZC_REPORT_USAGE)
-                        .build(),
-                    (true, None) => opcode::SendMsgZc::new(types::Fd(fd), msg)
-                        .flags(flags)
-                        .ioprio(SEND_ZC_REPORT_USAGE)
-                        .build(),
-                };
+                let entry = send_entry(&lane.socket, lane.fixed, &lane.msg, zero_copy);
                 lane_entries.push((entry.user_data(what), what, zero_copy));
             }
         }
@@ -1824,8 +1813,8 @@ impl Driver {
         r.in_flight = false;
         // A peer that is done closes its lanes with its link, and one lane
         // may end, between pieces, while others still bring the frame
-        // being received: the link fails only once every lane has ended
-        // (or when the link's own socket ends, read once the frame is in).
+        // being received: the link fails only once no lane can (`stranded`),
+        // or when the link's own socket ends (read once the frame is in).
         let between_pieces = matches!(r.rx, LaneRx::Header { got: 0, .. }) && r.ahead.is_none();
         if result == 0 && between_pieces && l.dead.is_none() {
             r.ended = true;
@@ -2128,7 +2117,7 @@ impl Driver {
     /// callers are released.
     fn fail_dead_work(&mut self, finished: &mut Vec<(u64, Outcome)>) {
         for l in self.links.iter_mut().flatten() {
-            if let Some(reason) = l.dead.clone() {
+            if let Some(reason) = &l.dead {
                 for t in l.targets.drain(..) {
                     finished.push((t.id, Outcome::Failed(reason.clone())));
                 }
@@ -2168,7 +2157,7 @@ impl Driver {
                 }
                 // Frames owed notifications once these came (`fail` reset
                 // their lanes, which brings them).
-                while let Some(req) = l.take_notified() {
+                while let Some(req) = take_notified(&mut l.notified_later, &l.send_lanes) {
                     finished.push((req.id, Outcome::Sent(Err(reason.clone()))));
                 }
             }
@@ -2348,6 +2337,15 @@ fn cut_frames(
 
 /// Bytes a TCP socket holds that its peer has not acknowledged (sent or
 /// not: `SIOCOUTQ`); 0 if it cannot say.
+/// `LinkIo::take_notified` over the two fields it needs, for a caller
+/// that holds others of the link borrowed.
+fn take_notified(later: &mut Vec<(u32, SendRequest)>, lanes: &[SendLane]) -> Option<SendRequest> {
+    let i = later
+        .iter()
+        .position(|(frame, _)| !lanes.iter().any(|l| l.slots.holds(*frame)))?;
+    Some(later.swap_remove(i).1)
+}
+
 /// Resets a TCP connection (`connect` to `AF_UNSPEC`: the kernel's
 /// `tcp_disconnect`): what it holds unsent or unacknowledged is dropped and
 /// the peer gets a reset. The descriptor stays open, shared as before.

@@ -1173,22 +1173,7 @@ fn a_failed_link_lets_a_zero_copy_send_on_its_socket_go() {
     );
     let a = shared(a);
     e.add_link(0, a.clone());
-    let (done, finished) = std::sync::mpsc::channel();
-    let sender = e.clone();
-    std::thread::spawn(move || {
-        let payload = vec![7u8; 1 << 20];
-        let far = Instant::now() + Duration::from_secs(60);
-        let header = (payload.len() as u64).to_le_bytes();
-        let sink = Sink::default();
-        let mut sent = 0;
-        let error = loop {
-            match plain_send(&sender, 0, &header, &payload, far, &mut || {}, &sink) {
-                Ok(()) => sent += 1,
-                Err(e) => break e,
-            }
-        };
-        done.send((sent, error)).unwrap();
-    });
+    let finished = send_until_it_fails(e.clone());
     std::thread::sleep(Duration::from_millis(500));
     use nix::sys::socket::{Shutdown, shutdown};
     use std::os::fd::AsRawFd;
@@ -1203,4 +1188,25 @@ fn a_failed_link_lets_a_zero_copy_send_on_its_socket_go() {
         vec![(0, true)],
         "kept by zero_copy_always"
     );
+}
+
+/// Sends frames of 1 MiB on link 0 from a thread of its own until one
+/// fails: how many went, and the error, come on the channel.
+fn send_until_it_fails(e: Arc<FrameEngine>) -> std::sync::mpsc::Receiver<(usize, String)> {
+    let (done, finished) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let payload = vec![7u8; 1 << 20];
+        let far = Instant::now() + Duration::from_secs(60);
+        let header = (payload.len() as u64).to_le_bytes();
+        let sink = Sink::default();
+        let mut sent = 0;
+        let error = loop {
+            match plain_send(&e, 0, &header, &payload, far, &mut || {}, &sink) {
+                Ok(()) => sent += 1,
+                Err(e) => break e,
+            }
+        };
+        done.send((sent, error)).unwrap();
+    });
+    finished
 }

@@ -24,6 +24,24 @@ fn laned_tcp(n: usize, links: usize, link: [usize; 2]) -> [Arc<FrameEngine>; 2] 
     laned_between([engine(links), engine(links)], n, link).0
 }
 
+/// Sends `frames` on link 0 from a thread of `sender`'s, receives them on
+/// `receiver` and checks each arrived as sent; the receiver's sink.
+fn carry(sender: Arc<FrameEngine>, receiver: &FrameEngine, frames: &[Vec<u8>]) -> Sink {
+    let sent = frames.to_vec();
+    let t = std::thread::spawn(move || {
+        for p in &sent {
+            send_one(&sender, 0, p, &Sink::default());
+        }
+    });
+    let sink = Sink::default();
+    wait_for(receiver, &sink, |s| lock(&s.frames).len() == frames.len());
+    t.join().unwrap();
+    for (i, (_, p)) in lock(&sink.frames).iter().enumerate() {
+        assert!(*p == frames[i], "frame {i} differs");
+    }
+    sink
+}
+
 /// `laned_tcp` between the engines given, and the first end's send lanes'
 /// counters.
 fn laned_between(
@@ -444,18 +462,7 @@ fn a_frame_no_lane_can_finish_fails_the_link() {
 fn each_lane_probes_zero_copy_once_and_sends_plainly_where_the_kernel_copies() {
     let ([ea, eb], counters) = laned_between([engine(1), engine(1)], 4, [0, 0]);
     let frames: Vec<Vec<u8>> = (0..12).map(|i| vec![i as u8; 1 << 20]).collect();
-    let sent = frames.clone();
-    let sender = std::thread::spawn(move || {
-        for p in &sent {
-            send_one(&ea, 0, p, &Sink::default());
-        }
-    });
-    let sink = Sink::default();
-    wait_for(&eb, &sink, |s| lock(&s.frames).len() == frames.len());
-    sender.join().unwrap();
-    for (i, (_, p)) in lock(&sink.frames).iter().enumerate() {
-        assert!(*p == frames[i], "frame {i} differs");
-    }
+    carry(ea, &eb, &frames);
     // Loopback copies: each lane's first large piece went by SEND_ZC, the
     // kernel said it copied, and the lane sent plainly from then on.
     for (lane, c) in counters.iter().enumerate() {
@@ -525,22 +532,7 @@ fn a_failed_link_lets_zero_copy_callers_go_once_its_lanes_are_reset() {
     let main_a = shared(main_a);
     ea.add_link_with_lanes(0, main_a.clone(), lanes_of(ab_a, ba_a));
     let _idle_peer = (main_b, ab_b, ba_b);
-    let (done, finished) = std::sync::mpsc::channel();
-    let sender = ea.clone();
-    std::thread::spawn(move || {
-        let payload = vec![7u8; 1 << 20];
-        let far = Instant::now() + Duration::from_secs(60);
-        let header = (payload.len() as u64).to_le_bytes();
-        let sink = Sink::default();
-        let mut sent = 0;
-        let error = loop {
-            match plain_send(&sender, 0, &header, &payload, far, &mut || {}, &sink) {
-                Ok(()) => sent += 1,
-                Err(e) => break e,
-            }
-        };
-        done.send((sent, error)).unwrap();
-    });
+    let finished = send_until_it_fails(ea.clone());
     std::thread::sleep(Duration::from_millis(500));
     use nix::sys::socket::{Shutdown, shutdown};
     use std::os::fd::AsRawFd;
@@ -570,18 +562,7 @@ fn a_lane_that_refuses_zero_copy_resends_its_piece_plainly() {
     let counters = ea.add_link_with_lanes(0, shared(main_a), unix_lanes(ab_a, ba_a));
     eb.add_link_with_lanes(0, shared(main_b), unix_lanes(ba_b, ab_b));
     let frames: Vec<Vec<u8>> = (0..6).map(|i| vec![i as u8 + 1; 1 << 20]).collect();
-    let (sent, sender) = (frames.clone(), ea.clone());
-    let t = std::thread::spawn(move || {
-        for p in &sent {
-            send_one(&sender, 0, p, &Sink::default());
-        }
-    });
-    let sink = Sink::default();
-    wait_for(&eb, &sink, |s| lock(&s.frames).len() == frames.len());
-    t.join().unwrap();
-    for (i, (_, p)) in lock(&sink.frames).iter().enumerate() {
-        assert!(*p == frames[i], "frame {i} differs");
-    }
+    let sink = carry(ea, &eb, &frames);
     assert!(lock(&sink.failed).is_empty());
     for (lane, c) in counters.iter().enumerate() {
         assert_eq!(c.zero_copy_sends.load(Ordering::Relaxed), 0, "lane {lane}");
