@@ -34,6 +34,7 @@ pub use counting::CountingAllocator;
 pub use engine::{
     EngineConfig, FrameEngine, FrameKey, FrameSink, LaneCounter, LaneCounters, Lanes, LinkFault,
     MAX_FRAME_ALIGN, MAX_HEADER, PayloadAt, Placement, Placements, SendResult, Sent, SharedFd,
+    ThreadCounters,
 };
 
 pub use memlock::{MemlockLimit, memlock};

@@ -71,6 +71,8 @@ impl Engine {
             zero_copy_always: false,
             spin,
             max_lanes: usize::from(wire::MAX_LANES),
+            engine_threads: 0,
+            thread_cores: Vec::new(),
         })?;
         Ok(Engine {
             engine: Arc::new(engine),

@@ -13,6 +13,7 @@
 
 use super::head_slots::{HEAD_SLOTS, HeadSlots};
 use super::lanes::{self, LaneLoad, PIECE_HEADER, PieceFit, PieceHeader};
+use super::shard_thread::{EngineThread, ThreadCounters};
 use super::{
     Body, EngineConfig, FrameSink, LaneCounters, Lanes, LanesToInstall, LinkFault, MAX_FRAME_ALIGN,
     MAX_HEADER, Outcome, PlaceRequest, Queued, SendRequest, SharedFd,
@@ -48,6 +49,8 @@ const RECV: u64 = 1;
 const SEND: u64 = 2;
 const WAKE: u64 = 3;
 const CANCEL: u64 = 4;
+/// The message that wakes an engine thread (`shard_thread.rs`).
+const THREAD_WAKE: u64 = 5;
 
 /// `IORING_SEND_ZC_REPORT_USAGE` (sqe ioprio of a SEND_ZC) and
 /// `IORING_NOTIF_USAGE_ZC_COPIED` (in the notification's result).
@@ -198,6 +201,9 @@ impl Dest {
 struct SendLane {
     socket: SharedFd,
     fixed: Option<u32>,
+    /// The engine thread its entries are handed to (none: the driver's
+    /// ring takes them).
+    thread: Option<usize>,
     in_flight: bool,
     owner: Option<ThreadId>,
     /// The `user_data` of the send in flight (its cancel names it).
@@ -264,6 +270,8 @@ impl SendLane {
 struct RecvLane {
     socket: SharedFd,
     fixed: Option<u32>,
+    /// As `SendLane::thread`.
+    thread: Option<usize>,
     in_flight: bool,
     owner: Option<ThreadId>,
     rx: LaneRx,
@@ -743,6 +751,28 @@ pub(crate) fn on_a_passing_thread<T: Send>(f: impl FnOnce() -> T + Send) -> T {
     })
 }
 
+/// Starts `config.engine_threads` engine threads for the ring of
+/// descriptor `ring` (pinned to `config.thread_cores` where given); none
+/// where the kernel cannot run them, with a warning.
+fn start_threads(config: &EngineConfig, ring: RawFd, entries: u32) -> Vec<EngineThread> {
+    let mut threads = Vec::new();
+    for i in 0..config.engine_threads {
+        let core = config.thread_cores.get(i).copied();
+        match EngineThread::start(i, ring, entries, core) {
+            Ok(t) => threads.push(t),
+            Err(e) => {
+                tracing::warn!(
+                    error = %e,
+                    "engine threads cannot run here (they need Linux 6.3+); \
+                     the lanes run on the caller-driven ring"
+                );
+                return Vec::new();
+            }
+        }
+    }
+    threads
+}
+
 pub(crate) struct Driver {
     ring: IoUring,
     links: Vec<Option<Box<LinkIo>>>,
@@ -781,10 +811,17 @@ pub(crate) struct Driver {
     /// Lanes a link may have each way (their slots in the file table).
     max_lanes: usize,
     /// Lane entries built in `post_entries` (kept to reuse its storage).
-    lane_entries: Vec<(squeue::Entry, u64, bool)>,
+    lane_entries: Vec<(squeue::Entry, u64, bool, Option<usize>)>,
     /// SEND_ZC notifications owed on lanes, all links together: when none
     /// are, `release` looks no further.
     lane_notifications: usize,
+    /// Engine threads that lanes are dealt to (decision 0036); none: every
+    /// entry goes on this ring.
+    threads: Vec<EngineThread>,
+    /// Entries built for each thread this turn, handed over together.
+    handed: Vec<Vec<squeue::Entry>>,
+    /// Lanes dealt to threads so far (the next goes to `dealt % threads`).
+    dealt: usize,
 }
 
 // SAFETY: the raw pointers in `msghdr`/`iovec` point into this driver's own
@@ -828,7 +865,11 @@ impl Driver {
                 .register_files_sparse((per_link * links) as u32)
                 .is_ok()
         });
+        let threads = start_threads(config, ring.as_raw_fd(), entries);
         Ok(Driver {
+            handed: threads.iter().map(|_| Vec::new()).collect(),
+            threads,
+            dealt: 0,
             ring,
             links: (0..config.links).map(|_| None).collect(),
             header_len: config.header_len,
@@ -861,6 +902,11 @@ impl Driver {
 
     pub(crate) fn uses_fixed_files(&self) -> bool {
         self.fixed_files
+    }
+
+    /// The counters of each engine thread that runs.
+    pub(crate) fn thread_counters(&self) -> Vec<Arc<ThreadCounters>> {
+        self.threads.iter().map(EngineThread::counters).collect()
     }
 
     /// Each installed link's zero-copy state.
@@ -1272,6 +1318,16 @@ impl Driver {
                 .flatten()
         };
         let max = self.max_lanes;
+        // Lanes dealt to engine threads in turn, sends and receives alike,
+        // so one peer's lanes spread over them; theirs are not registered
+        // (the file table is this ring's).
+        let threads = self.threads.len();
+        let mut deal = || {
+            (threads > 0).then(|| {
+                self.dealt += 1;
+                (self.dealt - 1) % threads
+            })
+        };
         let (Lanes { send, recv, from }, counters) = match lanes {
             Some((lanes, counters)) => (lanes, Some(counters)),
             None => (
@@ -1292,8 +1348,10 @@ impl Driver {
                 if several {
                     set_notsent_lowat(&socket, LANE_NOTSENT_LOWAT);
                 }
+                let thread = deal();
                 SendLane {
-                    fixed: slot(&self.ring, &socket, 1 + i),
+                    fixed: slot(&self.ring, &socket, 1 + i).filter(|_| thread.is_none()),
+                    thread,
                     socket,
                     in_flight: false,
                     owner: None,
@@ -1319,14 +1377,18 @@ impl Driver {
             .into_iter()
             .take(max)
             .enumerate()
-            .map(|(i, socket)| RecvLane {
-                fixed: slot(&self.ring, &socket, 1 + max + i),
-                socket,
-                in_flight: false,
-                owner: None,
-                rx: LaneRx::EMPTY,
-                ahead: None,
-                ended: false,
+            .map(|(i, socket)| {
+                let thread = deal();
+                RecvLane {
+                    fixed: slot(&self.ring, &socket, 1 + max + i).filter(|_| thread.is_none()),
+                    thread,
+                    socket,
+                    in_flight: false,
+                    owner: None,
+                    rx: LaneRx::EMPTY,
+                    ahead: None,
+                    ended: false,
+                }
             })
             .collect();
         // Links are made once; a replaced one with entries in flight is
@@ -1561,7 +1623,7 @@ impl Driver {
                     && matches!(lane.zero_copy, ZeroCopy::Untried | ZeroCopy::On);
                 lane.describe(payload);
                 let entry = send_entry(&lane.socket, lane.fixed, &lane.msg, zero_copy);
-                lane_entries.push((entry.user_data(what), what, zero_copy));
+                lane_entries.push((entry.user_data(what), what, zero_copy, lane.thread));
             }
         }
         let base = match &mut l.rx {
@@ -1595,7 +1657,7 @@ impl Driver {
             };
             let what = lane_tag(RECV, link, 1 + i);
             let entry = entry.flags(libc::MSG_WAITALL).build().user_data(what);
-            lane_entries.push((entry, what, false));
+            lane_entries.push((entry, what, false, lane.thread));
         }
         if let Some(entry) = recv {
             // SAFETY: the receive writes into this link's boxed staging
@@ -1623,8 +1685,9 @@ impl Driver {
                 l.send_zero_copy = zero_copy;
             }
         }
-        for (entry, what, zero_copy) in lane_entries.drain(..) {
-            // SAFETY: a lane's send names its boxed `msghdr`/`iovec`, which
+        for (entry, what, zero_copy, thread) in lane_entries.drain(..) {
+            // What each lane entry names, and why it outlives the entry
+            // (both arms below): a lane's send names its boxed `msghdr`/`iovec`, which
             // describe its piece's header (in a boxed slot of the lane,
             // not rewritten until `HeadSlots` frees it: after the send, or
             // a SEND_ZC's notifications) and a range of the laned send's
@@ -1638,9 +1701,19 @@ impl Driver {
             // its length: a pooled buffer the driver owns, or a placement
             // target whose caller stays parked until it is reported
             // finished, which happens only once no lane reads into it.
-            if unsafe { self.push(&entry) } {
+            let pushed = match thread {
+                // SAFETY: as above; handed to an engine thread, the entry's
+                // completions come back to this ring all the same
+                // (`shard_thread.rs`), and are taken as this ring's are.
+                Some(t) => unsafe { self.hand(t, entry) },
+                // SAFETY: as above.
+                None => unsafe { self.push(&entry) },
+            };
+            if pushed {
                 let conn = ((what >> 8) & 0xff) as usize - 1;
-                let me = self.me;
+                // The kernel runs a handed entry's completion work on its
+                // engine thread, not this one: `release` leaves it be.
+                let me = if thread.is_some() { None } else { self.me };
                 let l = self.links[link].as_mut().expect("link present");
                 let (in_flight, owner) = match what & KIND {
                     SEND => {
@@ -1665,6 +1738,37 @@ impl Driver {
             }
         }
         self.lane_entries = lane_entries;
+        self.wake_threads();
+    }
+
+    /// Hands `entry` to engine thread `t` (with the others of this turn).
+    ///
+    /// # Safety
+    /// As `push`: memory `entry` names must stay valid until its last
+    /// completion is taken from this ring.
+    unsafe fn hand(&mut self, t: usize, entry: squeue::Entry) -> bool {
+        self.handed[t].push(entry);
+        self.in_flight += 1;
+        self.pushed += 1;
+        true
+    }
+
+    /// Gives each engine thread the entries built for it, and wakes it by a
+    /// message from this ring (submitted with the rest of the turn).
+    fn wake_threads(&mut self) {
+        for t in 0..self.threads.len() {
+            if self.handed[t].is_empty() {
+                continue;
+            }
+            let mut handed = std::mem::take(&mut self.handed[t]);
+            // SAFETY: `hand`'s contract, taken by whoever handed them.
+            unsafe { self.threads[t].hand(&mut handed) };
+            self.handed[t] = handed;
+            let wake = self.threads[t].wake_entry(tag(THREAD_WAKE, 0));
+            // SAFETY: a message names no memory. Should the queue stay full,
+            // the thread still finds its entries within its idle wait.
+            let _ = unsafe { self.push(&wake) };
+        }
     }
 
     /// Takes every completion there is; false if there was none.
@@ -1683,6 +1787,9 @@ impl Driver {
             let slot = ((user_data >> 4) & 0x0f) as usize;
             match (user_data & KIND, conn) {
                 (WAKE, _) => self.wake_in_flight = false,
+                (THREAD_WAKE, _) if result < 0 => {
+                    tracing::warn!(result, "waking an engine thread failed");
+                }
                 (RECV, 0) => self.received(link, result, sink, finished),
                 (SEND, 0) => self.sent(link, result, flags, sink, finished),
                 (RECV, lane) => self.lane_received(link, lane - 1, result, sink, finished),
@@ -2437,6 +2544,18 @@ impl Drop for Driver {
             self.sleep_in_kernel(Duration::from_millis(50));
             let flags: Vec<u32> = self.ring.completion().map(|c| c.flags()).collect();
             self.in_flight = settled(self.in_flight, flags.into_iter());
+        }
+        // Engine threads stop once what they submitted is done: after the
+        // wait above, which needed them to pass completions on.
+        for t in 0..self.threads.len() {
+            self.threads[t].ask_to_stop();
+            let wake = self.threads[t].wake_entry(tag(THREAD_WAKE, 0));
+            // SAFETY: a message names no memory.
+            let _ = unsafe { self.push(&wake) };
+        }
+        let _ = self.ring.submit();
+        for t in &mut self.threads {
+            t.join();
         }
         if self.in_flight > 0 {
             // SAFETY-relevant: the kernel may still write into these, so

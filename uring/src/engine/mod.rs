@@ -28,13 +28,12 @@ pub mod fuzzing;
 mod head_slots;
 mod lanes;
 mod placements;
-// Step 1 of decision 0036 (engine threads): the probe asks for its ring;
-// the rest waits for the engine threads that will use it.
-#[cfg_attr(not(test), allow(dead_code))]
 pub(crate) mod shard;
+mod shard_thread;
 
 pub(crate) use driver::on_a_passing_thread;
 pub use placements::Placements;
+pub use shard_thread::ThreadCounters;
 
 use crate::AlignedBuf;
 use driver::{DIRECT_SEND_BYTES, Driver};
@@ -130,6 +129,15 @@ pub struct EngineConfig {
     /// Most lanes a link has each way ([`FrameEngine::add_link_with_lanes`]
     /// takes no more): each has a slot in the ring's file table.
     pub max_lanes: usize,
+    /// Engine threads that lanes are dealt to (decision 0036): each owns a
+    /// ring of its own and submits its lanes' sends and receives there, so
+    /// their copies run on its core. 0: lanes run on the caller-driven
+    /// ring. Where the kernel cannot run them (before Linux 6.3) the
+    /// engine starts without, and says so.
+    pub engine_threads: usize,
+    /// The core each engine thread is pinned to, in order; threads past
+    /// its end (all, if empty) are not pinned.
+    pub thread_cores: Vec<usize>,
 }
 
 /// A link's lanes: connections to its peer that this end only writes
@@ -316,6 +324,8 @@ pub struct FrameEngine {
     /// its locks and turn.
     quiet: AtomicBool,
     fixed_files: bool,
+    /// Each engine thread's counters (empty: none run).
+    thread_counters: Vec<Arc<ThreadCounters>>,
     /// Storage of [`FrameEngine::with_placements`], kept for reuse.
     spare_placements: Mutex<Vec<placements::Posted>>,
     frame_align: usize,
@@ -417,6 +427,7 @@ impl FrameEngine {
         let poked = Arc::new(AtomicBool::new(false));
         let driver = Driver::new(&config, &wake, poked.clone())?;
         let fixed_files = driver.uses_fixed_files();
+        let thread_counters = driver.thread_counters();
         Ok(FrameEngine {
             state: Mutex::new(State {
                 generation: 0,
@@ -433,6 +444,7 @@ impl FrameEngine {
             poked,
             quiet: AtomicBool::new(false),
             fixed_files,
+            thread_counters,
             spare_placements: Mutex::default(),
             frame_align: config.frame_align,
         })
@@ -441,6 +453,12 @@ impl FrameEngine {
     /// Whether links are registered as fixed files (kernel support varies).
     pub fn uses_fixed_files(&self) -> bool {
         self.fixed_files
+    }
+
+    /// The counters of each engine thread that runs
+    /// ([`EngineConfig::engine_threads`]; empty where none do).
+    pub fn thread_counters(&self) -> &[Arc<ThreadCounters>] {
+        &self.thread_counters
     }
 
     /// Links whose zero-copy probe has run: `(link, true)` if SEND_ZC sends

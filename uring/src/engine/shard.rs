@@ -1,5 +1,5 @@
-//! One engine thread's ring (decision 0036, step 1): the building block of
-//! engine threads that own lanes. Nothing in the engine uses it yet.
+//! One engine thread's ring (decision 0036): what an engine thread
+//! (`shard_thread.rs`) submits its lanes' entries to.
 //!
 //! Such a ring is set up for one thread only: `SINGLE_ISSUER` (the kernel
 //! refuses submissions from any other task), `DEFER_TASKRUN` (completion
@@ -11,7 +11,7 @@
 //! message is a completion posted straight into the target ring.
 #![allow(unsafe_code)]
 
-use io_uring::{CompletionQueue, IoUring, SubmissionQueue, Submitter, opcode, types};
+use io_uring::{CompletionQueue, IoUring, SubmissionQueue, Submitter, opcode, squeue, types};
 use std::io;
 use std::os::fd::{AsRawFd, RawFd};
 use std::time::Duration;
@@ -62,34 +62,68 @@ impl<'a> ShardIo<'a> {
         self.registered_fd
     }
 
+    /// Queues `entry` (submitted by the next `wait` or `submit`).
+    ///
+    /// # Safety
+    /// Memory `entry` names must stay valid until its last completion has
+    /// been taken from this ring.
+    pub(crate) unsafe fn push(&mut self, entry: &squeue::Entry) -> io::Result<()> {
+        // SAFETY: the caller's contract, passed on.
+        if unsafe { self.sq.push(entry) }.is_err() {
+            self.submit()?;
+            // SAFETY: as above.
+            unsafe { self.sq.push(entry) }
+                .map_err(|_| io::Error::other("a shard ring's queue stayed full"))?;
+        }
+        Ok(())
+    }
+
+    /// Submits what is queued without waiting.
+    pub(crate) fn submit(&mut self) -> io::Result<()> {
+        self.sq.sync();
+        self.submitter.submit()?;
+        self.sq.sync();
+        Ok(())
+    }
+
     /// Posts a completion of `user_data` and `result` into the ring of
     /// descriptor `target` (another thread's shard ring, or any ring).
+    #[cfg(test)]
     pub(crate) fn message(&mut self, target: RawFd, user_data: u64, result: i32) -> io::Result<()> {
         // Its own completion is not wanted: only a failure would say
         // anything, and the target's completion is the message.
         let entry = opcode::MsgRingData::new(types::Fd(target), result, user_data, None)
             .build()
-            .flags(io_uring::squeue::Flags::SKIP_SUCCESS)
+            .flags(squeue::Flags::SKIP_SUCCESS)
             .user_data(MESSAGE_SENT);
         // SAFETY: a MSG_RING entry names no memory of this process: a
         // descriptor and two integers, copied into the entry.
-        if unsafe { self.sq.push(&entry) }.is_err() {
-            self.sq.sync();
-            self.submitter.submit()?;
-            self.sq.sync();
-            // SAFETY: as above.
-            unsafe { self.sq.push(&entry) }
-                .map_err(|_| io::Error::other("a shard ring's queue stayed full"))?;
-        }
-        self.sq.sync();
-        self.submitter.submit()?;
-        Ok(())
+        unsafe { self.push(&entry) }?;
+        self.submit()
     }
 
-    /// Waits up to `timeout` for at least one completion and appends every
-    /// completion there is to `out` as `(user_data, result)`. A failed
-    /// message of this ring's own comes back as an error.
-    pub(crate) fn wait(&mut self, timeout: Duration, out: &mut Vec<(u64, i32)>) -> io::Result<()> {
+    /// Queues a message that posts the completion `(user_data, result,
+    /// flags)` whole into the ring of descriptor `target` (flags passed
+    /// through: Linux 6.3+). The message's own completion, here, carries
+    /// `tag`: its result says whether it was delivered.
+    pub(crate) fn forward(
+        &mut self,
+        target: RawFd,
+        (user_data, result, flags): Completion,
+        tag: u64,
+    ) -> io::Result<()> {
+        let entry = opcode::MsgRingData::new(types::Fd(target), result, user_data, Some(flags))
+            .build()
+            .user_data(tag);
+        // SAFETY: a MSG_RING entry names no memory: a descriptor and three
+        // integers, copied into the entry.
+        unsafe { self.push(&entry) }
+    }
+
+    /// Submits what is queued, waits up to `timeout` for at least one
+    /// completion and appends every completion there is to `out`. A failed
+    /// `message` of this ring's own comes back as an error.
+    pub(crate) fn wait(&mut self, timeout: Duration, out: &mut Vec<Completion>) -> io::Result<()> {
         let ts = types::Timespec::from(timeout);
         let args = types::SubmitArgs::new().timespec(&ts);
         self.sq.sync();
@@ -98,16 +132,20 @@ impl<'a> ShardIo<'a> {
             Err(e) if matches!(e.raw_os_error(), Some(libc::ETIME | libc::EINTR)) => {}
             Err(e) => return Err(e),
         }
+        self.sq.sync();
         self.cq.sync();
         for cqe in &mut self.cq {
             if cqe.user_data() == MESSAGE_SENT {
                 return Err(io::Error::from_raw_os_error(-cqe.result()));
             }
-            out.push((cqe.user_data(), cqe.result()));
+            out.push((cqe.user_data(), cqe.result(), cqe.flags()));
         }
         Ok(())
     }
 }
+
+/// A completion as `(user_data, result, flags)`.
+pub(crate) type Completion = (u64, i32, u32);
 
 /// The `user_data` of this ring's own message entries (seen only when one
 /// fails).
@@ -120,13 +158,14 @@ mod tests {
     use std::time::Instant;
 
     /// Waits for the next completion, failing the test after 10 s.
-    fn next(io: &mut ShardIo<'_>, got: &mut Vec<(u64, i32)>) -> (u64, i32) {
+    fn next(io: &mut ShardIo<'_>, got: &mut Vec<Completion>) -> (u64, i32) {
         let until = Instant::now() + Duration::from_secs(10);
         while got.is_empty() {
             assert!(Instant::now() < until, "no completion in 10 s");
             io.wait(Duration::from_millis(100), got).unwrap();
         }
-        got.remove(0)
+        let (user_data, result, _) = got.remove(0);
+        (user_data, result)
     }
 
     #[test]

@@ -70,6 +70,8 @@ fn config(links: usize, spin: Duration, frame_align: usize) -> EngineConfig {
         zero_copy_always: false,
         spin,
         max_lanes: 8,
+        engine_threads: 0,
+        thread_cores: Vec::new(),
     }
 }
 
@@ -360,6 +362,8 @@ fn work_queued_while_the_driver_sleeps_in_the_kernel_wakes_it() {
                 zero_copy_always: false,
                 spin,
                 max_lanes: 8,
+                engine_threads: 0,
+                thread_cores: Vec::new(),
             })
             .unwrap()
         };

@@ -7,6 +7,8 @@ use crate::engine::lanes::{PIECE_HEADER, PieceHeader};
 use std::io::{Read, Write};
 use std::net::TcpStream;
 
+mod threads;
+
 /// The lane threshold of these tests' links.
 const FROM: usize = 64 << 10;
 

@@ -1,0 +1,484 @@
+//! Engine threads (decision 0036): each owns one shard ring (`shard.rs`)
+//! and submits there the entries of the lanes dealt to it.
+//!
+//! The caller-driven driver (decision 0007) still decides everything: it
+//! places pieces, builds each lane's send and receive entries as before,
+//! and *hands* them to the lane's thread instead of pushing them to its own
+//! ring. The thread submits them on its ring, so the kernel copies the
+//! bytes, and runs a socket's retries, on the thread's core, not the
+//! waiting caller's. Every completion is passed on whole (result and flags)
+//! into the driver's ring by MSG_RING, where the driver takes it exactly as
+//! if it had submitted the entry itself: the lanes' bookkeeping (slots,
+//! notifications, placement, counters) stays in one place, on one thread at
+//! a time, and needs no locks.
+//!
+//! Memory: an entry names driver memory or a parked caller's, and the
+//! driver keeps it valid until the entry's last completion reaches its own
+//! ring, as for its own entries. A thread stops only when the driver has
+//! taken every completion it waited for, or, past a deadline, abandons its
+//! ring; the driver then leaks what is still named (its `Drop`).
+#![allow(unsafe_code)]
+
+use super::shard::{Completion, ShardIo, shard_ring};
+use io_uring::{opcode, squeue, types};
+use std::io;
+use std::os::fd::RawFd;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, mpsc};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// What one engine thread has done, updated as it goes (relaxed atomics:
+/// counters, not synchronisation).
+#[derive(Debug, Default)]
+pub struct ThreadCounters {
+    /// The core it is pinned to, plus one (0: not pinned).
+    pub core: AtomicU64,
+    /// Entries it submitted (lanes' sends and receives).
+    pub entries: AtomicU64,
+    /// Bytes those entries moved (sent or received; piece headers too).
+    pub bytes: AtomicU64,
+    /// Completions it passed on to the driver.
+    pub completions: AtomicU64,
+    /// Times it woke from waiting on its ring.
+    pub wakeups: AtomicU64,
+    /// Nanoseconds it spent not waiting in the kernel.
+    pub busy_ns: AtomicU64,
+    /// CPU nanoseconds the thread has used, user and system (the kernel's
+    /// copies into and out of sockets are system time).
+    pub cpu_ns: AtomicU64,
+}
+
+/// `user_data` of the message that says "entries handed" (in the
+/// thread's ring). The driver's own `user_data`s stay below bit 56.
+const INBOX: u64 = 1 << 62;
+/// Bit of a forwarding message's own `user_data` (the rest: its slot).
+const FORWARD: u64 = 1 << 63;
+
+/// How long a thread with nothing to do waits before it looks at its stop
+/// flag unasked (the driver wakes it when it stops it; this is a backstop).
+const IDLE_WAIT: Duration = Duration::from_millis(200);
+/// How long a stopping thread waits for entries still in flight.
+const STOP_WAIT: Duration = Duration::from_secs(2);
+
+struct Shared {
+    /// Entries handed over and not yet submitted.
+    inbox: Mutex<Vec<squeue::Entry>>,
+    stop: AtomicBool,
+    counters: Arc<ThreadCounters>,
+}
+
+/// An engine thread and what the driver needs to reach it.
+pub(crate) struct EngineThread {
+    shared: Arc<Shared>,
+    ring_fd: RawFd,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl EngineThread {
+    /// Starts thread `index`, pinned to `core` if given, with a ring of
+    /// `entries`; it passes completions on to the ring of descriptor
+    /// `driver_ring`. Fails where the kernel refuses the ring's flags or
+    /// cannot pass completion flags through MSG_RING (before Linux 6.3).
+    pub(crate) fn start(
+        index: usize,
+        driver_ring: RawFd,
+        entries: u32,
+        core: Option<usize>,
+    ) -> io::Result<EngineThread> {
+        let shared = Arc::new(Shared {
+            inbox: Mutex::new(Vec::new()),
+            stop: AtomicBool::new(false),
+            counters: Arc::default(),
+        });
+        let (ready, ring_fd) = mpsc::channel();
+        let thread = std::thread::Builder::new()
+            .name(format!("ringwire-engine-{index}"))
+            .spawn({
+                let shared = shared.clone();
+                move || run(&shared, driver_ring, entries, core, ready)
+            })?;
+        match ring_fd.recv() {
+            Ok(Ok(ring_fd)) => Ok(EngineThread {
+                shared,
+                ring_fd,
+                thread: Some(thread),
+            }),
+            Ok(Err(e)) => {
+                let _ = thread.join();
+                Err(e)
+            }
+            Err(_) => {
+                let _ = thread.join();
+                Err(io::Error::other("an engine thread ended while starting"))
+            }
+        }
+    }
+
+    pub(crate) fn counters(&self) -> Arc<ThreadCounters> {
+        self.shared.counters.clone()
+    }
+
+    /// Moves `entries` (emptied) to the thread; it submits them once
+    /// woken by `wake_entry`'s message.
+    ///
+    /// # Safety
+    /// Memory each entry names must stay valid until the entry's last
+    /// completion has been taken from the driver's ring.
+    pub(crate) unsafe fn hand(&self, entries: &mut Vec<squeue::Entry>) {
+        let mut inbox = self.shared.inbox.lock().unwrap_or_else(|p| p.into_inner());
+        inbox.append(entries);
+    }
+
+    /// The driver's entry that wakes the thread (a message into its ring);
+    /// its own completion in the driver's ring carries `user_data`.
+    pub(crate) fn wake_entry(&self, user_data: u64) -> squeue::Entry {
+        opcode::MsgRingData::new(types::Fd(self.ring_fd), 0, INBOX, None)
+            .build()
+            .user_data(user_data)
+    }
+
+    /// Asks the thread to stop once nothing it submitted is in flight
+    /// (wake it after, with `wake_entry`).
+    pub(crate) fn ask_to_stop(&self) {
+        self.shared.stop.store(true, Ordering::SeqCst);
+    }
+
+    /// Waits for the thread to end (`ask_to_stop` first).
+    pub(crate) fn join(&mut self) {
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for EngineThread {
+    fn drop(&mut self) {
+        self.ask_to_stop();
+        self.join();
+    }
+}
+
+/// The thread: set up, then serve until stopped.
+fn run(
+    shared: &Shared,
+    driver_ring: RawFd,
+    entries: u32,
+    core: Option<usize>,
+    ready: mpsc::Sender<io::Result<RawFd>>,
+) {
+    if let Some(core) = core
+        && pin_to(core)
+    {
+        shared
+            .counters
+            .core
+            .store(core as u64 + 1, Ordering::Relaxed);
+    }
+    let mut ring = match shard_ring(entries) {
+        Ok(ring) => ring,
+        Err(e) => {
+            let _ = ready.send(Err(e));
+            return;
+        }
+    };
+    let mut io = ShardIo::new(&mut ring);
+    if let Err(e) = passes_flags(&mut io) {
+        let _ = ready.send(Err(e));
+        return;
+    }
+    tracing::debug!(
+        core,
+        registered_fd = io.registered_fd(),
+        "an engine thread runs"
+    );
+    if ready.send(Ok(io.fd())).is_err() {
+        return;
+    }
+    serve(&mut io, driver_ring, shared);
+}
+
+/// Pins the calling thread to `core`; false if the kernel refused.
+fn pin_to(core: usize) -> bool {
+    let mut set = nix::sched::CpuSet::new();
+    set.set(core).is_ok()
+        && nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &set).is_ok()
+}
+
+/// Whether a message carries completion flags through (IORING_MSG_RING_
+/// FLAGS_PASS, Linux 6.3+): the driver reads a SEND_ZC's "more" and
+/// "notification" flags off the completions passed on to it.
+fn passes_flags(io: &mut ShardIo<'_>) -> io::Result<()> {
+    const HELLO: u64 = INBOX | 1;
+    const FLAGS: u32 = 1 << 3;
+    io.forward(io.fd(), (HELLO, 7, FLAGS), FORWARD)?;
+    let until = Instant::now() + Duration::from_secs(5);
+    let mut got = Vec::new();
+    while Instant::now() < until {
+        io.wait(Duration::from_millis(100), &mut got)?;
+        for &(user_data, result, flags) in &got {
+            match user_data {
+                FORWARD if result < 0 => return Err(io::Error::from_raw_os_error(-result)),
+                HELLO if (result, flags) == (7, FLAGS) => return Ok(()),
+                HELLO => return Err(io::Error::other("MSG_RING dropped a completion's flags")),
+                _ => {}
+            }
+        }
+        got.clear();
+    }
+    Err(io::Error::other("a message to its own ring never came"))
+}
+
+/// Completions being passed on, by slot (the forwarding message's
+/// `user_data` names it), kept until delivered so a failed delivery can
+/// be retried.
+#[derive(Default)]
+struct InTransit {
+    slots: Vec<Option<Completion>>,
+    free: Vec<usize>,
+    len: usize,
+}
+
+impl InTransit {
+    fn add(&mut self, c: Completion) -> u64 {
+        self.len += 1;
+        match self.free.pop() {
+            Some(i) => {
+                self.slots[i] = Some(c);
+                i as u64
+            }
+            None => {
+                self.slots.push(Some(c));
+                (self.slots.len() - 1) as u64
+            }
+        }
+    }
+
+    /// The completion in slot `i`, taken out.
+    fn take(&mut self, i: usize) -> Option<Completion> {
+        let c = self.slots.get_mut(i)?.take()?;
+        self.free.push(i);
+        self.len -= 1;
+        Some(c)
+    }
+}
+
+/// The thread's loop: submit what was handed over, wait, pass every
+/// completion on; until asked to stop with nothing left in flight.
+fn serve(io: &mut ShardIo<'_>, driver_ring: RawFd, shared: &Shared) {
+    let counters = &shared.counters;
+    // Handed entries whose last completion has not come.
+    let mut outstanding = 0usize;
+    let mut handed = Vec::new();
+    let mut got = Vec::new();
+    let mut in_transit = InTransit::default();
+    let mut retry: Vec<Completion> = Vec::new();
+    let mut stopping: Option<Instant> = None;
+    let mut woke = Instant::now();
+    loop {
+        std::mem::swap(
+            &mut *shared.inbox.lock().unwrap_or_else(|p| p.into_inner()),
+            &mut handed,
+        );
+        for entry in handed.drain(..) {
+            // SAFETY: `EngineThread::hand`'s contract: what the entry names
+            // stays valid until its last completion reaches the driver,
+            // which is after this ring gave it up.
+            match unsafe { io.push(&entry) } {
+                Ok(()) => {
+                    outstanding += 1;
+                    counters.entries.fetch_add(1, Ordering::Relaxed);
+                }
+                Err(e) => {
+                    // The ring takes entries whatever its queue holds
+                    // (SUBMIT_ALL, a submit before a retry): this is a
+                    // ring that no longer works. The driver learns of it
+                    // as the entry's failure.
+                    tracing::error!(error = %e, "an engine thread could not submit");
+                    let failed = (entry_user_data(&entry), -libc::EIO, 0);
+                    let slot = in_transit.add(failed);
+                    let _ = io.forward(driver_ring, failed, FORWARD | slot);
+                }
+            }
+        }
+        for c in retry.drain(..) {
+            let slot = in_transit.add(c);
+            let _ = io.forward(driver_ring, c, FORWARD | slot);
+        }
+        if shared.stop.load(Ordering::SeqCst) {
+            let since = *stopping.get_or_insert_with(Instant::now);
+            if (outstanding == 0 && in_transit.len == 0) || since.elapsed() > STOP_WAIT {
+                if outstanding > 0 {
+                    tracing::warn!(
+                        outstanding,
+                        "an engine thread stopped with entries in flight"
+                    );
+                }
+                return;
+            }
+        }
+        counters
+            .busy_ns
+            .fetch_add(woke.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        counters.cpu_ns.store(thread_cpu_ns(), Ordering::Relaxed);
+        let wait = match stopping {
+            Some(_) => Duration::from_millis(10),
+            None => IDLE_WAIT,
+        };
+        if let Err(e) = io.wait(wait, &mut got) {
+            tracing::error!(error = %e, "an engine thread's wait failed");
+        }
+        woke = Instant::now();
+        counters.wakeups.fetch_add(1, Ordering::Relaxed);
+        let mut passed = 0u64;
+        for c in got.drain(..) {
+            let (user_data, result, flags) = c;
+            if user_data == INBOX {
+                continue;
+            }
+            if user_data & FORWARD != 0 {
+                let delivered = in_transit.take((user_data & !FORWARD) as usize);
+                if let Some(lost) = delivered.filter(|_| result < 0) {
+                    tracing::warn!(result, "passing a completion on failed; again");
+                    retry.push(lost);
+                }
+                continue;
+            }
+            // A SEND_ZC's first completion says "more": its entry is in
+            // flight until the notification.
+            if !io_uring::cqueue::more(flags) {
+                outstanding -= 1;
+            }
+            if result > 0 && !io_uring::cqueue::notif(flags) {
+                counters.bytes.fetch_add(result as u64, Ordering::Relaxed);
+            }
+            passed += 1;
+            let slot = in_transit.add(c);
+            if let Err(e) = io.forward(driver_ring, c, FORWARD | slot) {
+                tracing::error!(error = %e, "an engine thread could not pass a completion on");
+                in_transit.take(slot as usize);
+                retry.push(c);
+            }
+        }
+        counters.completions.fetch_add(passed, Ordering::Relaxed);
+    }
+}
+
+/// An entry's `user_data` (the driver's tag for it).
+fn entry_user_data(entry: &squeue::Entry) -> u64 {
+    entry.get_user_data()
+}
+
+/// CPU time of the calling thread, in nanoseconds.
+fn thread_cpu_ns() -> u64 {
+    nix::time::clock_gettime(nix::time::ClockId::CLOCK_THREAD_CPUTIME_ID).map_or(0, |t| {
+        t.tv_sec() as u64 * 1_000_000_000 + t.tv_nsec() as u64
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use io_uring::IoUring;
+    use std::io::Read;
+    use std::os::fd::AsRawFd;
+
+    const MORE: u32 = 1 << 1; // IORING_CQE_F_MORE
+    const NOTIF: u32 = 1 << 3; // IORING_CQE_F_NOTIF
+
+    /// Takes completions off `ring` until `want` of them came (10 s at most).
+    fn take(ring: &mut IoUring, want: usize) -> Vec<Completion> {
+        let until = Instant::now() + Duration::from_secs(10);
+        let mut got = Vec::new();
+        while got.len() < want {
+            assert!(Instant::now() < until, "only {got:?} in 10 s");
+            let ts = types::Timespec::from(Duration::from_millis(50));
+            let args = types::SubmitArgs::new().timespec(&ts);
+            let _ = ring.submitter().submit_with_args(1, &args);
+            got.extend(
+                ring.completion()
+                    .map(|c| (c.user_data(), c.result(), c.flags())),
+            );
+        }
+        got
+    }
+
+    /// Hands `entries` to `t` and wakes it from `ring`.
+    fn hand_and_wake(t: &EngineThread, ring: &mut IoUring, mut entries: Vec<squeue::Entry>) {
+        // SAFETY: the tests keep what the entries name until their
+        // completions came back.
+        unsafe { t.hand(&mut entries) };
+        let wake = t.wake_entry(99);
+        // SAFETY: a message names no memory.
+        unsafe { ring.submission().push(&wake) }.unwrap();
+        ring.submit().unwrap();
+    }
+
+    #[test]
+    fn a_thread_submits_what_it_is_handed_and_passes_each_completion_on_whole() {
+        // The driver's side is a plain ring, as the driver's is. A SEND_ZC
+        // completes twice (its result flagged "more", then a notification):
+        // both must arrive with their flags, after a NOP's.
+        let mut ring = IoUring::builder().setup_coop_taskrun().build(16).unwrap();
+        let t = EngineThread::start(0, ring.as_raw_fd(), 16, None).unwrap();
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let a = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (mut b, _) = listener.accept().unwrap();
+        let bytes = vec![5u8; 100_000];
+        let send = opcode::SendZc::new(types::Fd(a.as_raw_fd()), bytes.as_ptr(), 100_000)
+            .build()
+            .user_data(7);
+        let nop = opcode::Nop::new().build().user_data(42);
+        hand_and_wake(&t, &mut ring, vec![nop, send]);
+        let reader = std::thread::spawn(move || {
+            let mut got = vec![0u8; 100_000];
+            b.read_exact(&mut got).unwrap();
+            got
+        });
+        let mut got = take(&mut ring, 4);
+        got.sort_by_key(|c| (c.0, c.2));
+        assert_eq!(got[0], (7, 100_000, MORE), "{got:?}");
+        assert_eq!((got[1].0, got[1].2), (7, NOTIF), "{got:?}");
+        assert_eq!(got[2], (42, 0, 0), "{got:?}");
+        assert_eq!(got[3], (99, 0, 0), "the wake's own completion: {got:?}");
+        assert!(reader.join().unwrap() == bytes);
+        let c = t.counters();
+        assert_eq!(c.entries.load(Ordering::Relaxed), 2);
+        assert_eq!(c.completions.load(Ordering::Relaxed), 3);
+        assert_eq!(c.bytes.load(Ordering::Relaxed), 100_000);
+        assert!(c.cpu_ns.load(Ordering::Relaxed) > 0);
+    }
+
+    #[test]
+    fn a_thread_asked_to_stop_waits_for_what_is_in_flight() {
+        // A receive that nothing answers yet: the thread stays until the
+        // socket ends it, passes that on, and only then stops.
+        let mut ring = IoUring::builder().setup_coop_taskrun().build(16).unwrap();
+        let mut t = EngineThread::start(0, ring.as_raw_fd(), 16, None).unwrap();
+        let (a, b) = std::os::unix::net::UnixStream::pair().unwrap();
+        let mut buf = [0u8; 64];
+        let recv = opcode::Recv::new(types::Fd(a.as_raw_fd()), buf.as_mut_ptr(), 64)
+            .build()
+            .user_data(3);
+        hand_and_wake(&t, &mut ring, vec![recv]);
+        assert_eq!(take(&mut ring, 1), vec![(99, 0, 0)]);
+        t.ask_to_stop();
+        hand_and_wake(&t, &mut ring, Vec::new());
+        assert_eq!(take(&mut ring, 1), vec![(99, 0, 0)]);
+        std::thread::sleep(Duration::from_millis(100));
+        assert!(ring.completion().is_empty(), "the receive still waits");
+        assert!(!t.thread.as_ref().unwrap().is_finished());
+        drop(b);
+        assert_eq!(take(&mut ring, 1), vec![(3, 0, 0)], "end of stream");
+        t.join();
+        assert_eq!(buf, [0u8; 64]);
+    }
+
+    #[test]
+    fn a_thread_pinned_to_a_core_says_which() {
+        let ring = IoUring::new(8).unwrap();
+        let core = *crate::usable_core_ids().last().unwrap();
+        let t = EngineThread::start(0, ring.as_raw_fd(), 8, Some(core)).unwrap();
+        assert_eq!(t.counters().core.load(Ordering::Relaxed), core as u64 + 1);
+    }
+}
