@@ -170,6 +170,9 @@ pub(crate) struct Tunables {
     /// the payloads of large frames (RINGWIRE_TCP_LANES: on (1), off (0) or
     /// a count up to 8; decisions 0018, 0034).
     pub(crate) tcp_lanes: u8,
+    /// Engine threads that TCP lanes run on (RINGWIRE_ENGINE_THREADS;
+    /// decision 0036; 0: the caller-driven ring). This rank's alone.
+    pub(crate) engine_threads: usize,
     /// Waiters poll this long before sleeping (RINGWIRE_SPIN_US): a caller
     /// in `wait`, the executor between jobs, either plane for a frame.
     pub(crate) spin: Duration,
@@ -313,6 +316,7 @@ pub(crate) struct Overrides {
     pub(crate) two_level: Option<TwoLevel>,
     pub(crate) inter_host_gbps: Option<f64>,
     pub(crate) tcp_lanes: Option<u8>,
+    pub(crate) engine_threads: Option<usize>,
     pub(crate) heartbeat_timeout: Option<Duration>,
     pub(crate) run_ahead_bytes: Option<usize>,
     pub(crate) spin: Option<Duration>,
@@ -352,6 +356,9 @@ fn env_parsed<T>(
 /// as decision 0018 measured; more pay only where a link is faster than one
 /// stream on one core moves (decision 0034).
 pub(crate) const DEFAULT_TCP_LANES: u8 = 1;
+
+/// Most engine threads a rank may ask for.
+pub(crate) const MAX_ENGINE_THREADS: usize = 64;
 
 /// RINGWIRE_TCP_LANES: a switch (on: the default count) or a count.
 fn parse_lanes(value: &str) -> Option<u8> {
@@ -482,6 +489,16 @@ impl Overrides {
             )?
             .unwrap_or(DEFAULT_TCP_LANES),
         };
+        let engine_threads = match self.engine_threads {
+            Some(n) => n.min(MAX_ENGINE_THREADS),
+            None => env_parsed(
+                lookup,
+                "RINGWIRE_ENGINE_THREADS",
+                |v| v.parse::<usize>().ok().filter(|&n| n <= MAX_ENGINE_THREADS),
+                "a number of engine threads, 0 (none) to 64",
+            )?
+            .unwrap_or(0),
+        };
         let spin = match self.spin {
             Some(s) => s,
             None => {
@@ -535,6 +552,7 @@ impl Overrides {
             two_level,
             inter_host_gbps,
             tcp_lanes,
+            engine_threads,
             spin,
             heartbeat_timeout,
             run_ahead_bytes,
@@ -732,6 +750,33 @@ mod tests {
         let msg = err.to_string();
         assert!(msg.contains("RINGWIRE_SOCKET_BUFFER_BYTES=4MB"), "{msg}");
         assert!(msg.contains("4M"), "{msg}");
+    }
+
+    #[test]
+    fn engine_threads_are_a_count_up_to_64_and_none_unless_asked() {
+        let resolve =
+            |v: &str| Overrides::default().resolve(&vars(&[("RINGWIRE_ENGINE_THREADS", v)]));
+        assert_eq!(resolve("").unwrap().engine_threads, 0);
+        assert_eq!(resolve("2").unwrap().engine_threads, 2);
+        assert_eq!(resolve("64").unwrap().engine_threads, 64);
+        for bad in ["65", "two", "-1"] {
+            match resolve(bad) {
+                Err(Error::Env(EnvError::Invalid { var, expected, .. })) => {
+                    assert_eq!(var, "RINGWIRE_ENGINE_THREADS");
+                    assert!(expected.contains("0 (none) to 64"), "{expected}");
+                }
+                other => panic!("{bad}: {other:?}"),
+            }
+        }
+        // The builder's wins, and is held to the same bound.
+        let asked = Overrides {
+            engine_threads: Some(100),
+            ..Overrides::default()
+        };
+        let t = asked
+            .resolve(&vars(&[("RINGWIRE_ENGINE_THREADS", "1")]))
+            .unwrap();
+        assert_eq!(t.engine_threads, MAX_ENGINE_THREADS);
     }
 
     #[test]

@@ -52,5 +52,5 @@ pub use pending::PendingCollective;
 pub use recorder::{DEFAULT_FLIGHT_RECORDER_OPS, OpRecord, OpState};
 pub use rendezvous::Builder;
 pub use security::{Security, SecurityError, TlsConfig, TlsMode};
-pub use stats::{LaneStats, Stats};
+pub use stats::{EngineThreadStats, LaneStats, Stats};
 pub use wire::OpKind;

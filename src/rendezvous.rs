@@ -17,10 +17,12 @@ use crate::security::secret::Secret;
 use crate::security::{self, Security, TlsConfig};
 use crate::store::{Store, StoreClient, StoreError, StoreServer, TcpStoreClient};
 use crate::transport::Transport;
+use crate::transport::engine_cores::engine_thread_cores;
 use crate::transport::mesh::{LocalPeers, Mesh, MeshConfig};
 use crate::wire::OpKind;
 pub(crate) use crate::world::World;
 use crate::{env, net};
+use ringwire_uring::usable_core_ids;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -379,6 +381,20 @@ impl Builder {
         self
     }
 
+    /// How many engine threads run this rank's TCP lanes (0, the default,
+    /// to 64). Each owns an io_uring of its own and is pinned to a core
+    /// no local rank is homed on, where the host has enough of them; the
+    /// kernel's copies of lane traffic then run on those cores instead of
+    /// the waiting caller's, so a link can fill a network one core cannot
+    /// (docs/decisions/0036). Small frames and every link's main
+    /// connection stay on the caller-driven ring. Worth it only with more
+    /// than one lane ([`Builder::tcp_lane_count`]) and spare cores.
+    /// Env: RINGWIRE_ENGINE_THREADS=N.
+    pub fn engine_threads(mut self, threads: usize) -> Builder {
+        self.overrides.engine_threads = Some(threads);
+        self
+    }
+
     /// Which transport to use. Env: RINGWIRE_TRANSPORT=auto|uring|portable.
     pub fn transport(mut self, kind: TransportKind) -> Builder {
         self.overrides.transport = Some(kind);
@@ -505,7 +521,8 @@ fn rendezvous(
         None if size == 1 => {
             // One rank and no store: nothing to meet.
             let listener = net::bind_listener("127.0.0.1".parse().expect("literal"))?;
-            let transport = start_transport(listener, None, 0, 0, Vec::new(), t, sec)?;
+            let cores = engine_thread_cores(t.engine_threads, 0, 1, &usable_core_ids());
+            let transport = start_transport(listener, None, 0, 0, Vec::new(), t, sec, cores)?;
             return Ok(World {
                 rank,
                 size,
@@ -727,7 +744,16 @@ fn rendezvous(
         peers: local_peers,
         crowded: crowded || found_here > ringwire_uring::usable_cores(),
     });
-    let transport = start_transport(listener, local, rank, job_id, peers, t, sec)?;
+    // Engine threads' cores: after those of the ranks found here (by the
+    // launcher's count where it gave one).
+    let (local_rank, on_host) = b.local.unwrap_or_else(|| {
+        let before = local
+            .as_ref()
+            .map_or(0, |l| l.peers[..rank].iter().flatten().count());
+        (before, found_here)
+    });
+    let cores = engine_thread_cores(t.engine_threads, local_rank, on_host, &usable_core_ids());
+    let transport = start_transport(listener, local, rank, job_id, peers, t, sec, cores)?;
 
     // Whether some host is crowded, counted before the barrier so every
     // rank reads the same total after it: the algorithms it selects must
@@ -853,6 +879,7 @@ fn same_host_unix_addr(mine: &str, theirs: &[u8]) -> Option<std::os::unix::net::
         .flatten()
 }
 
+#[allow(clippy::too_many_arguments)] // who this rank is, and how its transport runs
 fn start_transport(
     listener: std::net::TcpListener,
     local: Option<LocalPeers>,
@@ -861,6 +888,7 @@ fn start_transport(
     peers: Vec<SocketAddr>,
     t: &Tunables,
     sec: &Security,
+    thread_cores: Vec<usize>,
 ) -> Result<Box<dyn Transport>, Error> {
     let (uring, why) = t.transport.choose(sec.tls.is_some())?;
     let name = if uring { "uring" } else { "portable" };
@@ -870,6 +898,8 @@ fn start_transport(
         uring_required: t.transport == TransportKind::Uring,
         spin: t.spin,
         lanes: t.tcp_lanes,
+        engine_threads: t.engine_threads,
+        thread_cores,
         shm: t.local_links == LocalLinks::Shm && sec.tls.is_none(),
         max_payload: t.max_frame_bytes,
         handshake_timeout: t.connect_timeout.min(Duration::from_secs(10)),

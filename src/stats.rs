@@ -33,6 +33,25 @@ pub struct LaneStats {
     pub copied_sends: u64,
 }
 
+/// What one engine thread of this process has done (decision 0036):
+/// [`crate::Communicator::engine_thread_stats`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct EngineThreadStats {
+    /// The core it is pinned to (`None`: the host had too few cores to
+    /// give every rank's threads their own, and the scheduler places it).
+    pub core: Option<usize>,
+    /// Lane sends and receives it submitted.
+    pub entries: u64,
+    /// Bytes those moved, both ways (piece headers included).
+    pub bytes: u64,
+    /// Times it woke from waiting on its ring.
+    pub wakeups: u64,
+    /// CPU time it used, user and system: its busy time (the kernel's
+    /// copies of lane traffic are system time, spent inside its waits).
+    /// Over `bytes`, what moving a byte cost.
+    pub cpu: Duration,
+}
+
 /// A snapshot of a communicator's counters.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Stats {

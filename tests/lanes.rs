@@ -138,8 +138,65 @@ fn connections_by_bytes_sent(to: std::net::SocketAddr) -> Vec<(u16, u64)> {
 }
 
 #[test]
+fn every_collective_is_right_with_lanes_on_engine_threads() {
+    // Decision 0036: each rank's lanes run on two engine threads of its
+    // own, which submit the lanes' sends and receives on their rings.
+    let seed = common::seed();
+    let (_store, comms) = local_group(3, |b| tcp_with_lanes(4)(b).engine_threads(2));
+    for r in on_all(&comms, |c| {
+        common::sweep::every_op_at::<f32>(c, seed, &[300_001, (1 << 20) + 7])?;
+        common::sweep::every_op_at::<i64>(c, seed, &[150_001])
+    }) {
+        r.unwrap();
+    }
+    if !engine(&comms) {
+        assert!(comms[0].engine_thread_stats().is_empty());
+        return;
+    }
+    for (rank, c) in comms.iter().enumerate() {
+        let threads = c.engine_thread_stats();
+        assert_eq!(threads.len(), 2, "rank {rank}: {threads:?}");
+        for (i, t) in threads.iter().enumerate() {
+            // Every thread carried lanes' bytes; this host has too few
+            // cores to give 3 ranks and their 6 threads their own.
+            assert!(
+                t.entries > 0 && t.bytes > 0,
+                "rank {rank} thread {i}: {t:?}"
+            );
+            assert!(t.cpu > Duration::ZERO, "rank {rank} thread {i}: {t:?}");
+            if ringwire_uring::usable_cores() < 9 {
+                assert_eq!(t.core, None, "rank {rank} thread {i}");
+            }
+        }
+        let laned: u64 = (0..3)
+            .filter(|&p| p != rank)
+            .flat_map(|p| c.lane_stats(p))
+            .map(|l| l.bytes_sent)
+            .sum();
+        let moved: u64 = threads.iter().map(|t| t.bytes).sum();
+        assert!(
+            moved >= laned,
+            "rank {rank}: threads moved {moved}, lanes sent {laned}"
+        );
+    }
+}
+
+#[test]
 fn a_lane_cut_mid_op_fails_the_op_naming_the_peer() {
-    let (_store, comms) = local_group(2, |b| tcp_with_lanes(4)(b).timeout(Duration::from_secs(20)));
+    lane_cut_fails_the_op(0);
+}
+
+#[test]
+fn a_lane_on_an_engine_thread_cut_mid_op_fails_the_op_naming_the_peer() {
+    lane_cut_fails_the_op(2);
+}
+
+fn lane_cut_fails_the_op(engine_threads: usize) {
+    let (_store, comms) = local_group(2, |b| {
+        tcp_with_lanes(4)(b)
+            .engine_threads(engine_threads)
+            .timeout(Duration::from_secs(20))
+    });
     if !engine(&comms) {
         return; // no lanes on the portable transport
     }

@@ -453,6 +453,7 @@ fn run_rank(a: &Args) -> Result<bool, String> {
         ));
     }
     let lead = rank == 0;
+    let started = Instant::now();
     let progress = lead && std::io::stderr().is_terminal();
     if lead {
         println!(
@@ -771,6 +772,15 @@ fn run_rank(a: &Args) -> Result<bool, String> {
                         println!("# {name}: rank 0's link to rank {next}: {line}");
                     }
                 }
+            }
+            // The engine's threads are the process's: once, whichever
+            // communicator runs on it.
+            let elapsed = started.elapsed();
+            if let Some(line) = comms
+                .iter()
+                .find_map(|(_, c)| report::engine_threads(&c.engine_thread_stats(), elapsed))
+            {
+                println!("# rank 0's {line}");
             }
             for (t, sizes) in report::two_level_sizes(&rows) {
                 println!(

@@ -152,6 +152,38 @@ pub(crate) fn lane_shares(stats: &[ringwire::LaneStats]) -> Option<String> {
     Some(line)
 }
 
+/// The line under the table on what rank 0's engine threads did
+/// (decision 0036): per thread, its core, the bytes it moved, its CPU
+/// seconds per GB moved and how much of a core it used over `elapsed`.
+/// `None` without
+/// engine threads.
+pub(crate) fn engine_threads(
+    stats: &[ringwire::EngineThreadStats],
+    elapsed: std::time::Duration,
+) -> Option<String> {
+    if stats.is_empty() {
+        return None;
+    }
+    let mut line = format!("{} engine threads:", stats.len());
+    for (i, t) in stats.iter().enumerate() {
+        let core = t
+            .core
+            .map_or("unpinned".to_string(), |c| format!("core {c}"));
+        let per_gb = match t.bytes {
+            0 => "-".to_string(),
+            b => format!("{:.3}", t.cpu.as_secs_f64() / (b as f64 / 1e9)),
+        };
+        let busy = 100.0 * t.cpu.as_secs_f64() / elapsed.as_secs_f64().max(1e-9);
+        let _ = write!(
+            line,
+            " thread {i} ({core}) {} B, {per_gb} CPU s/GB, {busy:.0}% of a core;",
+            t.bytes
+        );
+    }
+    line.pop();
+    Some(line)
+}
+
 /// Per transport, the sizes whose op ran in two levels, as ranges of
 /// consecutive rows ("16777216-67108864"), for the line under the table.
 pub(crate) fn two_level_sizes(rows: &[Row]) -> Vec<(String, String)> {
@@ -319,6 +351,26 @@ mod tests {
             line,
             "2 lanes carried 400 B: lane 0 75.0% (3 pieces, 0 B unacked) \
              lane 1 25.0% (1 pieces, 4096 B unacked); 2 SEND_ZC sends, 2 copied"
+        );
+    }
+
+    #[test]
+    fn the_engine_threads_line_says_what_each_moved_and_at_what_cost() {
+        use std::time::Duration;
+        assert_eq!(engine_threads(&[], Duration::from_secs(1)), None);
+        let pinned = ringwire::EngineThreadStats {
+            core: Some(5),
+            entries: 10,
+            bytes: 2_000_000_000,
+            wakeups: 4,
+            cpu: Duration::from_millis(600),
+        };
+        let idle = ringwire::EngineThreadStats::default();
+        let line = engine_threads(&[pinned, idle], Duration::from_secs(2)).unwrap();
+        assert_eq!(
+            line,
+            "2 engine threads: thread 0 (core 5) 2000000000 B, 0.300 CPU s/GB, 30% of a core; \
+             thread 1 (unpinned) 0 B, - CPU s/GB, 0% of a core"
         );
     }
 

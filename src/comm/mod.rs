@@ -283,6 +283,14 @@ impl Communicator {
             .map_or_else(Vec::new, |&r| self.inner.world.transport.link_lane_stats(r))
     }
 
+    /// What each engine thread of this process has done (empty unless
+    /// [`crate::Builder::engine_threads`] asked for some and they run):
+    /// bytes moved, CPU and busy time. Shared by every communicator of the
+    /// process.
+    pub fn engine_thread_stats(&self) -> Vec<crate::EngineThreadStats> {
+        self.inner.world.transport.engine_thread_stats()
+    }
+
     /// A handle to the same communicator whose ops use `timeout` instead of
     /// the configured default. Ops queue in one order whichever handle
     /// submits them.

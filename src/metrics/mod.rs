@@ -39,7 +39,8 @@ mod server;
 pub use server::server_addr;
 
 use crate::stats::{
-    Counters, FAILURE_KINDS, LATENCY_BOUNDS_NS, LaneStats, OpCounters, StatsRecorder,
+    Counters, EngineThreadStats, FAILURE_KINDS, LATENCY_BOUNDS_NS, LaneStats, OpCounters,
+    StatsRecorder,
 };
 use crate::wire::OpKind;
 use crate::world::World;
@@ -118,6 +119,7 @@ impl Source {
             .map(|peer| (peer, transport.link_lane_stats(self.members[peer])))
             .filter(|(_, lanes)| !lanes.is_empty())
             .collect();
+        let engine_threads = transport.engine_thread_stats();
         Sample {
             rank: self.rank,
             comm: format!("{:016x}", self.comm_id),
@@ -127,6 +129,7 @@ impl Source {
             inboxes: transport.inboxes() as u64,
             links,
             lanes,
+            engine_threads,
         }
     }
 }
@@ -145,6 +148,8 @@ pub(crate) struct Sample {
     links: Vec<(usize, &'static str)>,
     /// (peer rank, its link's send lanes) for each link with lanes.
     lanes: Vec<(usize, Vec<LaneStats>)>,
+    /// The process's engine threads (decision 0036), in order.
+    engine_threads: Vec<EngineThreadStats>,
 }
 
 /// Every live communicator's metrics in this process, in the Prometheus
@@ -233,6 +238,33 @@ const LANE_COUNTERS: [LaneCounter; 5] = [
         "Bytes a send lane's socket held unacknowledged when last looked at (links with          more than one lane): its queue depth.",
         MetricType::Gauge,
         |l| l.unacked_bytes,
+    ),
+];
+
+type ThreadCounter = (&'static str, &'static str, fn(&EngineThreadStats) -> f64);
+
+/// Each engine thread's numbers (decision 0036): the process's, shared by
+/// its communicators. CPU seconds over bytes is the cost of moving them.
+const THREAD_COUNTERS: [ThreadCounter; 4] = [
+    (
+        "engine_thread_entries",
+        "Lane sends and receives an engine thread submitted.",
+        |t| t.entries as f64,
+    ),
+    (
+        "engine_thread_bytes",
+        "Bytes an engine thread's lane sends and receives moved, both ways.",
+        |t| t.bytes as f64,
+    ),
+    (
+        "engine_thread_wakeups",
+        "Times an engine thread woke from waiting on its ring.",
+        |t| t.wakeups as f64,
+    ),
+    (
+        "engine_thread_cpu_seconds",
+        "CPU time an engine thread used, user and system (the kernel's copies of lane traffic): its busy time.",
+        |t| t.cpu.as_secs_f64(),
     ),
 ];
 
@@ -371,6 +403,18 @@ impl Collector for Samples {
                 }
             }
         }
+
+        for (name, help, value) in THREAD_COUNTERS {
+            let mut metric = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
+            for s in &self.0 {
+                for (thread, stats) in s.engine_threads.iter().enumerate() {
+                    let labels = (base(s), [("thread", thread)]);
+                    metric
+                        .encode_family(&labels)?
+                        .encode_counter::<NoLabelSet, _, u64>(&value(stats), None)?;
+                }
+            }
+        }
         Ok(())
     }
 }
@@ -405,6 +449,17 @@ mod tests {
             inboxes: 2,
             links,
             lanes,
+            // Two engine threads, the second unpinned.
+            engine_threads: vec![
+                EngineThreadStats {
+                    core: Some(3),
+                    entries: 10,
+                    bytes: 1 << 30,
+                    wakeups: 7,
+                    cpu: Duration::from_millis(250),
+                },
+                EngineThreadStats::default(),
+            ],
         }
     }
 
@@ -469,6 +524,10 @@ mod tests {
             "ringwire_lane_zero_copy_sends_total counter",
             "ringwire_lane_copied_sends_total counter",
             "ringwire_lane_unacked_bytes gauge",
+            "ringwire_engine_thread_entries_total counter",
+            "ringwire_engine_thread_bytes_total counter",
+            "ringwire_engine_thread_wakeups_total counter",
+            "ringwire_engine_thread_cpu_seconds_total counter",
         ] {
             let ty = format!("# TYPE {name}\n");
             assert_eq!(text.matches(&ty).count(), 1, "{name}:\n{text}");
@@ -574,6 +633,16 @@ mod tests {
             !text.contains(r#"peer="0",lane="#),
             "a Unix link has no lanes"
         );
+        let thread = |name: &str, thread: usize| {
+            at(&format!(
+                r#"ringwire_engine_thread_{name}{{{r1},thread="{thread}"}}"#
+            ))
+        };
+        assert_eq!(thread("bytes_total", 0), (1u64 << 30) as f64);
+        assert_eq!(thread("entries_total", 0), 10.0);
+        assert_eq!(thread("wakeups_total", 0), 7.0);
+        assert_eq!(thread("cpu_seconds_total", 0), 0.25);
+        assert_eq!(thread("cpu_seconds_total", 1), 0.0);
         // Rank 0's series come before rank 1's.
         let first = |r: &str| text.find(&format!("ringwire_ops_total{{{r}")).unwrap();
         assert!(first(r0) < first(r1));

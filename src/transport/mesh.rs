@@ -71,6 +71,10 @@ pub(crate) struct MeshConfig {
     /// Lanes each way to dial TCP links with when the engine runs
     /// (decisions 0018, 0034; 0: none).
     pub(crate) lanes: u8,
+    /// Engine threads the TCP lanes run on, and the cores to pin them to
+    /// (decision 0036; `engine_cores.rs`).
+    pub(crate) engine_threads: usize,
+    pub(crate) thread_cores: Vec<usize>,
     /// Links to ranks on this host run on shared memory where they can.
     pub(crate) shm: bool,
     /// Bytes a peer may deliver for ops this rank has not started before
@@ -134,6 +138,8 @@ impl Mesh {
         let plane_config = PlaneConfig {
             write_timeout: config.write_timeout,
             spin: config.spin,
+            engine_threads: config.engine_threads,
+            thread_cores: config.thread_cores.clone(),
             crowded,
             tls: config.security.tls.is_some(),
             shm: config.shm,
@@ -525,6 +531,10 @@ impl Transport for Mesh {
             .peers
             .ready(peer)
             .map_or(0, |link| link.plane.lanes())
+    }
+
+    fn engine_thread_stats(&self) -> Vec<crate::stats::EngineThreadStats> {
+        self.hub.planes.engine_thread_stats()
     }
 
     fn link_lane_stats(&self, peer: usize) -> Vec<crate::stats::LaneStats> {

@@ -15,6 +15,7 @@
 pub(crate) mod conn;
 mod control;
 mod dispatch;
+pub(crate) mod engine_cores;
 pub(crate) mod failure;
 mod framing;
 mod inbox;
@@ -229,6 +230,11 @@ pub(crate) trait Transport: Send + Sync {
     fn link_lanes(&self, peer: usize) -> usize {
         let _ = peer;
         0
+    }
+    /// What each engine thread of this process has done (empty: none run;
+    /// decision 0036).
+    fn engine_thread_stats(&self) -> Vec<crate::stats::EngineThreadStats> {
+        Vec::new()
     }
     /// What each lane this rank writes to `peer` has carried (empty
     /// without lanes, or no link yet).

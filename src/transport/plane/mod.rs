@@ -232,6 +232,9 @@ pub(crate) struct PlaneConfig {
     pub(crate) write_timeout: Duration,
     /// How long a wait polls before it sleeps (RINGWIRE_SPIN_US).
     pub(crate) spin: Duration,
+    /// Engine threads for the lanes, and their cores (decision 0036).
+    pub(crate) engine_threads: usize,
+    pub(crate) thread_cores: Vec<usize>,
     /// This host runs more ranks than it has cores.
     pub(crate) crowded: bool,
     /// Links run TLS: byte streams may hold bytes their socket does not.
@@ -265,7 +268,7 @@ impl Planes {
     ) -> io::Result<Planes> {
         let uring = match use_uring {
             false => None,
-            true => match uring::Engine::start(world, config.spin) {
+            true => match uring::Engine::start(world, &config) {
                 Ok(engine) => Some(engine),
                 Err(e) if uring_required => return Err(e),
                 Err(e) => {
@@ -319,6 +322,13 @@ impl Planes {
             Some(engine) => engine.add(fabric, peer, link, &self.config),
             None => portable::PortableLink::start(fabric, peer, link, &self.config),
         }
+    }
+
+    /// What each of the engine's threads has done (empty: none run).
+    pub(crate) fn engine_thread_stats(&self) -> Vec<crate::stats::EngineThreadStats> {
+        self.uring
+            .as_ref()
+            .map_or_else(Vec::new, uring::Engine::thread_stats)
     }
 
     /// A short name for logs: the plane links get.

@@ -1035,6 +1035,8 @@ mod tests {
         let config = PlaneConfig {
             write_timeout: Duration::from_secs(5),
             spin: Duration::from_micros(50),
+            engine_threads: 0,
+            thread_cores: Vec::new(),
             crowded: false,
             tls: false,
             shm: true,

@@ -61,7 +61,7 @@ pub(super) struct Engine {
 }
 
 impl Engine {
-    pub(super) fn start(world: usize, spin: Duration) -> io::Result<Engine> {
+    pub(super) fn start(world: usize, config: &PlaneConfig) -> io::Result<Engine> {
         let engine = FrameEngine::new(EngineConfig {
             links: world,
             header_len: HEADER_LEN,
@@ -69,10 +69,10 @@ impl Engine {
             staging: STAGING_BYTES,
             zero_copy_from: Some(ZERO_COPY_FROM),
             zero_copy_always: false,
-            spin,
+            spin: config.spin,
             max_lanes: usize::from(wire::MAX_LANES),
-            engine_threads: 0,
-            thread_cores: Vec::new(),
+            engine_threads: config.engine_threads,
+            thread_cores: config.thread_cores.clone(),
         })?;
         Ok(Engine {
             engine: Arc::new(engine),
@@ -129,6 +129,22 @@ impl Engine {
             counters,
             write_timeout: config.write_timeout,
         }))
+    }
+
+    /// What each engine thread has done.
+    pub(super) fn thread_stats(&self) -> Vec<crate::stats::EngineThreadStats> {
+        let load = |a: &std::sync::atomic::AtomicU64| a.load(std::sync::atomic::Ordering::Relaxed);
+        self.engine
+            .thread_counters()
+            .iter()
+            .map(|c| crate::stats::EngineThreadStats {
+                core: load(&c.core).checked_sub(1).map(|core| core as usize),
+                entries: load(&c.entries),
+                bytes: load(&c.bytes),
+                wakeups: load(&c.wakeups),
+                cpu: Duration::from_nanos(load(&c.cpu_ns)),
+            })
+            .collect()
     }
 
     pub(super) fn waker(&self) -> Wake {

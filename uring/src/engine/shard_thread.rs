@@ -42,10 +42,9 @@ pub struct ThreadCounters {
     pub completions: AtomicU64,
     /// Times it woke from waiting on its ring.
     pub wakeups: AtomicU64,
-    /// Nanoseconds it spent not waiting in the kernel.
-    pub busy_ns: AtomicU64,
-    /// CPU nanoseconds the thread has used, user and system (the kernel's
-    /// copies into and out of sockets are system time).
+    /// CPU nanoseconds the thread has used, user and system: its busy
+    /// time. (Time outside its waits would not be: with DEFER_TASKRUN the
+    /// kernel copies a socket's bytes inside the wait, as system time.)
     pub cpu_ns: AtomicU64,
 }
 
@@ -274,7 +273,6 @@ fn serve(io: &mut ShardIo<'_>, driver_ring: RawFd, shared: &Shared) {
     let mut in_transit = InTransit::default();
     let mut retry: Vec<Completion> = Vec::new();
     let mut stopping: Option<Instant> = None;
-    let mut woke = Instant::now();
     loop {
         std::mem::swap(
             &mut *shared.inbox.lock().unwrap_or_else(|p| p.into_inner()),
@@ -317,9 +315,6 @@ fn serve(io: &mut ShardIo<'_>, driver_ring: RawFd, shared: &Shared) {
                 return;
             }
         }
-        counters
-            .busy_ns
-            .fetch_add(woke.elapsed().as_nanos() as u64, Ordering::Relaxed);
         counters.cpu_ns.store(thread_cpu_ns(), Ordering::Relaxed);
         let wait = match stopping {
             Some(_) => Duration::from_millis(10),
@@ -328,7 +323,6 @@ fn serve(io: &mut ShardIo<'_>, driver_ring: RawFd, shared: &Shared) {
         if let Err(e) = io.wait(wait, &mut got) {
             tracing::error!(error = %e, "an engine thread's wait failed");
         }
-        woke = Instant::now();
         counters.wakeups.fetch_add(1, Ordering::Relaxed);
         let mut passed = 0u64;
         for c in got.drain(..) {
