@@ -19,8 +19,13 @@
 #     plain TCP on the same veth (link %, busbw over that limit);
 #   - Open MPI over TCP (btl tcp,self), mpirun in host A launching host
 #     B's daemon through an ssh stand-in that enters B's namespace.
-# Engine threads {1,2,4}, which the issue also asks for, do not exist yet
-# (part 2): this sweeps lanes only.
+#   - with each lane count above 0, engine threads (decision 0036) in
+#     THREADS_LIST ("1 2 4"; RINGWIRE_ENGINE_THREADS): those ranks get
+#     their host's cores, not one each, and pin their threads to cores
+#     after the ranks' own where the host has enough (else the threads
+#     run unpinned within the host's cores).
+# Each run takes a minute or two: narrow the lists to fit the time lent,
+# e.g. RANKS_LIST=8 LANES_LIST="1 4" THREADS_LIST=2 ROUNDS=1.
 # One JSON per run in $OUT, and a table of median busbw (and link %).
 set -euo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -34,6 +39,7 @@ maxb=${MAXB:-256M}
 rounds=${ROUNDS:-2}
 ranks_list=${RANKS_LIST:-8 16}
 lanes_list=${LANES_LIST:-0 1 4 8}
+threads_list=${THREADS_LIST:-1 2 4}
 mtu=${MTU:-9000}
 bench=$DEV/ringwire-bench
 for f in "$bench" "$DEV/mpi_coll" "$DEV/ompi/bin/mpirun"; do
@@ -92,16 +98,25 @@ wait_all() {
   done
 }
 
-run_ringwire() { # world two_level lanes label round
-  local world=$1 mode=$2 lanes=$3 label=$4 round=$5 per=$(($1 / 2)) pids=()
+# A host's half of the cores.
+host_cpus() { # host
+  local half=$((cores / 2))
+  echo "$(($1 * half))-$(($1 * half + half - 1))"
+}
+
+run_ringwire() { # world two_level lanes threads label round
+  local world=$1 mode=$2 lanes=$3 threads=$4 label=$5 round=$6 per=$(($1 / 2)) pids=()
   local port=$((20000 + RANDOM % 20000))
   for ((r = 0; r < world; r++)); do
     local host=$((r / per)) core=$r
     ((world <= cores)) || core=0-$((cores - 1))
+    # Ranks with engine threads get their host's cores: the engine homes
+    # each rank on one and puts its threads on others.
+    ((threads == 0)) || core=$(host_cpus $host)
     ip netns exec "${ns[$host]}" taskset -c "$core" env \
       RANK=$r WORLD_SIZE=$world LOCAL_RANK=$((r % per)) LOCAL_WORLD_SIZE=$per \
       MASTER_ADDR="${ip_of[0]}" MASTER_PORT=$port \
-      RINGWIRE_TWO_LEVEL="$mode" RINGWIRE_TCP_LANES="$lanes" \
+      RINGWIRE_TWO_LEVEL="$mode" RINGWIRE_TCP_LANES="$lanes" RINGWIRE_ENGINE_THREADS="$threads" \
       "$bench" "$op" -b "$minb" -e "$maxb" -f 4 --transport uring --local-links shm --link-limit \
       $([ $r = 0 ] && echo --json "$OUT/$label-$world-$round.json") \
       >"$OUT/$label-$world-$round-rank$r.log" 2>&1 &
@@ -126,9 +141,16 @@ run_ompi() { # world round
 
 for ((round = 0; round < rounds; round++)); do
   for world in $ranks_list; do
-    runs=("run_ringwire $world always 1 two-level-l1 $round" "run_ringwire $world always 0 two-level-l0 $round"
+    runs=("run_ringwire $world always 1 0 two-level-l1 $round" "run_ringwire $world always 0 0 two-level-l0 $round"
       "run_ompi $world $round")
-    for lanes in $lanes_list; do runs+=("run_ringwire $world never $lanes flat-l$lanes $round"); done
+    for lanes in $lanes_list; do
+      runs+=("run_ringwire $world never $lanes 0 flat-l$lanes $round")
+      if ((lanes > 0)); then
+        for threads in $threads_list; do
+          runs+=("run_ringwire $world never $lanes $threads flat-l$lanes-t$threads $round")
+        done
+      fi
+    done
     n=${#runs[@]}
     for ((i = 0; i < n; i++)); do
       ${runs[$(((i + round) % n))]} || true
