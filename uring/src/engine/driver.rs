@@ -512,6 +512,9 @@ impl LinkIo {
             for (i, (lane, load)) in self.send_lanes.iter().zip(&mut self.loads).enumerate() {
                 let unacked = unacknowledged(&lane.socket);
                 load.observe(unacked);
+                if let Some((rate, app_limited)) = delivery_rate(&lane.socket) {
+                    load.observe_rate(rate, app_limited);
+                }
                 if let Some(c) = self.counters.as_ref().and_then(|c| c.get(i)) {
                     c.unacked.store(unacked, Ordering::Relaxed);
                 }
@@ -2479,6 +2482,32 @@ fn unacknowledged(socket: &SharedFd) -> u64 {
     // `bytes`, a live local.
     let done = unsafe { libc::ioctl(socket.as_raw_fd(), libc::TIOCOUTQ, &mut bytes) };
     if done == 0 { bytes.max(0) as u64 } else { 0 }
+}
+
+/// The kernel's delivery rate estimate of a TCP socket (bytes/s) and
+/// whether the sample behind it was limited by what the socket was fed.
+fn delivery_rate(socket: &SharedFd) -> Option<(u64, bool)> {
+    // SAFETY: `tcp_info` is plain old data; all-zero is a valid value.
+    let mut info: libc::tcp_info = unsafe { std::mem::zeroed() };
+    let mut len = size_of::<libc::tcp_info>() as libc::socklen_t;
+    // SAFETY: `TCP_INFO` writes at most `len` bytes into `info`, a live
+    // local of that size, and the length into `len`.
+    let done = unsafe {
+        libc::getsockopt(
+            socket.as_raw_fd(),
+            libc::IPPROTO_TCP,
+            libc::TCP_INFO,
+            (&mut info as *mut libc::tcp_info).cast(),
+            &mut len,
+        )
+    };
+    if done != 0 {
+        return None;
+    }
+    // The byte after the window scales holds the app-limited bit (bit 0).
+    // SAFETY: byte 7 of the struct, inside it.
+    let flags = unsafe { *(&info as *const libc::tcp_info).cast::<u8>().add(7) };
+    Some((info.tcpi_delivery_rate, flags & 1 != 0))
 }
 
 /// Sets `TCP_NOTSENT_LOWAT` on a send lane; a socket that takes no such
