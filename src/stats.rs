@@ -31,6 +31,10 @@ pub struct LaneStats {
     /// veth, a NIC without the offload): the lane's fallbacks to plain
     /// sends.
     pub copied_sends: u64,
+    /// The kernel's delivery rate of the lane in bytes per second, as the
+    /// engine last kept it to place pieces by (decision 0037; 0: none yet,
+    /// or one lane).
+    pub delivery_rate: u64,
 }
 
 /// What one engine thread of this process has done (decision 0036):

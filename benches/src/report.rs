@@ -142,9 +142,13 @@ pub(crate) fn lane_shares(stats: &[ringwire::LaneStats]) -> Option<String> {
         let share = 100.0 * l.bytes_sent as f64 / total as f64;
         let _ = write!(
             line,
-            " lane {i} {share:.1}% ({} pieces, {} B unacked)",
+            " lane {i} {share:.1}% ({} pieces, {} B unacked",
             l.pieces_sent, l.unacked_bytes
         );
+        if l.delivery_rate > 0 {
+            let _ = write!(line, ", {:.1} MB/s", l.delivery_rate as f64 / 1e6);
+        }
+        line.push(')');
     }
     let zero_copy: u64 = stats.iter().map(|l| l.zero_copy_sends).sum();
     let copied: u64 = stats.iter().map(|l| l.copied_sends).sum();
@@ -344,13 +348,14 @@ mod tests {
             unacked_bytes,
             zero_copy_sends: 1,
             copied_sends: 1,
+            delivery_rate: unacked_bytes * 1000,
         };
         assert_eq!(lane_shares(&[lane(0, 0, 0)]), None, "nothing laned yet");
         let line = lane_shares(&[lane(300, 3, 0), lane(100, 1, 4096)]).unwrap();
         assert_eq!(
             line,
             "2 lanes carried 400 B: lane 0 75.0% (3 pieces, 0 B unacked) \
-             lane 1 25.0% (1 pieces, 4096 B unacked); 2 SEND_ZC sends, 2 copied"
+             lane 1 25.0% (1 pieces, 4096 B unacked, 4.1 MB/s); 2 SEND_ZC sends, 2 copied"
         );
     }
 

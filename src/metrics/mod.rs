@@ -208,7 +208,7 @@ type LaneCounter = (
 
 /// Each send lane's numbers (decision 0034): of the process's link to the
 /// peer, which every communicator over that link shares.
-const LANE_COUNTERS: [LaneCounter; 5] = [
+const LANE_COUNTERS: [LaneCounter; 6] = [
     (
         "lane_bytes_sent",
         "Bytes the kernel took on a send lane of the link to a peer (piece headers          included); the link is the process's, shared by its communicators.",
@@ -238,6 +238,12 @@ const LANE_COUNTERS: [LaneCounter; 5] = [
         "Bytes a send lane's socket held unacknowledged when last looked at (links with          more than one lane): its queue depth.",
         MetricType::Gauge,
         |l| l.unacked_bytes,
+    ),
+    (
+        "lane_delivery_rate_bytes_per_second",
+        "The kernel's delivery rate of a send lane, as the engine last kept it to place          pieces by (links with more than one lane; 0: none yet).",
+        MetricType::Gauge,
+        |l| l.delivery_rate,
     ),
 ];
 
@@ -434,6 +440,7 @@ mod tests {
             unacked_bytes: 64 * i,
             zero_copy_sends: 1,
             copied_sends: i - 1,
+            delivery_rate: 1_000_000 * i,
         };
         let lanes = links
             .iter()
@@ -524,6 +531,7 @@ mod tests {
             "ringwire_lane_zero_copy_sends_total counter",
             "ringwire_lane_copied_sends_total counter",
             "ringwire_lane_unacked_bytes gauge",
+            "ringwire_lane_delivery_rate_bytes_per_second gauge",
             "ringwire_engine_thread_entries_total counter",
             "ringwire_engine_thread_bytes_total counter",
             "ringwire_engine_thread_wakeups_total counter",
@@ -629,6 +637,7 @@ mod tests {
         assert_eq!(lane("zero_copy_sends_total", 1), 1.0);
         assert_eq!(lane("copied_sends_total", 1), 1.0);
         assert_eq!(lane("unacked_bytes", 1), 128.0);
+        assert_eq!(lane("delivery_rate_bytes_per_second", 1), 2e6);
         assert!(
             !text.contains(r#"peer="0",lane="#),
             "a Unix link has no lanes"

@@ -379,6 +379,7 @@ impl LinkPlane for UringLink {
                 unacked_bytes: load(&c.unacked),
                 zero_copy_sends: load(&c.zero_copy_sends),
                 copied_sends: load(&c.copied_sends),
+                delivery_rate: load(&c.delivery_rate),
             })
             .collect()
     }

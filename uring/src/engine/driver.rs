@@ -517,6 +517,7 @@ impl LinkIo {
                 }
                 if let Some(c) = self.counters.as_ref().and_then(|c| c.get(i)) {
                     c.unacked.store(unacked, Ordering::Relaxed);
+                    c.delivery_rate.store(load.rate(), Ordering::Relaxed);
                 }
             }
         }

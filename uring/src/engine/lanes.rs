@@ -110,6 +110,11 @@ impl LaneLoad {
         self.unacked = unacked;
     }
 
+    /// The delivery rate kept (bytes/s; 0: none yet).
+    pub(crate) fn rate(&self) -> u64 {
+        self.rate
+    }
+
     /// The kernel's delivery rate sample: kept unless it was app-limited.
     pub(crate) fn observe_rate(&mut self, rate: u64, app_limited: bool) {
         if rate > 0 && !app_limited {

@@ -306,6 +306,9 @@ fn a_slow_lane_is_given_fewer_pieces() {
         "the slow lane carried {} bytes, a fair share being {fair}: {carried:?}",
         carried[3]
     );
+    // (The kernel marks loopback's rate samples app-limited, so placement
+    // keeps no rate here and this is decision 0034's rule; the weighing by
+    // rate (0037) is tested in `lanes.rs` and measured over namespaces.)
 }
 
 /// One end of a laned link whose peer is raw sockets the test writes:
