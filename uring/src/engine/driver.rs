@@ -2587,6 +2587,11 @@ impl Drop for Driver {
         for t in &mut self.threads {
             t.join();
         }
+        // The wake messages' own completions (posted at submit), and any
+        // the threads passed on while stopping: taken, or the count above
+        // would leak the links for nothing.
+        let flags: Vec<u32> = self.ring.completion().map(|c| c.flags()).collect();
+        self.in_flight = settled(self.in_flight, flags.into_iter());
         if self.in_flight > 0 {
             // SAFETY-relevant: the kernel may still write into these, so
             // they must outlive it: leak them.
