@@ -1354,7 +1354,10 @@ impl Driver {
                 }
                 let thread = deal();
                 SendLane {
-                    fixed: slot(&self.ring, &socket, 1 + i).filter(|_| thread.is_none()),
+                    fixed: thread
+                        .is_none()
+                        .then(|| slot(&self.ring, &socket, 1 + i))
+                        .flatten(),
                     thread,
                     socket,
                     in_flight: false,
@@ -1384,7 +1387,10 @@ impl Driver {
             .map(|(i, socket)| {
                 let thread = deal();
                 RecvLane {
-                    fixed: slot(&self.ring, &socket, 1 + max + i).filter(|_| thread.is_none()),
+                    fixed: thread
+                        .is_none()
+                        .then(|| slot(&self.ring, &socket, 1 + max + i))
+                        .flatten(),
                     thread,
                     socket,
                     in_flight: false,

@@ -294,14 +294,12 @@ fn serve(io: &mut ShardIo<'_>, driver_ring: RawFd, shared: &Shared) {
                     // as the entry's failure.
                     tracing::error!(error = %e, "an engine thread could not submit");
                     let failed = (entry_user_data(&entry), -libc::EIO, 0);
-                    let slot = in_transit.add(failed);
-                    let _ = io.forward(driver_ring, failed, FORWARD | slot);
+                    pass_on(io, driver_ring, failed, &mut in_transit, &mut retry);
                 }
             }
         }
-        for c in retry.drain(..) {
-            let slot = in_transit.add(c);
-            let _ = io.forward(driver_ring, c, FORWARD | slot);
+        for c in std::mem::take(&mut retry) {
+            pass_on(io, driver_ring, c, &mut in_transit, &mut retry);
         }
         if shared.stop.load(Ordering::SeqCst) {
             let since = *stopping.get_or_insert_with(Instant::now);
@@ -347,14 +345,27 @@ fn serve(io: &mut ShardIo<'_>, driver_ring: RawFd, shared: &Shared) {
                 counters.bytes.fetch_add(result as u64, Ordering::Relaxed);
             }
             passed += 1;
-            let slot = in_transit.add(c);
-            if let Err(e) = io.forward(driver_ring, c, FORWARD | slot) {
-                tracing::error!(error = %e, "an engine thread could not pass a completion on");
-                in_transit.take(slot as usize);
-                retry.push(c);
-            }
+            pass_on(io, driver_ring, c, &mut in_transit, &mut retry);
         }
         counters.completions.fetch_add(passed, Ordering::Relaxed);
+    }
+}
+
+/// Queues `c`'s message to the driver's ring, kept in `in_transit` until
+/// delivered; one that cannot even be queued waits in `retry` (never
+/// dropped: the driver would wait on it forever).
+fn pass_on(
+    io: &mut ShardIo<'_>,
+    driver_ring: RawFd,
+    c: Completion,
+    in_transit: &mut InTransit,
+    retry: &mut Vec<Completion>,
+) {
+    let slot = in_transit.add(c);
+    if let Err(e) = io.forward(driver_ring, c, FORWARD | slot) {
+        tracing::error!(error = %e, "an engine thread could not pass a completion on");
+        in_transit.take(slot as usize);
+        retry.push(c);
     }
 }
 

@@ -60,6 +60,30 @@ fn laned_between(
     (ends, counters)
 }
 
+/// Each end of `ends` (linked as link 1 on the first, 0 on the second)
+/// sends `n` frames of `payload(i + side)` while receiving the other's;
+/// each end's sink once all arrived.
+fn exchange(ends: &[Arc<FrameEngine>; 2], n: usize) -> [Arc<Sink>; 2] {
+    let sinks = [Arc::new(Sink::default()), Arc::new(Sink::default())];
+    let mut workers = Vec::new();
+    for (side, link) in [(0, 1), (1, 0)] {
+        let (e, sink) = (ends[side].clone(), sinks[side].clone());
+        workers.push(std::thread::spawn(move || {
+            for i in 0..n {
+                send_one(&e, link, &payload(i + side), &*sink);
+            }
+        }));
+        let (e, sink) = (ends[side].clone(), sinks[side].clone());
+        workers.push(std::thread::spawn(move || {
+            wait_for(&e, &sink, |s| lock(&s.frames).len() == n);
+        }));
+    }
+    for w in workers {
+        w.join().unwrap();
+    }
+    sinks
+}
+
 /// An engine of one link with `config`'s changes.
 fn engine_with(change: impl FnOnce(&mut EngineConfig)) -> FrameEngine {
     let mut config = config(1, Duration::from_micros(20), 1);
@@ -191,24 +215,8 @@ fn laned_and_plain_frames_stay_in_order_both_ways_at_once() {
     // plain frames on the link, pieces on the lanes.
     for lanes in [1, 2, 4, 8] {
         let ends = laned_tcp(lanes, 2, [1, 0]);
-        let sinks = [Arc::new(Sink::default()), Arc::new(Sink::default())];
         let n = 100;
-        let mut threads = Vec::new();
-        for (side, link) in [(0, 1), (1, 0)] {
-            let (e, sink) = (ends[side].clone(), sinks[side].clone());
-            threads.push(std::thread::spawn(move || {
-                for i in 0..n {
-                    send_one(&e, link, &payload(i + side), &*sink);
-                }
-            }));
-            let (e, sink) = (ends[side].clone(), sinks[side].clone());
-            threads.push(std::thread::spawn(move || {
-                wait_for(&e, &sink, |s| lock(&s.frames).len() == n);
-            }));
-        }
-        for t in threads {
-            t.join().unwrap();
-        }
+        let sinks = exchange(&ends, n);
         for (side, link) in [(0, 1), (1, 0)] {
             let frames = lock(&sinks[side].frames);
             assert_eq!(frames.len(), n);
@@ -314,11 +322,15 @@ fn a_slow_lane_is_given_fewer_pieces() {
 /// One end of a laned link whose peer is raw sockets the test writes:
 /// (engine, peer's main connection, peer's lanes toward the engine).
 fn raw_peer(lanes: usize) -> (FrameEngine, TcpStream, Vec<TcpStream>) {
+    raw_peer_of(engine(1), lanes)
+}
+
+/// `raw_peer` with the engine given (of at least one link).
+fn raw_peer_of(e: FrameEngine, lanes: usize) -> (FrameEngine, TcpStream, Vec<TcpStream>) {
     let (main_a, main_b) = tcp_pair();
     let (to_a, to_b): (Vec<_>, Vec<_>) = (0..lanes).map(|_| tcp_pair()).unzip();
     let (from_a, from_b): (Vec<_>, Vec<_>) = (0..lanes).map(|_| tcp_pair()).unzip();
     std::mem::forget(from_b);
-    let e = engine(1);
     e.add_link_with_lanes(0, shared(main_a), lanes_of(from_a, to_a));
     (e, main_b, to_b)
 }

@@ -30,24 +30,8 @@ fn thread_bytes(e: &FrameEngine) -> u64 {
 fn lanes_on_engine_threads_carry_frames_both_ways_and_the_threads_move_their_bytes() {
     for (threads, lanes) in [(1, 1), (2, 4), (3, 8)] {
         let ends = laned_between([threaded(2, threads), threaded(2, threads)], lanes, [1, 0]).0;
-        let sinks = [Arc::new(Sink::default()), Arc::new(Sink::default())];
         let n = 60;
-        let mut workers = Vec::new();
-        for (side, link) in [(0, 1), (1, 0)] {
-            let (e, sink) = (ends[side].clone(), sinks[side].clone());
-            workers.push(std::thread::spawn(move || {
-                for i in 0..n {
-                    send_one(&e, link, &payload(i + side), &*sink);
-                }
-            }));
-            let (e, sink) = (ends[side].clone(), sinks[side].clone());
-            workers.push(std::thread::spawn(move || {
-                wait_for(&e, &sink, |s| lock(&s.frames).len() == n);
-            }));
-        }
-        for w in workers {
-            w.join().unwrap();
-        }
+        let sinks = exchange(&ends, n);
         let laned = |side: usize| -> u64 {
             (0..n)
                 .map(|i| payload(i + side).len())
@@ -162,13 +146,19 @@ fn a_failed_link_lets_zero_copy_callers_on_engine_threads_go() {
 
 /// `raw_peer` with the engine's lanes on `threads` engine threads.
 fn raw_threaded_peer(lanes: usize, threads: usize) -> (FrameEngine, TcpStream, Vec<TcpStream>) {
-    let (main_a, main_b) = tcp_pair();
-    let (to_a, to_b): (Vec<_>, Vec<_>) = (0..lanes).map(|_| tcp_pair()).unzip();
-    let (from_a, from_b): (Vec<_>, Vec<_>) = (0..lanes).map(|_| tcp_pair()).unzip();
-    std::mem::forget(from_b);
-    let e = threaded(1, threads);
-    e.add_link_with_lanes(0, shared(main_a), lanes_of(from_a, to_a));
-    (e, main_b, to_b)
+    raw_peer_of(threaded(1, threads), lanes)
+}
+
+/// Writes the header of a 512 KiB piece of frame 0 on `lane`, then only
+/// `bytes` of its bytes.
+fn part_of_a_piece(lane: &mut TcpStream, bytes: usize) {
+    let head = PieceHeader {
+        frame: 0,
+        len: 1 << 19,
+        offset: 0,
+    };
+    lane.write_all(&head.encode()).unwrap();
+    lane.write_all(&vec![3u8; bytes]).unwrap();
 }
 
 #[test]
@@ -176,13 +166,7 @@ fn a_lane_on_an_engine_thread_that_closes_mid_frame_fails_the_link() {
     let (e, mut main, mut lanes) = raw_threaded_peer(2, 2);
     let sink = Sink::default();
     laned_header(&mut main, 1 << 20);
-    let head = PieceHeader {
-        frame: 0,
-        len: 1 << 19,
-        offset: 0,
-    };
-    lanes[0].write_all(&head.encode()).unwrap();
-    lanes[0].write_all(&[3u8; 1000]).unwrap();
+    part_of_a_piece(&mut lanes[0], 1000);
     drop(lanes.remove(0));
     let (got, _) = place_whole(&e, &sink, 1 << 20);
     assert!(matches!(got, Placement::Failed(_)), "{got:?}");
@@ -221,13 +205,7 @@ fn an_engine_dropped_while_its_threads_read_mid_frame_ends() {
     // pass that on and stop, and the drop returns.
     let (e, mut main, mut lanes) = raw_threaded_peer(2, 2);
     laned_header(&mut main, 1 << 20);
-    let head = PieceHeader {
-        frame: 0,
-        len: 1 << 19,
-        offset: 0,
-    };
-    lanes[0].write_all(&head.encode()).unwrap();
-    lanes[0].write_all(&[3u8; 5000]).unwrap();
+    part_of_a_piece(&mut lanes[0], 5000);
     let sink = Sink::default();
     // Drive for a while: the header is read, the lanes' receives handed.
     let until = Instant::now() + Duration::from_millis(300);
