@@ -1932,7 +1932,8 @@ impl Driver {
         // may end, between pieces, while others still bring the frame
         // being received: the link fails only once no lane can (`stranded`),
         // or when the link's own socket ends (read once the frame is in).
-        let between_pieces = matches!(r.rx, LaneRx::Header { got: 0, .. }) && r.ahead.is_none();
+        // A piece it read ahead stays for its frame.
+        let between_pieces = matches!(r.rx, LaneRx::Header { got: 0, .. });
         if result == 0 && between_pieces && l.dead.is_none() {
             r.ended = true;
             self.fail_if_stranded(link, sink);

@@ -425,6 +425,19 @@ fn a_lane_that_closes_mid_frame_fails_the_link() {
     }
 }
 
+/// What `place_in_background` gives back: the placement, the bytes placed
+/// and the links that failed meanwhile.
+type Placed = ((Placement<()>, Vec<u8>), Vec<(usize, String)>);
+
+/// `place_whole` on a thread of its own.
+fn place_in_background(e: Arc<FrameEngine>, len: usize) -> std::thread::JoinHandle<Placed> {
+    std::thread::spawn(move || {
+        let sink = Sink::default();
+        let placed = place_whole(&e, &sink, len);
+        (placed, lock(&sink.failed).clone())
+    })
+}
+
 #[test]
 fn a_lane_that_ends_between_pieces_leaves_the_others_to_finish_the_frame() {
     // A peer that is done closes everything, and one lane's end may be
@@ -435,12 +448,7 @@ fn a_lane_that_ends_between_pieces_leaves_the_others_to_finish_the_frame() {
     laned_header(&mut main, frame.len());
     piece(&mut lanes[0], 0, 0, &frame[..70_000]);
     drop(lanes.remove(0));
-    let (receiver, len) = (e.clone(), frame.len());
-    let placing = std::thread::spawn(move || {
-        let sink = Sink::default();
-        let placed = place_whole(&receiver, &sink, len);
-        (placed, lock(&sink.failed).clone())
-    });
+    let placing = place_in_background(e.clone(), frame.len());
     // The receiver drives meanwhile: lane 0's piece and end are read first.
     std::thread::sleep(Duration::from_millis(200));
     piece(&mut lanes[0], 0, 70_000, &frame[70_000..]);
@@ -455,6 +463,38 @@ fn a_lane_that_ends_between_pieces_leaves_the_others_to_finish_the_frame() {
     lanes.clear();
     let (got, _) = place_whole(&e, &sink, frame.len());
     assert!(matches!(got, Placement::Failed(_)), "{got:?}");
+}
+
+#[test]
+fn a_lane_that_ends_holding_a_later_frames_piece_leaves_that_piece_to_its_frame() {
+    // A peer that is done closes everything. A lane that read a piece of
+    // the next frame ahead may then read its end while the current frame
+    // still comes on another lane: both frames arrive whole.
+    let (e, mut main, mut lanes) = raw_peer(2);
+    let e = Arc::new(e);
+    let first: Vec<u8> = (0..200_000).map(|j| (j % 251) as u8).collect();
+    let second: Vec<u8> = (0..200_000).map(|j| (j % 241) as u8).collect();
+    laned_header(&mut main, first.len());
+    piece(&mut lanes[0], 1, 0, &second[..100_000]);
+    drop(lanes.remove(0));
+    let placing = place_in_background(e.clone(), first.len());
+    // The receiver drives meanwhile: lane 0's piece ahead and its end are
+    // read before the first frame's piece.
+    std::thread::sleep(Duration::from_millis(200));
+    piece(&mut lanes[0], 0, 0, &first);
+    laned_header(&mut main, second.len());
+    piece(&mut lanes[0], 1, 100_000, &second[100_000..]);
+    let ((got, dest), failed) = placing.join().unwrap();
+    assert!(matches!(got, Placement::Placed(_)), "{got:?} {failed:?}");
+    assert!(dest == first, "the first frame differs");
+    let sink = Sink::default();
+    let (got, dest) = place_whole(&e, &sink, second.len());
+    assert!(
+        matches!(got, Placement::Placed(_)),
+        "{got:?} {:?}",
+        lock(&sink.failed)
+    );
+    assert!(dest == second, "the second frame differs");
 }
 
 #[test]
