@@ -49,8 +49,6 @@ const RECV: u64 = 1;
 const SEND: u64 = 2;
 const WAKE: u64 = 3;
 const CANCEL: u64 = 4;
-/// The message that wakes an engine thread (`shard_thread.rs`).
-const THREAD_WAKE: u64 = 5;
 
 /// `IORING_SEND_ZC_REPORT_USAGE` (sqe ioprio of a SEND_ZC) and
 /// `IORING_NOTIF_USAGE_ZC_COPIED` (in the notification's result).
@@ -509,11 +507,12 @@ impl LinkIo {
             return;
         }
         if self.send_lanes.len() > 1 {
+            let now = Instant::now();
             for (i, (lane, load)) in self.send_lanes.iter().zip(&mut self.loads).enumerate() {
                 let unacked = unacknowledged(&lane.socket);
                 load.observe(unacked);
                 if let Some((rate, app_limited)) = delivery_rate(&lane.socket) {
-                    load.observe_rate(rate, app_limited);
+                    load.observe_rate(rate, app_limited, now);
                 }
                 if let Some(c) = self.counters.as_ref().and_then(|c| c.get(i)) {
                     c.unacked.store(unacked, Ordering::Relaxed);
@@ -1763,8 +1762,8 @@ impl Driver {
         true
     }
 
-    /// Gives each engine thread the entries built for it, and wakes it by a
-    /// message from this ring (submitted with the rest of the turn).
+    /// Gives each engine thread the entries built for it, and wakes it
+    /// (its eventfd).
     fn wake_threads(&mut self) {
         for t in 0..self.threads.len() {
             if self.handed[t].is_empty() {
@@ -1774,10 +1773,7 @@ impl Driver {
             // SAFETY: `hand`'s contract, taken by whoever handed them.
             unsafe { self.threads[t].hand(&mut handed) };
             self.handed[t] = handed;
-            let wake = self.threads[t].wake_entry(tag(THREAD_WAKE, 0));
-            // SAFETY: a message names no memory. Should the queue stay full,
-            // the thread still finds its entries within its idle wait.
-            let _ = unsafe { self.push(&wake) };
+            self.threads[t].wake();
         }
     }
 
@@ -1797,9 +1793,6 @@ impl Driver {
             let slot = ((user_data >> 4) & 0x0f) as usize;
             match (user_data & KIND, conn) {
                 (WAKE, _) => self.wake_in_flight = false,
-                (THREAD_WAKE, _) if result < 0 => {
-                    tracing::warn!(result, "waking an engine thread failed");
-                }
                 (RECV, 0) => self.received(link, result, sink, finished),
                 (SEND, 0) => self.sent(link, result, flags, sink, finished),
                 (RECV, lane) => self.lane_received(link, lane - 1, result, sink, finished),
@@ -2509,13 +2502,23 @@ fn delivery_rate(socket: &SharedFd) -> Option<(u64, bool)> {
             &mut len,
         )
     };
-    if done != 0 {
+    // An older kernel fills less of the struct: the rate must be in it.
+    let rate_end = std::mem::offset_of!(libc::tcp_info, tcpi_delivery_rate) + size_of::<u64>();
+    if done != 0 || (len as usize) < rate_end {
         return None;
     }
-    // The byte after the window scales holds the app-limited bit (bit 0).
-    // SAFETY: byte 7 of the struct, inside it.
+    // The byte after the window scales (offset 7) holds the app-limited
+    // bit: the first of its bitfield, the low bit where the compiler lays
+    // bitfields out from the low end (little endian), the high bit else.
+    const APP_LIMITED: u8 = if cfg!(target_endian = "little") {
+        1
+    } else {
+        0x80
+    };
+    // SAFETY: byte 7 of the struct, inside it (and filled: `len` covers
+    // the rate, further on).
     let flags = unsafe { *(&info as *const libc::tcp_info).cast::<u8>().add(7) };
-    Some((info.tcpi_delivery_rate, flags & 1 != 0))
+    Some((info.tcpi_delivery_rate, flags & APP_LIMITED != 0))
 }
 
 /// Sets `TCP_NOTSENT_LOWAT` on a send lane; a socket that takes no such
@@ -2584,19 +2587,14 @@ impl Drop for Driver {
         }
         // Engine threads stop once what they submitted is done: after the
         // wait above, which needed them to pass completions on.
-        for t in 0..self.threads.len() {
-            self.threads[t].ask_to_stop();
-            let wake = self.threads[t].wake_entry(tag(THREAD_WAKE, 0));
-            // SAFETY: a message names no memory.
-            let _ = unsafe { self.push(&wake) };
+        for t in &self.threads {
+            t.ask_to_stop();
         }
-        let _ = self.ring.submit();
         for t in &mut self.threads {
             t.join();
         }
-        // The wake messages' own completions (posted at submit), and any
-        // the threads passed on while stopping: taken, or the count above
-        // would leak the links for nothing.
+        // Completions the threads passed on while stopping: taken, or the
+        // count above would leak the links for nothing.
         let flags: Vec<u32> = self.ring.completion().map(|c| c.flags()).collect();
         self.in_flight = settled(self.in_flight, flags.into_iter());
         if self.in_flight > 0 {

@@ -12,6 +12,8 @@
 //! fewest bytes yet to deliver ([`pick_lane`]), not round-robin, so one slow
 //! lane does not hold every frame to its pace.
 
+use std::time::{Duration, Instant};
+
 /// Bytes of a [`PieceHeader`] on the wire.
 pub(crate) const PIECE_HEADER: usize = 16;
 
@@ -81,7 +83,16 @@ pub(crate) struct LaneLoad {
     /// The kernel's last delivery rate of the lane (bytes/s) from a sample
     /// that was not limited by what the lane was fed; 0: none yet.
     rate: u64,
+    /// When that sample was taken.
+    rate_at: Option<Instant>,
 }
+
+/// How long a delivery rate is kept without a fresh sample. A lane found
+/// slow is fed less, so its later samples may all be app-limited: were the
+/// rate kept for ever, a lane that had recovered would stay starved.
+/// Forgotten, the lane counts its bytes like the rest until a full sample
+/// says how fast it is.
+pub(crate) const RATE_KEPT: Duration = Duration::from_secs(1);
 
 impl LaneLoad {
     pub(crate) fn is_busy(&self) -> bool {
@@ -115,10 +126,17 @@ impl LaneLoad {
         self.rate
     }
 
-    /// The kernel's delivery rate sample: kept unless it was app-limited.
-    pub(crate) fn observe_rate(&mut self, rate: u64, app_limited: bool) {
+    /// The kernel's delivery rate sample, taken at `now`: kept unless it
+    /// was app-limited; the rate kept is forgotten once older than
+    /// [`RATE_KEPT`].
+    pub(crate) fn observe_rate(&mut self, rate: u64, app_limited: bool, now: Instant) {
         if rate > 0 && !app_limited {
-            self.rate = rate;
+            (self.rate, self.rate_at) = (rate, Some(now));
+        } else if self
+            .rate_at
+            .is_some_and(|at| now.saturating_duration_since(at) > RATE_KEPT)
+        {
+            (self.rate, self.rate_at) = (0, None);
         }
     }
 
@@ -304,6 +322,7 @@ mod tests {
     #[test]
     fn with_uneven_rates_the_lane_that_would_deliver_first_gets_the_piece() {
         const MB: u64 = 1_000_000;
+        let now = Instant::now();
         // Lane 1 delivers at a quarter of the others' rate and holds the
         // fewest bytes: by bytes it would take the piece, by time it
         // would deliver last.
@@ -314,20 +333,20 @@ mod tests {
                 .zip([(400_000, 12 * MB), (100_000, 3 * MB), (300_000, 12 * MB)])
         {
             lane.observe(held);
-            lane.observe_rate(rate, false);
+            lane.observe_rate(rate, false, now);
         }
         // 300 000 B at 12 MB/s are delivered before 100 000 at 3 MB/s.
         assert_eq!(pick_lane(&lanes), Some(2));
         // A sample the kernel marked app-limited is not kept: the slow
         // lane stays slow however little it was fed.
-        lanes[1].observe_rate(12 * MB, true);
+        lanes[1].observe_rate(12 * MB, true, now);
         assert_eq!(pick_lane(&lanes), Some(2));
         // Drained far enough, the slow lane is the first to be done; and
         // one that holds nothing is fed whatever its rate.
         lanes[1].observe(20_000);
         assert_eq!(pick_lane(&lanes), Some(1));
         lanes[1].observe(0);
-        lanes[1].observe_rate(1000, false);
+        lanes[1].observe_rate(1000, false, now);
         assert_eq!(pick_lane(&lanes), Some(1));
         // Busy, it is waited for.
         lanes[1].start(65_536 + PIECE_HEADER);
@@ -336,18 +355,42 @@ mod tests {
     }
 
     #[test]
+    fn a_rate_not_sampled_afresh_is_forgotten_and_bytes_decide_again() {
+        const MB: u64 = 1_000_000;
+        let t0 = Instant::now();
+        let mut lanes = [LaneLoad::default(); 2];
+        lanes[0].observe(300_000);
+        lanes[1].observe(100_000);
+        lanes[0].observe_rate(12 * MB, false, t0);
+        lanes[1].observe_rate(3 * MB, false, t0);
+        assert_eq!(pick_lane(&lanes), Some(0), "lane 1 is slow");
+        // Fed less, lane 1's samples are app-limited: its rate is kept a
+        // while, then forgotten, and it is fed by its bytes again.
+        let soon = t0 + RATE_KEPT / 2;
+        lanes[1].observe_rate(12 * MB, true, soon);
+        assert_eq!((lanes[1].rate(), pick_lane(&lanes)), (3 * MB, Some(0)));
+        let later = t0 + RATE_KEPT + Duration::from_millis(1);
+        lanes[1].observe_rate(12 * MB, true, later);
+        assert_eq!((lanes[1].rate(), pick_lane(&lanes)), (0, Some(1)));
+        // A fresh full sample is kept again.
+        lanes[1].observe_rate(11 * MB, false, later);
+        assert_eq!(lanes[1].rate(), 11 * MB);
+    }
+
+    #[test]
     fn even_or_unknown_rates_leave_the_fewest_bytes_rule() {
         const MB: u64 = 1_000_000;
+        let now = Instant::now();
         let mut lanes = [LaneLoad::default(); 2];
         lanes[0].observe(200_000);
         lanes[1].observe(100_000);
         // Lane 1 is 20% slower: within the noise of rate samples.
-        lanes[0].observe_rate(10 * MB, false);
-        lanes[1].observe_rate(8 * MB, false);
+        lanes[0].observe_rate(10 * MB, false, now);
+        lanes[1].observe_rate(8 * MB, false, now);
         assert_eq!(pick_lane(&lanes), Some(1));
         // One lane without a rate yet: bytes decide.
         let mut fresh = [LaneLoad::default(); 2];
-        fresh[0].observe_rate(10 * MB, false);
+        fresh[0].observe_rate(10 * MB, false, now);
         fresh[0].observe(50_000);
         fresh[1].observe(60_000);
         assert_eq!(pick_lane(&fresh), Some(0));

@@ -121,26 +121,30 @@ impl<'a> ShardIo<'a> {
     }
 
     /// Submits what is queued, waits up to `timeout` for at least one
-    /// completion and appends every completion there is to `out`. A failed
-    /// `message` of this ring's own comes back as an error.
+    /// completion and appends every completion there is to `out`, whether
+    /// the wait failed or not (what came must not wait for the next). The
+    /// wait's failure, else a failed `message` of this ring's own, comes
+    /// back as an error.
     pub(crate) fn wait(&mut self, timeout: Duration, out: &mut Vec<Completion>) -> io::Result<()> {
         let ts = types::Timespec::from(timeout);
         let args = types::SubmitArgs::new().timespec(&ts);
         self.sq.sync();
-        match self.submitter.submit_with_args(1, &args) {
-            Ok(_) => {}
-            Err(e) if matches!(e.raw_os_error(), Some(libc::ETIME | libc::EINTR)) => {}
-            Err(e) => return Err(e),
-        }
+        let waited = match self.submitter.submit_with_args(1, &args) {
+            Err(e) if !matches!(e.raw_os_error(), Some(libc::ETIME | libc::EINTR)) => Err(e),
+            _ => Ok(()),
+        };
         self.sq.sync();
         self.cq.sync();
+        let mut message_failed = None;
         for cqe in &mut self.cq {
             if cqe.user_data() == MESSAGE_SENT {
-                return Err(io::Error::from_raw_os_error(-cqe.result()));
+                message_failed.get_or_insert(io::Error::from_raw_os_error(-cqe.result()));
+                continue;
             }
             out.push((cqe.user_data(), cqe.result(), cqe.flags()));
         }
-        Ok(())
+        waited?;
+        message_failed.map_or(Ok(()), Err)
     }
 }
 
@@ -217,8 +221,15 @@ mod tests {
         let mut io = ShardIo::new(&mut ring);
         let not_a_ring = std::fs::File::open("/dev/null").unwrap();
         io.message(not_a_ring.as_raw_fd(), 1, 0).unwrap();
+        // A completion that comes with the failure is not held back by it.
+        let nop = opcode::Nop::new().build().user_data(42);
+        // SAFETY: a NOP names no memory.
+        unsafe { io.push(&nop) }.unwrap();
+        io.submit().unwrap();
+        std::thread::sleep(Duration::from_millis(50));
         let mut got = Vec::new();
         let err = io.wait(Duration::from_millis(200), &mut got).unwrap_err();
         assert_eq!(err.raw_os_error(), Some(libc::EBADFD), "{err}");
+        assert_eq!(got, vec![(42, 0, 0)]);
     }
 }

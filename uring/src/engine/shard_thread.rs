@@ -12,6 +12,12 @@
 //! notifications, placement, counters) stays in one place, on one thread at
 //! a time, and needs no locks.
 //!
+//! Waking: the driver writes the thread's eventfd, which its ring polls.
+//! A message from the driver's ring would do too, but its own completion
+//! in the driver's ring is, before Linux 6.11, completion work left to the
+//! caller thread that submitted it (and so pending when that caller
+//! leaves); a `write` is done when it returns.
+//!
 //! Memory: an entry names driver memory or a parked caller's, and the
 //! driver keeps it valid until the entry's last completion reaches its own
 //! ring, as for its own entries. A thread stops only when the driver has
@@ -21,8 +27,9 @@
 
 use super::shard::{Completion, ShardIo, shard_ring};
 use io_uring::{opcode, squeue, types};
+use nix::sys::eventfd::{EfdFlags, EventFd};
 use std::io;
-use std::os::fd::RawFd;
+use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, mpsc};
 use std::thread::JoinHandle;
@@ -48,21 +55,33 @@ pub struct ThreadCounters {
     pub cpu_ns: AtomicU64,
 }
 
-/// `user_data` of the message that says "entries handed" (in the
-/// thread's ring). The driver's own `user_data`s stay below bit 56.
+/// `user_data` of the poll on the thread's eventfd, which says "entries
+/// handed" (in the thread's ring). The driver's own `user_data`s stay
+/// below bit 56.
 const INBOX: u64 = 1 << 62;
 /// Bit of a forwarding message's own `user_data` (the rest: its slot).
 const FORWARD: u64 = 1 << 63;
 
-/// How long a thread with nothing to do waits before it looks at its stop
-/// flag unasked (the driver wakes it when it stops it; this is a backstop).
-const IDLE_WAIT: Duration = Duration::from_millis(200);
+/// How long a thread with nothing to do waits before it looks at its inbox
+/// and stop flag unasked (the driver wakes it for both; this is a
+/// backstop). Tests wait longer than they would for anything, so a wake
+/// that is lost fails them rather than being covered.
+const IDLE_WAIT: Duration = if cfg!(test) {
+    Duration::from_secs(60)
+} else {
+    Duration::from_millis(200)
+};
 /// How long a stopping thread waits for entries still in flight.
 const STOP_WAIT: Duration = Duration::from_secs(2);
+/// How long a thread whose ring failed it waits before it tries again
+/// (an error that lasts must not become a spinning core).
+const AFTER_ERROR: Duration = Duration::from_millis(1);
 
 struct Shared {
     /// Entries handed over and not yet submitted.
     inbox: Mutex<Vec<squeue::Entry>>,
+    /// Written to wake the thread (its ring polls it).
+    wake: EventFd,
     stop: AtomicBool,
     counters: Arc<ThreadCounters>,
 }
@@ -70,7 +89,6 @@ struct Shared {
 /// An engine thread and what the driver needs to reach it.
 pub(crate) struct EngineThread {
     shared: Arc<Shared>,
-    ring_fd: RawFd,
     thread: Option<JoinHandle<()>>,
 }
 
@@ -85,22 +103,23 @@ impl EngineThread {
         entries: u32,
         core: Option<usize>,
     ) -> io::Result<EngineThread> {
+        let wake = EventFd::from_flags(EfdFlags::EFD_CLOEXEC | EfdFlags::EFD_NONBLOCK)?;
         let shared = Arc::new(Shared {
             inbox: Mutex::new(Vec::new()),
+            wake,
             stop: AtomicBool::new(false),
             counters: Arc::default(),
         });
-        let (ready, ring_fd) = mpsc::channel();
+        let (ready, started) = mpsc::channel();
         let thread = std::thread::Builder::new()
             .name(format!("ringwire-engine-{index}"))
             .spawn({
                 let shared = shared.clone();
                 move || run(&shared, driver_ring, entries, core, ready)
             })?;
-        match ring_fd.recv() {
-            Ok(Ok(ring_fd)) => Ok(EngineThread {
+        match started.recv() {
+            Ok(Ok(())) => Ok(EngineThread {
                 shared,
-                ring_fd,
                 thread: Some(thread),
             }),
             Ok(Err(e)) => {
@@ -119,7 +138,7 @@ impl EngineThread {
     }
 
     /// Moves `entries` (emptied) to the thread; it submits them once
-    /// woken by `wake_entry`'s message.
+    /// woken (`wake`).
     ///
     /// # Safety
     /// Memory each entry names must stay valid until the entry's last
@@ -129,18 +148,17 @@ impl EngineThread {
         inbox.append(entries);
     }
 
-    /// The driver's entry that wakes the thread (a message into its ring);
-    /// its own completion in the driver's ring carries `user_data`.
-    pub(crate) fn wake_entry(&self, user_data: u64) -> squeue::Entry {
-        opcode::MsgRingData::new(types::Fd(self.ring_fd), 0, INBOX, None)
-            .build()
-            .user_data(user_data)
+    /// Wakes the thread to look at what was handed and at its stop flag.
+    pub(crate) fn wake(&self) {
+        // Fails only where the counter would overflow: it is woken anyway.
+        let _ = self.shared.wake.write(1);
     }
 
-    /// Asks the thread to stop once nothing it submitted is in flight
-    /// (wake it after, with `wake_entry`).
+    /// Asks the thread to stop once nothing it submitted is in flight,
+    /// and wakes it.
     pub(crate) fn ask_to_stop(&self) {
         self.shared.stop.store(true, Ordering::SeqCst);
+        self.wake();
     }
 
     /// Waits for the thread to end (`ask_to_stop` first).
@@ -164,7 +182,7 @@ fn run(
     driver_ring: RawFd,
     entries: u32,
     core: Option<usize>,
-    ready: mpsc::Sender<io::Result<RawFd>>,
+    ready: mpsc::Sender<io::Result<()>>,
 ) {
     if let Some(core) = core
         && pin_to(core)
@@ -191,10 +209,20 @@ fn run(
         registered_fd = io.registered_fd(),
         "an engine thread runs"
     );
-    if ready.send(Ok(io.fd())).is_err() {
+    if ready.send(Ok(())).is_err() {
         return;
     }
-    serve(&mut io, driver_ring, shared);
+    // A panic here (a bug) would close the ring under entries that name
+    // callers' memory, the kernel still writing, while the driver waits
+    // for their completions forever: nothing sound is left to do.
+    let served = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        serve(&mut io, driver_ring, shared)
+    }));
+    if served.is_err() {
+        tracing::error!("an engine thread panicked with entries in flight; aborting");
+        eprintln!("ringwire: an engine thread panicked with entries in flight; aborting");
+        std::process::abort();
+    }
 }
 
 /// Pins the calling thread to `core`; false if the kernel refused.
@@ -273,7 +301,11 @@ fn serve(io: &mut ShardIo<'_>, driver_ring: RawFd, shared: &Shared) {
     let mut in_transit = InTransit::default();
     let mut retry: Vec<Completion> = Vec::new();
     let mut stopping: Option<Instant> = None;
+    let mut inbox_polled = false;
     loop {
+        if !inbox_polled {
+            inbox_polled = poll_inbox(io, &shared.wake);
+        }
         std::mem::swap(
             &mut *shared.inbox.lock().unwrap_or_else(|p| p.into_inner()),
             &mut handed,
@@ -293,7 +325,7 @@ fn serve(io: &mut ShardIo<'_>, driver_ring: RawFd, shared: &Shared) {
                     // ring that no longer works. The driver learns of it
                     // as the entry's failure.
                     tracing::error!(error = %e, "an engine thread could not submit");
-                    let failed = (entry_user_data(&entry), -libc::EIO, 0);
+                    let failed = (entry.get_user_data(), -libc::EIO, 0);
                     pass_on(io, driver_ring, failed, &mut in_transit, &mut retry);
                 }
             }
@@ -320,12 +352,21 @@ fn serve(io: &mut ShardIo<'_>, driver_ring: RawFd, shared: &Shared) {
         };
         if let Err(e) = io.wait(wait, &mut got) {
             tracing::error!(error = %e, "an engine thread's wait failed");
+            std::thread::sleep(AFTER_ERROR);
         }
         counters.wakeups.fetch_add(1, Ordering::Relaxed);
         let mut passed = 0u64;
         for c in got.drain(..) {
             let (user_data, result, flags) = c;
             if user_data == INBOX {
+                // Emptied before the inbox is looked at: a wake after this
+                // finds the poll fired, or the entries at the loop's top.
+                let _ = shared.wake.read();
+                inbox_polled = false;
+                if result < 0 {
+                    tracing::error!(result, "an engine thread's wake poll failed");
+                    std::thread::sleep(AFTER_ERROR);
+                }
                 continue;
             }
             if user_data & FORWARD != 0 {
@@ -339,7 +380,7 @@ fn serve(io: &mut ShardIo<'_>, driver_ring: RawFd, shared: &Shared) {
             // A SEND_ZC's first completion says "more": its entry is in
             // flight until the notification.
             if !io_uring::cqueue::more(flags) {
-                outstanding -= 1;
+                outstanding = outstanding.saturating_sub(1);
             }
             if result > 0 && !io_uring::cqueue::notif(flags) {
                 counters.bytes.fetch_add(result as u64, Ordering::Relaxed);
@@ -353,7 +394,11 @@ fn serve(io: &mut ShardIo<'_>, driver_ring: RawFd, shared: &Shared) {
 
 /// Queues `c`'s message to the driver's ring, kept in `in_transit` until
 /// delivered; one that cannot even be queued waits in `retry` (never
-/// dropped: the driver would wait on it forever).
+/// dropped: the driver would wait on it forever). A SEND_ZC's notification
+/// waits there too while its entry's result does, so the driver takes them
+/// in order. (Messages queued together are delivered in order; a delivery
+/// that fails, which the kernel does only where it cannot post at all,
+/// is retried, and a notification queued behind it may overtake it.)
 fn pass_on(
     io: &mut ShardIo<'_>,
     driver_ring: RawFd,
@@ -361,6 +406,10 @@ fn pass_on(
     in_transit: &mut InTransit,
     retry: &mut Vec<Completion>,
 ) {
+    if io_uring::cqueue::notif(c.2) && retry.iter().any(|r| r.0 == c.0) {
+        retry.push(c);
+        return;
+    }
     let slot = in_transit.add(c);
     if let Err(e) = io.forward(driver_ring, c, FORWARD | slot) {
         tracing::error!(error = %e, "an engine thread could not pass a completion on");
@@ -369,9 +418,19 @@ fn pass_on(
     }
 }
 
-/// An entry's `user_data` (the driver's tag for it).
-fn entry_user_data(entry: &squeue::Entry) -> u64 {
-    entry.get_user_data()
+/// Polls the thread's eventfd (once: the poll is posted again after each
+/// wake); false if the ring would not take it (tried again next turn).
+fn poll_inbox(io: &mut ShardIo<'_>, wake: &EventFd) -> bool {
+    let poll = opcode::PollAdd::new(types::Fd(wake.as_raw_fd()), libc::POLLIN as u32)
+        .build()
+        .user_data(INBOX);
+    // SAFETY: a poll names no memory; the eventfd outlives the thread's
+    // ring (`Shared` is dropped after the thread ends).
+    let posted = unsafe { io.push(&poll) };
+    if let Err(e) = &posted {
+        tracing::error!(error = %e, "an engine thread could not poll its wake");
+    }
+    posted.is_ok()
 }
 
 /// CPU time of the calling thread, in nanoseconds.
@@ -408,15 +467,12 @@ mod tests {
         got
     }
 
-    /// Hands `entries` to `t` and wakes it from `ring`.
-    fn hand_and_wake(t: &EngineThread, ring: &mut IoUring, mut entries: Vec<squeue::Entry>) {
+    /// Hands `entries` to `t` and wakes it.
+    fn hand_and_wake(t: &EngineThread, mut entries: Vec<squeue::Entry>) {
         // SAFETY: the tests keep what the entries name until their
         // completions came back.
         unsafe { t.hand(&mut entries) };
-        let wake = t.wake_entry(99);
-        // SAFETY: a message names no memory.
-        unsafe { ring.submission().push(&wake) }.unwrap();
-        ring.submit().unwrap();
+        t.wake();
     }
 
     #[test]
@@ -434,18 +490,17 @@ mod tests {
             .build()
             .user_data(7);
         let nop = opcode::Nop::new().build().user_data(42);
-        hand_and_wake(&t, &mut ring, vec![nop, send]);
+        hand_and_wake(&t, vec![nop, send]);
         let reader = std::thread::spawn(move || {
             let mut got = vec![0u8; 100_000];
             b.read_exact(&mut got).unwrap();
             got
         });
-        let mut got = take(&mut ring, 4);
+        let mut got = take(&mut ring, 3);
         got.sort_by_key(|c| (c.0, c.2));
         assert_eq!(got[0], (7, 100_000, MORE), "{got:?}");
         assert_eq!((got[1].0, got[1].2), (7, NOTIF), "{got:?}");
         assert_eq!(got[2], (42, 0, 0), "{got:?}");
-        assert_eq!(got[3], (99, 0, 0), "the wake's own completion: {got:?}");
         assert!(reader.join().unwrap() == bytes);
         let c = t.counters();
         assert_eq!(c.entries.load(Ordering::Relaxed), 2);
@@ -465,11 +520,10 @@ mod tests {
         let recv = opcode::Recv::new(types::Fd(a.as_raw_fd()), buf.as_mut_ptr(), 64)
             .build()
             .user_data(3);
-        hand_and_wake(&t, &mut ring, vec![recv]);
-        assert_eq!(take(&mut ring, 1), vec![(99, 0, 0)]);
+        hand_and_wake(&t, vec![recv]);
+        std::thread::sleep(Duration::from_millis(100));
+        assert_eq!(t.counters().entries.load(Ordering::Relaxed), 1);
         t.ask_to_stop();
-        hand_and_wake(&t, &mut ring, Vec::new());
-        assert_eq!(take(&mut ring, 1), vec![(99, 0, 0)]);
         std::thread::sleep(Duration::from_millis(100));
         assert!(ring.completion().is_empty(), "the receive still waits");
         assert!(!t.thread.as_ref().unwrap().is_finished());
@@ -477,6 +531,28 @@ mod tests {
         assert_eq!(take(&mut ring, 1), vec![(3, 0, 0)], "end of stream");
         t.join();
         assert_eq!(buf, [0u8; 64]);
+    }
+
+    #[test]
+    fn a_notification_waits_behind_its_send_result_when_that_waits_for_a_retry() {
+        // The result of SEND_ZC 7 could not be queued and waits in
+        // `retry`: its notification queues behind it, while another
+        // entry's completion goes on; once the result goes, so can it.
+        let mut driver = IoUring::builder().setup_coop_taskrun().build(16).unwrap();
+        let mut ring = shard_ring(8).unwrap();
+        let mut io = ShardIo::new(&mut ring);
+        let (mut in_transit, mut retry) = (InTransit::default(), vec![(7, 4096, MORE)]);
+        let fd = driver.as_raw_fd();
+        pass_on(&mut io, fd, (7, 0, NOTIF), &mut in_transit, &mut retry);
+        pass_on(&mut io, fd, (8, 10, 0), &mut in_transit, &mut retry);
+        assert_eq!(retry, vec![(7, 4096, MORE), (7, 0, NOTIF)]);
+        for c in std::mem::take(&mut retry) {
+            pass_on(&mut io, fd, c, &mut in_transit, &mut retry);
+        }
+        assert!(retry.is_empty());
+        io.submit().unwrap();
+        let got = take(&mut driver, 3);
+        assert_eq!(got, vec![(8, 10, 0), (7, 4096, MORE), (7, 0, NOTIF)]);
     }
 
     #[test]
