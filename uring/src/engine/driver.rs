@@ -49,6 +49,9 @@ const RECV: u64 = 1;
 const SEND: u64 = 2;
 const WAKE: u64 = 3;
 const CANCEL: u64 = 4;
+/// The message that wakes an engine thread (`shard_thread.rs`); its link
+/// field names the slot in `Driver::wakers` of the thread that sent it.
+const THREAD_WAKE: u64 = 5;
 
 /// `IORING_SEND_ZC_REPORT_USAGE` (sqe ioprio of a SEND_ZC) and
 /// `IORING_NOTIF_USAGE_ZC_COPIED` (in the notification's result).
@@ -823,6 +826,12 @@ pub(crate) struct Driver {
     threads: Vec<EngineThread>,
     /// Entries built for each thread this turn, handed over together.
     handed: Vec<Vec<squeue::Entry>>,
+    /// Threads that sent engine threads wake messages, and how many of
+    /// those have not completed here: a message's own completion may be
+    /// completion work left to its sender (before Linux 6.11), so a thread
+    /// leaving the engine waits for its own (`release`). A slot whose
+    /// count is 0 is free for any thread.
+    wakers: Vec<(Option<ThreadId>, u32)>,
     /// Lanes dealt to threads so far (the next goes to `dealt % threads`).
     dealt: usize,
 }
@@ -871,6 +880,7 @@ impl Driver {
         let threads = start_threads(config, ring.as_raw_fd(), entries);
         Ok(Driver {
             handed: threads.iter().map(|_| Vec::new()).collect(),
+            wakers: Vec::new(),
             threads,
             dealt: 0,
             ring,
@@ -1168,7 +1178,7 @@ impl Driver {
             })
         };
         let deadline = Instant::now() + Duration::from_secs(1);
-        while (cancels.iter().any(|&what| mine(self, what)) || owes_mine(self))
+        while (cancels.iter().any(|&what| mine(self, what)) || owes_mine(self) || self.wakes_owed())
             && Instant::now() < deadline
         {
             // Not `enter`: that would post the eventfd read anew.
@@ -1773,8 +1783,38 @@ impl Driver {
             // SAFETY: `hand`'s contract, taken by whoever handed them.
             unsafe { self.threads[t].hand(&mut handed) };
             self.handed[t] = handed;
-            self.threads[t].wake();
+            let waker = self.waker_slot();
+            let wake = self.threads[t].wake_entry(tag(THREAD_WAKE, waker));
+            // SAFETY: a message names no memory. Should the queue stay full,
+            // the thread still finds its entries within its idle wait.
+            if unsafe { self.push(&wake) } {
+                self.wakers[waker].1 += 1;
+            }
         }
+    }
+
+    /// The slot in `wakers` of the thread driving this turn (a free one
+    /// taken if it has none).
+    fn waker_slot(&mut self) -> usize {
+        let me = self.me;
+        if let Some(i) = self.wakers.iter().position(|w| w.0 == me && w.1 > 0) {
+            return i;
+        }
+        let i = match self.wakers.iter().position(|w| w.1 == 0) {
+            Some(i) => i,
+            None => {
+                self.wakers.push((None, 0));
+                self.wakers.len() - 1
+            }
+        };
+        self.wakers[i].0 = me;
+        i
+    }
+
+    /// Wake messages the thread driving this turn sent that have not
+    /// completed here.
+    fn wakes_owed(&self) -> bool {
+        self.wakers.iter().any(|w| w.0 == self.me && w.1 > 0)
     }
 
     /// Takes every completion there is; false if there was none.
@@ -1793,6 +1833,15 @@ impl Driver {
             let slot = ((user_data >> 4) & 0x0f) as usize;
             match (user_data & KIND, conn) {
                 (WAKE, _) => self.wake_in_flight = false,
+                (THREAD_WAKE, _) => {
+                    if result < 0 {
+                        tracing::warn!(result, "waking an engine thread failed");
+                    }
+                    if let Some(w) = self.wakers.get_mut(link) {
+                        w.1 = w.1.saturating_sub(1);
+                    }
+                    continue; // it names no link
+                }
                 (RECV, 0) => self.received(link, result, sink, finished),
                 (SEND, 0) => self.sent(link, result, flags, sink, finished),
                 (RECV, lane) => self.lane_received(link, lane - 1, result, sink, finished),
@@ -2587,14 +2636,20 @@ impl Drop for Driver {
         }
         // Engine threads stop once what they submitted is done: after the
         // wait above, which needed them to pass completions on.
-        for t in &self.threads {
-            t.ask_to_stop();
+        for t in 0..self.threads.len() {
+            self.threads[t].ask_to_stop();
+            // A slot beyond any of `wakers` (counted by `in_flight` only).
+            let wake = self.threads[t].wake_entry(tag(THREAD_WAKE, 0xffff));
+            // SAFETY: a message names no memory.
+            let _ = unsafe { self.push(&wake) };
         }
+        let _ = self.ring.submit();
         for t in &mut self.threads {
             t.join();
         }
-        // Completions the threads passed on while stopping: taken, or the
-        // count above would leak the links for nothing.
+        // The wake messages' own completions (posted at submit), and any
+        // the threads passed on while stopping: taken, or the count above
+        // would leak the links for nothing.
         let flags: Vec<u32> = self.ring.completion().map(|c| c.flags()).collect();
         self.in_flight = settled(self.in_flight, flags.into_iter());
         if self.in_flight > 0 {

@@ -12,11 +12,12 @@
 //! notifications, placement, counters) stays in one place, on one thread at
 //! a time, and needs no locks.
 //!
-//! Waking: the driver writes the thread's eventfd, which its ring polls.
-//! A message from the driver's ring would do too, but its own completion
-//! in the driver's ring is, before Linux 6.11, completion work left to the
-//! caller thread that submitted it (and so pending when that caller
-//! leaves); a `write` is done when it returns.
+//! Waking: a message (MSG_RING) from the driver's ring, submitted with
+//! the rest of the driver's turn. Its own completion in the driver's ring
+//! may be completion work the kernel leaves to the caller thread that
+//! submitted it (before Linux 6.11), so a caller that leaves the engine
+//! waits for the wakes it sent (`Driver::release`). An eventfd the thread's
+//! ring polls measured slower (decision 0036).
 //!
 //! Memory: an entry names driver memory or a parked caller's, and the
 //! driver keeps it valid until the entry's last completion reaches its own
@@ -27,9 +28,8 @@
 
 use super::shard::{Completion, ShardIo, shard_ring};
 use io_uring::{opcode, squeue, types};
-use nix::sys::eventfd::{EfdFlags, EventFd};
 use std::io;
-use std::os::fd::{AsRawFd, RawFd};
+use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, mpsc};
 use std::thread::JoinHandle;
@@ -55,9 +55,8 @@ pub struct ThreadCounters {
     pub cpu_ns: AtomicU64,
 }
 
-/// `user_data` of the poll on the thread's eventfd, which says "entries
-/// handed" (in the thread's ring). The driver's own `user_data`s stay
-/// below bit 56.
+/// `user_data` of the message that says "entries handed" (in the
+/// thread's ring). The driver's own `user_data`s stay below bit 56.
 const INBOX: u64 = 1 << 62;
 /// Bit of a forwarding message's own `user_data` (the rest: its slot).
 const FORWARD: u64 = 1 << 63;
@@ -80,8 +79,6 @@ const AFTER_ERROR: Duration = Duration::from_millis(1);
 struct Shared {
     /// Entries handed over and not yet submitted.
     inbox: Mutex<Vec<squeue::Entry>>,
-    /// Written to wake the thread (its ring polls it).
-    wake: EventFd,
     stop: AtomicBool,
     counters: Arc<ThreadCounters>,
 }
@@ -89,6 +86,7 @@ struct Shared {
 /// An engine thread and what the driver needs to reach it.
 pub(crate) struct EngineThread {
     shared: Arc<Shared>,
+    ring_fd: RawFd,
     thread: Option<JoinHandle<()>>,
 }
 
@@ -103,23 +101,22 @@ impl EngineThread {
         entries: u32,
         core: Option<usize>,
     ) -> io::Result<EngineThread> {
-        let wake = EventFd::from_flags(EfdFlags::EFD_CLOEXEC | EfdFlags::EFD_NONBLOCK)?;
         let shared = Arc::new(Shared {
             inbox: Mutex::new(Vec::new()),
-            wake,
             stop: AtomicBool::new(false),
             counters: Arc::default(),
         });
-        let (ready, started) = mpsc::channel();
+        let (ready, ring_fd) = mpsc::channel();
         let thread = std::thread::Builder::new()
             .name(format!("ringwire-engine-{index}"))
             .spawn({
                 let shared = shared.clone();
                 move || run(&shared, driver_ring, entries, core, ready)
             })?;
-        match started.recv() {
-            Ok(Ok(())) => Ok(EngineThread {
+        match ring_fd.recv() {
+            Ok(Ok(ring_fd)) => Ok(EngineThread {
                 shared,
+                ring_fd,
                 thread: Some(thread),
             }),
             Ok(Err(e)) => {
@@ -138,7 +135,7 @@ impl EngineThread {
     }
 
     /// Moves `entries` (emptied) to the thread; it submits them once
-    /// woken (`wake`).
+    /// woken by `wake_entry`'s message.
     ///
     /// # Safety
     /// Memory each entry names must stay valid until the entry's last
@@ -148,17 +145,18 @@ impl EngineThread {
         inbox.append(entries);
     }
 
-    /// Wakes the thread to look at what was handed and at its stop flag.
-    pub(crate) fn wake(&self) {
-        // Fails only where the counter would overflow: it is woken anyway.
-        let _ = self.shared.wake.write(1);
+    /// The driver's entry that wakes the thread (a message into its ring);
+    /// its own completion in the driver's ring carries `user_data`.
+    pub(crate) fn wake_entry(&self, user_data: u64) -> squeue::Entry {
+        opcode::MsgRingData::new(types::Fd(self.ring_fd), 0, INBOX, None)
+            .build()
+            .user_data(user_data)
     }
 
-    /// Asks the thread to stop once nothing it submitted is in flight,
-    /// and wakes it.
+    /// Asks the thread to stop once nothing it submitted is in flight
+    /// (wake it after, with `wake_entry`).
     pub(crate) fn ask_to_stop(&self) {
         self.shared.stop.store(true, Ordering::SeqCst);
-        self.wake();
     }
 
     /// Waits for the thread to end (`ask_to_stop` first).
@@ -182,7 +180,7 @@ fn run(
     driver_ring: RawFd,
     entries: u32,
     core: Option<usize>,
-    ready: mpsc::Sender<io::Result<()>>,
+    ready: mpsc::Sender<io::Result<RawFd>>,
 ) {
     if let Some(core) = core
         && pin_to(core)
@@ -209,7 +207,7 @@ fn run(
         registered_fd = io.registered_fd(),
         "an engine thread runs"
     );
-    if ready.send(Ok(())).is_err() {
+    if ready.send(Ok(io.fd())).is_err() {
         return;
     }
     // A panic here (a bug) would close the ring under entries that name
@@ -301,11 +299,7 @@ fn serve(io: &mut ShardIo<'_>, driver_ring: RawFd, shared: &Shared) {
     let mut in_transit = InTransit::default();
     let mut retry: Vec<Completion> = Vec::new();
     let mut stopping: Option<Instant> = None;
-    let mut inbox_polled = false;
     loop {
-        if !inbox_polled {
-            inbox_polled = poll_inbox(io, &shared.wake);
-        }
         std::mem::swap(
             &mut *shared.inbox.lock().unwrap_or_else(|p| p.into_inner()),
             &mut handed,
@@ -359,14 +353,6 @@ fn serve(io: &mut ShardIo<'_>, driver_ring: RawFd, shared: &Shared) {
         for c in got.drain(..) {
             let (user_data, result, flags) = c;
             if user_data == INBOX {
-                // Emptied before the inbox is looked at: a wake after this
-                // finds the poll fired, or the entries at the loop's top.
-                let _ = shared.wake.read();
-                inbox_polled = false;
-                if result < 0 {
-                    tracing::error!(result, "an engine thread's wake poll failed");
-                    std::thread::sleep(AFTER_ERROR);
-                }
                 continue;
             }
             if user_data & FORWARD != 0 {
@@ -418,21 +404,6 @@ fn pass_on(
     }
 }
 
-/// Polls the thread's eventfd (once: the poll is posted again after each
-/// wake); false if the ring would not take it (tried again next turn).
-fn poll_inbox(io: &mut ShardIo<'_>, wake: &EventFd) -> bool {
-    let poll = opcode::PollAdd::new(types::Fd(wake.as_raw_fd()), libc::POLLIN as u32)
-        .build()
-        .user_data(INBOX);
-    // SAFETY: a poll names no memory; the eventfd outlives the thread's
-    // ring (`Shared` is dropped after the thread ends).
-    let posted = unsafe { io.push(&poll) };
-    if let Err(e) = &posted {
-        tracing::error!(error = %e, "an engine thread could not poll its wake");
-    }
-    posted.is_ok()
-}
-
 /// CPU time of the calling thread, in nanoseconds.
 fn thread_cpu_ns() -> u64 {
     nix::time::clock_gettime(nix::time::ClockId::CLOCK_THREAD_CPUTIME_ID).map_or(0, |t| {
@@ -467,12 +438,23 @@ mod tests {
         got
     }
 
-    /// Hands `entries` to `t` and wakes it.
-    fn hand_and_wake(t: &EngineThread, mut entries: Vec<squeue::Entry>) {
+    /// Asks `t` to stop, wakes it from `ring` and waits for it (as the
+    /// driver's `Drop` does; unwoken, it would wait out its idle wait).
+    fn stop(mut t: EngineThread, ring: &mut IoUring) {
+        t.ask_to_stop();
+        hand_and_wake(&t, ring, Vec::new());
+        t.join();
+    }
+
+    /// Hands `entries` to `t` and wakes it from `ring`.
+    fn hand_and_wake(t: &EngineThread, ring: &mut IoUring, mut entries: Vec<squeue::Entry>) {
         // SAFETY: the tests keep what the entries name until their
         // completions came back.
         unsafe { t.hand(&mut entries) };
-        t.wake();
+        let wake = t.wake_entry(99);
+        // SAFETY: a message names no memory.
+        unsafe { ring.submission().push(&wake) }.unwrap();
+        ring.submit().unwrap();
     }
 
     #[test]
@@ -490,23 +472,25 @@ mod tests {
             .build()
             .user_data(7);
         let nop = opcode::Nop::new().build().user_data(42);
-        hand_and_wake(&t, vec![nop, send]);
+        hand_and_wake(&t, &mut ring, vec![nop, send]);
         let reader = std::thread::spawn(move || {
             let mut got = vec![0u8; 100_000];
             b.read_exact(&mut got).unwrap();
             got
         });
-        let mut got = take(&mut ring, 3);
+        let mut got = take(&mut ring, 4);
         got.sort_by_key(|c| (c.0, c.2));
         assert_eq!(got[0], (7, 100_000, MORE), "{got:?}");
         assert_eq!((got[1].0, got[1].2), (7, NOTIF), "{got:?}");
         assert_eq!(got[2], (42, 0, 0), "{got:?}");
+        assert_eq!(got[3], (99, 0, 0), "the wake's own completion: {got:?}");
         assert!(reader.join().unwrap() == bytes);
         let c = t.counters();
         assert_eq!(c.entries.load(Ordering::Relaxed), 2);
         assert_eq!(c.completions.load(Ordering::Relaxed), 3);
         assert_eq!(c.bytes.load(Ordering::Relaxed), 100_000);
         assert!(c.cpu_ns.load(Ordering::Relaxed) > 0);
+        stop(t, &mut ring);
     }
 
     #[test]
@@ -520,10 +504,11 @@ mod tests {
         let recv = opcode::Recv::new(types::Fd(a.as_raw_fd()), buf.as_mut_ptr(), 64)
             .build()
             .user_data(3);
-        hand_and_wake(&t, vec![recv]);
-        std::thread::sleep(Duration::from_millis(100));
-        assert_eq!(t.counters().entries.load(Ordering::Relaxed), 1);
+        hand_and_wake(&t, &mut ring, vec![recv]);
+        assert_eq!(take(&mut ring, 1), vec![(99, 0, 0)]);
         t.ask_to_stop();
+        hand_and_wake(&t, &mut ring, Vec::new());
+        assert_eq!(take(&mut ring, 1), vec![(99, 0, 0)]);
         std::thread::sleep(Duration::from_millis(100));
         assert!(ring.completion().is_empty(), "the receive still waits");
         assert!(!t.thread.as_ref().unwrap().is_finished());
@@ -557,9 +542,10 @@ mod tests {
 
     #[test]
     fn a_thread_pinned_to_a_core_says_which() {
-        let ring = IoUring::new(8).unwrap();
+        let mut ring = IoUring::new(8).unwrap();
         let core = *crate::usable_core_ids().last().unwrap();
         let t = EngineThread::start(0, ring.as_raw_fd(), 8, Some(core)).unwrap();
         assert_eq!(t.counters().core.load(Ordering::Relaxed), core as u64 + 1);
+        stop(t, &mut ring);
     }
 }

@@ -279,14 +279,14 @@ fn a_laned_frame_is_received_in_place_and_the_frames_behind_it_follow() {
 
 #[test]
 fn a_slow_lane_is_given_fewer_pieces() {
-    // Four lanes, the last paced to 8 MB/s by its socket; the others run
+    // Four lanes, the last paced to 512 KB/s by its socket; the others run
     // as fast as loopback does. The slow lane's bytes pile up unacknowledged
     // and each piece goes to the lane with the fewest, so it carries far
     // less than a quarter.
     let (main_a, main_b) = tcp_pair();
     let (lanes_a, lanes_b): (Vec<_>, Vec<_>) = (0..4).map(|_| tcp_pair()).unzip();
     let (back_a, _back_b) = tcp_pair();
-    driver::pace_for_tests(&lanes_a[3], 8 << 20);
+    driver::pace_for_tests(&lanes_a[3], 512 << 10);
     let e = engine(1);
     e.add_link_with_lanes(0, shared(main_a), lanes_of(lanes_a, vec![back_a]));
     let readers: Vec<_> = lanes_b
