@@ -85,6 +85,9 @@ pub(crate) struct LaneLoad {
     rate: u64,
     /// When that sample was taken.
     rate_at: Option<Instant>,
+    /// The last sample the kernel gave, kept or not: the kernel repeats
+    /// its last one while the lane sends nothing, and a repeat is no news.
+    sample: (u64, bool),
 }
 
 /// How long a delivery rate is kept without a fresh sample. A lane found
@@ -126,11 +129,13 @@ impl LaneLoad {
         self.rate
     }
 
-    /// The kernel's delivery rate sample, taken at `now`: kept unless it
-    /// was app-limited; the rate kept is forgotten once older than
-    /// [`RATE_KEPT`].
+    /// The kernel's delivery rate sample, read at `now`: kept if it is
+    /// new and was not app-limited; the rate kept is forgotten once older
+    /// than [`RATE_KEPT`].
     pub(crate) fn observe_rate(&mut self, rate: u64, app_limited: bool, now: Instant) {
-        if rate > 0 && !app_limited {
+        let new = (rate, app_limited) != self.sample;
+        self.sample = (rate, app_limited);
+        if new && rate > 0 && !app_limited {
             (self.rate, self.rate_at) = (rate, Some(now));
         } else if self
             .rate_at
@@ -375,6 +380,13 @@ mod tests {
         // A fresh full sample is kept again.
         lanes[1].observe_rate(11 * MB, false, later);
         assert_eq!(lanes[1].rate(), 11 * MB);
+        // The kernel repeats a lane's last sample while it sends nothing:
+        // a repeat is no fresh sample, and the rate goes all the same.
+        let much_later = later + RATE_KEPT + Duration::from_millis(1);
+        lanes[1].observe_rate(11 * MB, false, much_later);
+        assert_eq!(lanes[1].rate(), 0, "a repeated sample kept the rate");
+        lanes[1].observe_rate(11 * MB + 1, false, much_later);
+        assert_eq!(lanes[1].rate(), 11 * MB + 1);
     }
 
     #[test]
