@@ -832,6 +832,9 @@ pub(crate) struct Driver {
     /// leaving the engine waits for its own (`release`). A slot whose
     /// count is 0 is free for any thread.
     wakers: Vec<(Option<ThreadId>, u32)>,
+    /// Set by `Drop` if entries were still in flight and it leaked what
+    /// they name (tests look: a clean end leaks nothing).
+    leaked: Arc<AtomicBool>,
     /// Lanes dealt to threads so far (the next goes to `dealt % threads`).
     dealt: usize,
 }
@@ -881,6 +884,7 @@ impl Driver {
         Ok(Driver {
             handed: threads.iter().map(|_| Vec::new()).collect(),
             wakers: Vec::new(),
+            leaked: Arc::default(),
             threads,
             dealt: 0,
             ring,
@@ -1817,6 +1821,12 @@ impl Driver {
         self.wakers.iter().any(|w| w.0 == self.me && w.1 > 0)
     }
 
+    /// What `Drop` sets if it had to leak (entries still in flight).
+    #[cfg(test)]
+    pub(crate) fn leak_flag(&self) -> Arc<AtomicBool> {
+        self.leaked.clone()
+    }
+
     /// Takes every completion there is; false if there was none.
     fn reap(&mut self, sink: &dyn FrameSink, finished: &mut Vec<(u64, Outcome)>) -> bool {
         let mut batch = std::mem::take(&mut self.completions);
@@ -2653,6 +2663,7 @@ impl Drop for Driver {
         let flags: Vec<u32> = self.ring.completion().map(|c| c.flags()).collect();
         self.in_flight = settled(self.in_flight, flags.into_iter());
         if self.in_flight > 0 {
+            self.leaked.store(true, Ordering::SeqCst);
             // SAFETY-relevant: the kernel may still write into these, so
             // they must outlive it: leak them.
             std::mem::forget(std::mem::take(&mut self.links));

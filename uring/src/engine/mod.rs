@@ -465,6 +465,13 @@ impl FrameEngine {
         &self.thread_counters
     }
 
+    /// Set once the engine is dropped if its driver had to leak memory
+    /// entries still named (their completions never came).
+    #[cfg(test)]
+    pub(crate) fn leak_flag(&self) -> Arc<AtomicBool> {
+        lock(&self.driver).leak_flag()
+    }
+
     /// Links whose zero-copy probe has run: `(link, true)` if SEND_ZC sends
     /// in place on it, `false` if the kernel copied (or refused) and the
     /// link sends plainly. Waits for a driver's turn to end.
