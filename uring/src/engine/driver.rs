@@ -832,6 +832,10 @@ pub(crate) struct Driver {
     /// leaving the engine waits for its own (`release`). A slot whose
     /// count is 0 is free for any thread.
     wakers: Vec<(Option<ThreadId>, u32)>,
+    /// Threads handed entries whose wake found the queue full.
+    wake_owed: Vec<bool>,
+    /// Wakes `Drop` sent to stop the threads, not yet completed.
+    stop_wakes: u32,
     /// Set by `Drop` if entries were still in flight and it leaked what
     /// they name (tests look: a clean end leaks nothing).
     leaked: Arc<AtomicBool>,
@@ -884,6 +888,8 @@ impl Driver {
         Ok(Driver {
             handed: threads.iter().map(|_| Vec::new()).collect(),
             wakers: Vec::new(),
+            wake_owed: vec![false; threads.len()],
+            stop_wakes: 0,
             leaked: Arc::default(),
             threads,
             dealt: 0,
@@ -1776,11 +1782,12 @@ impl Driver {
         true
     }
 
-    /// Gives each engine thread the entries built for it, and wakes it
-    /// (its eventfd).
+    /// Gives each engine thread the entries built for it, and wakes it by
+    /// a message from this ring (submitted with the rest of the turn); a
+    /// wake that found the queue full is sent the next turn.
     fn wake_threads(&mut self) {
         for t in 0..self.threads.len() {
-            if self.handed[t].is_empty() {
+            if self.handed[t].is_empty() && !self.wake_owed[t] {
                 continue;
             }
             let mut handed = std::mem::take(&mut self.handed[t]);
@@ -1791,9 +1798,11 @@ impl Driver {
             let wake = self.threads[t].wake_entry(tag(THREAD_WAKE, waker));
             // SAFETY: a message names no memory. Should the queue stay full,
             // the thread still finds its entries within its idle wait.
-            if unsafe { self.push(&wake) } {
+            let pushed = unsafe { self.push(&wake) };
+            if pushed {
                 self.wakers[waker].1 += 1;
             }
+            self.wake_owed[t] = !pushed;
         }
     }
 
@@ -2624,6 +2633,36 @@ fn settled(in_flight: usize, flags: impl Iterator<Item = u32>) -> usize {
     in_flight + more - done
 }
 
+/// The `wakers` slot of the wakes `Drop` sends (none of theirs).
+const STOPPING_WAKER: usize = 0xffff;
+
+impl Driver {
+    /// Wake messages sent whose completion has not come.
+    fn wakes_in_flight(&self) -> usize {
+        let owed = |count: u32| count as usize;
+        owed(self.stop_wakes) + self.wakers.iter().map(|w| owed(w.1)).sum::<usize>()
+    }
+
+    /// `Drop`'s reap: takes every completion there is, counting it off
+    /// `in_flight`, and a wake's off its sender's count too.
+    fn settle_for_drop(&mut self) {
+        let done: Vec<(u64, u32)> = self
+            .ring
+            .completion()
+            .map(|c| (c.user_data(), c.flags()))
+            .collect();
+        self.in_flight = settled(self.in_flight, done.iter().map(|c| c.1));
+        for &(user_data, _) in done.iter().filter(|c| c.0 & KIND == THREAD_WAKE) {
+            let slot = (user_data >> 16) as usize;
+            let count = match self.wakers.get_mut(slot) {
+                Some(w) => &mut w.1,
+                None => &mut self.stop_wakes,
+            };
+            *count = count.saturating_sub(1);
+        }
+    }
+}
+
 impl Drop for Driver {
     fn drop(&mut self) {
         for l in self.links.iter().flatten() {
@@ -2639,19 +2678,19 @@ impl Drop for Driver {
         // Shut-down sockets finish their entries promptly; wait for them so
         // the buffers can be freed, but never forever.
         let deadline = Instant::now() + Duration::from_secs(1);
-        while self.in_flight > 0 && Instant::now() < deadline {
+        while self.in_flight > self.wakes_in_flight() && Instant::now() < deadline {
             self.sleep_in_kernel(Duration::from_millis(50));
-            let flags: Vec<u32> = self.ring.completion().map(|c| c.flags()).collect();
-            self.in_flight = settled(self.in_flight, flags.into_iter());
+            self.settle_for_drop();
         }
         // Engine threads stop once what they submitted is done: after the
         // wait above, which needed them to pass completions on.
         for t in 0..self.threads.len() {
             self.threads[t].ask_to_stop();
-            // A slot beyond any of `wakers` (counted by `in_flight` only).
-            let wake = self.threads[t].wake_entry(tag(THREAD_WAKE, 0xffff));
+            let wake = self.threads[t].wake_entry(tag(THREAD_WAKE, STOPPING_WAKER));
             // SAFETY: a message names no memory.
-            let _ = unsafe { self.push(&wake) };
+            if unsafe { self.push(&wake) } {
+                self.stop_wakes += 1;
+            }
         }
         let _ = self.ring.submit();
         for t in &mut self.threads {
@@ -2660,9 +2699,10 @@ impl Drop for Driver {
         // The wake messages' own completions (posted at submit), and any
         // the threads passed on while stopping: taken, or the count above
         // would leak the links for nothing.
-        let flags: Vec<u32> = self.ring.completion().map(|c| c.flags()).collect();
-        self.in_flight = settled(self.in_flight, flags.into_iter());
-        if self.in_flight > 0 {
+        self.settle_for_drop();
+        // Wakes name no memory: one whose completion is still owed (work
+        // left to a thread that sent it, before Linux 6.11) leaks nothing.
+        if self.in_flight > self.wakes_in_flight() {
             self.leaked.store(true, Ordering::SeqCst);
             // SAFETY-relevant: the kernel may still write into these, so
             // they must outlive it: leak them.

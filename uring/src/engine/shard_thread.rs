@@ -324,12 +324,17 @@ fn serve(io: &mut ShardIo<'_>, driver_ring: RawFd, shared: &Shared) {
                 }
             }
         }
+        if !retry.is_empty() {
+            // What failed may fail again at once: not in a tight loop.
+            std::thread::sleep(AFTER_ERROR);
+        }
         for c in std::mem::take(&mut retry) {
             pass_on(io, driver_ring, c, &mut in_transit, &mut retry);
         }
         if shared.stop.load(Ordering::SeqCst) {
             let since = *stopping.get_or_insert_with(Instant::now);
-            if (outstanding == 0 && in_transit.len == 0) || since.elapsed() > STOP_WAIT {
+            let all_passed = outstanding == 0 && in_transit.len == 0 && retry.is_empty();
+            if all_passed || since.elapsed() > STOP_WAIT {
                 if outstanding > 0 {
                     tracing::warn!(
                         outstanding,
