@@ -2208,8 +2208,7 @@ impl Driver {
         }
         s.in_flight = false;
         // A failed SEND_ZC may still owe a notification (flagged "more").
-        if io_uring::cqueue::more(flags) {
-            s.slots.expect_notification(slot);
+        if io_uring::cqueue::more(flags) && s.slots.expect_notification(slot) {
             self.lane_notifications += 1;
         }
         let refused = result < 0 && result != -libc::ECANCELED;

@@ -72,6 +72,8 @@ pub fn head_slots(data: &[u8]) {
         frame: u32,
         sending: bool,
         owed: u32,
+        /// Notifications that came before their expectation.
+        early: u32,
     }
     let mut slots = HeadSlots::default();
     let mut model = [Model::default(); HEAD_SLOTS];
@@ -88,7 +90,7 @@ pub fn head_slots(data: &[u8]) {
                         *m = Model {
                             frame,
                             sending: true,
-                            owed: 0,
+                            ..Model::default()
                         };
                     }
                     None => assert!(model.iter().all(|m| m.sending || m.owed > 0)),
@@ -96,12 +98,22 @@ pub fn head_slots(data: &[u8]) {
             }
             // The driver expects notifications only of a slot in use.
             1 if model[i].sending || model[i].owed > 0 => {
-                slots.expect_notification(i);
-                model[i].owed += 1;
+                let m = &mut model[i];
+                let owed_now = m.early == 0;
+                match owed_now {
+                    true => m.owed += 1,
+                    false => m.early -= 1,
+                }
+                assert_eq!(slots.expect_notification(i), owed_now);
             }
+            // One before its expectation (reordered) is kept for it.
             2 => {
                 assert_eq!(slots.notified(i), model[i].frame);
-                model[i].owed = model[i].owed.saturating_sub(1);
+                let m = &mut model[i];
+                match m.owed {
+                    0 => m.early += 1,
+                    _ => m.owed -= 1,
+                }
             }
             3 => {
                 slots.piece_sent(i);

@@ -22,6 +22,10 @@ struct Slot {
     sending: bool,
     /// Its SEND_ZC sends whose notification has yet to come.
     notifications: u32,
+    /// Notifications that came before their send's own completion (an
+    /// engine thread passes completions on in order, but one whose
+    /// delivery failed is retried, and its notification may overtake it).
+    early: u32,
 }
 
 impl Slot {
@@ -44,22 +48,32 @@ impl HeadSlots {
         self.slots[i] = Slot {
             frame,
             sending: true,
-            notifications: 0,
+            ..Slot::default()
         };
         Some(i)
     }
 
     /// A SEND_ZC of slot `i`'s piece completed and its notification is to
-    /// come (its completion was flagged "more").
-    pub(crate) fn expect_notification(&mut self, i: usize) {
-        self.slots[i].notifications += 1;
+    /// come (its completion was flagged "more"): true if it is now owed,
+    /// false if it came already.
+    pub(crate) fn expect_notification(&mut self, i: usize) -> bool {
+        let slot = &mut self.slots[i];
+        if slot.early > 0 {
+            slot.early -= 1;
+            return false;
+        }
+        slot.notifications += 1;
+        true
     }
 
-    /// A notification for slot `i` came: the frame it was of. One that was
-    /// not expected (a broken invariant, never a peer's doing) is ignored.
+    /// A notification for slot `i` came: the frame it was of. One not
+    /// expected yet is kept for its send's completion.
     pub(crate) fn notified(&mut self, i: usize) -> u32 {
         let slot = &mut self.slots[i];
-        slot.notifications = slot.notifications.saturating_sub(1);
+        match slot.notifications {
+            0 => slot.early += 1,
+            _ => slot.notifications -= 1,
+        }
         slot.frame
     }
 
@@ -90,6 +104,23 @@ impl HeadSlots {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_notification_before_its_sends_completion_is_not_owed_again() {
+        let mut slots = HeadSlots::default();
+        let a = slots.take(5).unwrap();
+        assert_eq!(slots.notified(a), 5);
+        assert!(!slots.expect_notification(a), "it came already");
+        slots.piece_sent(a);
+        assert!(!slots.holds(5) && !slots.owed());
+        assert_eq!(slots.take(6), Some(a));
+        // In order, it is owed until it comes.
+        assert!(slots.expect_notification(a));
+        slots.piece_sent(a);
+        assert!(slots.holds(6));
+        slots.notified(a);
+        assert!(!slots.holds(6));
+    }
 
     #[test]
     fn a_plain_piece_frees_its_slot_once_sent() {
