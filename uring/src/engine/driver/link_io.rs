@@ -5,13 +5,6 @@
 
 use super::*;
 
-/// A send lane's socket holds at most about this many bytes not yet sent
-/// (`TCP_NOTSENT_LOWAT`), on links with more than one lane: a piece's send
-/// then ends about when the lane has moved most of it, so a lane waited
-/// for wakes the driver when it has room, and bytes do not pile up unsent
-/// in a slow lane's buffer (`lanes::pick_lane`).
-pub(super) const LANE_NOTSENT_LOWAT: libc::c_int = 64 << 10;
-
 pub(super) enum Rx {
     /// Receiving headers and small frames into the staging buffer.
     Staging,
