@@ -29,7 +29,7 @@
 use super::shard::{Completion, ShardIo, shard_ring};
 use io_uring::{opcode, squeue, types};
 use std::io;
-use std::os::fd::RawFd;
+use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, mpsc};
 use std::thread::JoinHandle;
@@ -86,7 +86,11 @@ struct Shared {
 /// An engine thread and what the driver needs to reach it.
 pub(crate) struct EngineThread {
     shared: Arc<Shared>,
-    ring_fd: RawFd,
+    /// The thread's ring, by a descriptor of the driver's own: the ring
+    /// outlives the thread while the driver may still message it (the
+    /// number could otherwise name another file, or ring, once the thread
+    /// closed its own).
+    ring: OwnedFd,
     thread: Option<JoinHandle<()>>,
 }
 
@@ -106,17 +110,17 @@ impl EngineThread {
             stop: AtomicBool::new(false),
             counters: Arc::default(),
         });
-        let (ready, ring_fd) = mpsc::channel();
+        let (ready, ring) = mpsc::channel();
         let thread = std::thread::Builder::new()
             .name(format!("ringwire-engine-{index}"))
             .spawn({
                 let shared = shared.clone();
                 move || run(&shared, driver_ring, entries, core, ready)
             })?;
-        match ring_fd.recv() {
-            Ok(Ok(ring_fd)) => Ok(EngineThread {
+        match ring.recv() {
+            Ok(Ok(ring)) => Ok(EngineThread {
                 shared,
-                ring_fd,
+                ring,
                 thread: Some(thread),
             }),
             Ok(Err(e)) => {
@@ -148,7 +152,7 @@ impl EngineThread {
     /// The driver's entry that wakes the thread (a message into its ring);
     /// its own completion in the driver's ring carries `user_data`.
     pub(crate) fn wake_entry(&self, user_data: u64) -> squeue::Entry {
-        opcode::MsgRingData::new(types::Fd(self.ring_fd), 0, INBOX, None)
+        opcode::MsgRingData::new(types::Fd(self.ring.as_raw_fd()), 0, INBOX, None)
             .build()
             .user_data(user_data)
     }
@@ -180,7 +184,7 @@ fn run(
     driver_ring: RawFd,
     entries: u32,
     core: Option<usize>,
-    ready: mpsc::Sender<io::Result<RawFd>>,
+    ready: mpsc::Sender<io::Result<OwnedFd>>,
 ) {
     if let Some(core) = core
         && pin_to(core)
@@ -197,6 +201,16 @@ fn run(
             return;
         }
     };
+    // SAFETY: the descriptor is `ring`'s, open for as long as `ring`
+    // lives in this frame, which outlasts the borrow (cloned at once).
+    let ring_fd = unsafe { BorrowedFd::borrow_raw(ring.as_raw_fd()) };
+    let ring_for_driver = match ring_fd.try_clone_to_owned() {
+        Ok(fd) => fd,
+        Err(e) => {
+            let _ = ready.send(Err(e));
+            return;
+        }
+    };
     let mut io = ShardIo::new(&mut ring);
     if let Err(e) = passes_flags(&mut io) {
         let _ = ready.send(Err(e));
@@ -207,7 +221,7 @@ fn run(
         registered_fd = io.registered_fd(),
         "an engine thread runs"
     );
-    if ready.send(Ok(io.fd())).is_err() {
+    if ready.send(Ok(ring_for_driver)).is_err() {
         return;
     }
     // A panic here (a bug) would close the ring under entries that name
@@ -421,7 +435,6 @@ mod tests {
     use super::*;
     use io_uring::IoUring;
     use std::io::Read;
-    use std::os::fd::AsRawFd;
 
     const MORE: u32 = 1 << 1; // IORING_CQE_F_MORE
     const NOTIF: u32 = 1 << 3; // IORING_CQE_F_NOTIF
@@ -543,6 +556,21 @@ mod tests {
         io.submit().unwrap();
         let got = take(&mut driver, 3);
         assert_eq!(got, vec![(8, 10, 0), (7, 4096, MORE), (7, 0, NOTIF)]);
+    }
+
+    #[test]
+    fn a_wake_after_the_thread_ended_still_names_its_ring() {
+        // The driver holds a descriptor of its own for the thread's ring:
+        // the number cannot come to name another file once the thread
+        // closed its ring, and a late wake lands in the ring unread.
+        let mut ring = IoUring::builder().setup_coop_taskrun().build(8).unwrap();
+        let mut t = EngineThread::start(0, ring.as_raw_fd(), 8, None).unwrap();
+        t.ask_to_stop();
+        hand_and_wake(&t, &mut ring, Vec::new());
+        t.join();
+        assert_eq!(take(&mut ring, 1), vec![(99, 0, 0)]);
+        hand_and_wake(&t, &mut ring, Vec::new());
+        assert_eq!(take(&mut ring, 1), vec![(99, 0, 0)], "the ring is gone");
     }
 
     #[test]
