@@ -472,6 +472,25 @@ impl FrameEngine {
         lock(&self.driver).leak_flag()
     }
 
+    /// Whether receive lane `lane` of `link` has read its end (ends the
+    /// current driver's turn early and takes a turn of its own).
+    #[cfg(test)]
+    pub(crate) fn recv_lane_ended(&self, link: usize, lane: usize) -> bool {
+        // As `release`: a turn of its own, once no other thread drives (a
+        // driver asleep in the kernel is woken; locking the driver instead
+        // would lose to its next turn, again and again).
+        loop {
+            let st = lock(&self.state);
+            if !st.driving {
+                let mut ended = false;
+                self.drive(st, |driver| ended = driver.recv_lane_ended(link, lane));
+                return ended;
+            }
+            self.poke_if_driving(&st);
+            self.sleep(st, MAX_TURN);
+        }
+    }
+
     /// Links whose zero-copy probe has run: `(link, true)` if SEND_ZC sends
     /// in place on it, `false` if the kernel copied (or refused) and the
     /// link sends plainly. Waits for a driver's turn to end.

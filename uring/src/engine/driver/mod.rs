@@ -285,6 +285,14 @@ impl Driver {
             .collect()
     }
 
+    /// Whether receive lane `lane` of `link` has read its end.
+    #[cfg(test)]
+    pub(crate) fn recv_lane_ended(&self, link: usize, lane: usize) -> bool {
+        let l = self.links.get(link).and_then(|l| l.as_ref());
+        l.and_then(|l| l.recv_lanes.get(lane))
+            .is_some_and(|r| r.ended)
+    }
+
     /// One turn: take in `queued` (left empty), submit what can go, wait
     /// up to `wait` for at least one completion, and handle every
     /// completion there is. Finished sends go to `self.finished`.

@@ -479,8 +479,13 @@ fn a_lane_that_ends_holding_a_later_frames_piece_leaves_that_piece_to_its_frame(
     drop(lanes.remove(0));
     let placing = place_in_background(e.clone(), first.len());
     // The receiver drives meanwhile: lane 0's piece ahead and its end are
-    // read before the first frame's piece.
-    std::thread::sleep(Duration::from_millis(200));
+    // read before the first frame's piece is sent.
+    let until = Instant::now() + Duration::from_secs(10);
+    while !e.recv_lane_ended(0, 0) {
+        assert!(!placing.is_finished(), "the link failed at lane 0's end");
+        assert!(Instant::now() < until, "lane 0's end was never read");
+        std::thread::sleep(Duration::from_millis(5));
+    }
     piece(&mut lanes[0], 0, 0, &first);
     laned_header(&mut main, second.len());
     piece(&mut lanes[0], 1, 100_000, &second[100_000..]);
