@@ -476,15 +476,20 @@ impl FrameEngine {
     /// current driver's turn early and takes a turn of its own).
     #[cfg(test)]
     pub(crate) fn recv_lane_ended(&self, link: usize, lane: usize) -> bool {
-        // As `release`: a turn of its own, once no other thread drives (a
-        // driver asleep in the kernel is woken; locking the driver instead
-        // would lose to its next turn, again and again).
+        self.look(|driver| driver.recv_lane_ended(link, lane))
+    }
+
+    /// What `f` reads of the driver, in a turn of its own once no other
+    /// thread drives (as `release`: a driver asleep in the kernel is woken).
+    /// Locking the driver instead would lose, again and again, to the
+    /// driving thread's next turn.
+    fn look<R: Default>(&self, f: impl FnOnce(&Driver) -> R) -> R {
         loop {
             let st = lock(&self.state);
             if !st.driving {
-                let mut ended = false;
-                self.drive(st, |driver| ended = driver.recv_lane_ended(link, lane));
-                return ended;
+                let mut seen = R::default();
+                self.drive(st, |driver| seen = f(driver));
+                return seen;
             }
             self.poke_if_driving(&st);
             self.sleep(st, MAX_TURN);
@@ -493,10 +498,9 @@ impl FrameEngine {
 
     /// Links whose zero-copy probe has run: `(link, true)` if SEND_ZC sends
     /// in place on it, `false` if the kernel copied (or refused) and the
-    /// link sends plainly. Waits for a driver's turn to end.
+    /// link sends plainly. Ends a driver's turn early and takes one.
     pub fn zero_copy_links(&self) -> Vec<(usize, bool)> {
-        lock(&self.driver)
-            .zero_copy()
+        self.look(Driver::zero_copy)
             .into_iter()
             .filter_map(|(link, zc)| match zc {
                 driver::ZeroCopy::On => Some((link, true)),
