@@ -469,7 +469,7 @@ impl FrameEngine {
     /// entries still named (their completions never came).
     #[cfg(test)]
     pub(crate) fn leak_flag(&self) -> Arc<AtomicBool> {
-        lock(&self.driver).leak_flag()
+        self.look(Driver::leak_flag)
     }
 
     /// Whether receive lane `lane` of `link` has read its end (ends the
@@ -483,13 +483,13 @@ impl FrameEngine {
     /// thread drives (as `release`: a driver asleep in the kernel is woken).
     /// Locking the driver instead would lose, again and again, to the
     /// driving thread's next turn.
-    fn look<R: Default>(&self, f: impl FnOnce(&Driver) -> R) -> R {
+    fn look<R>(&self, f: impl FnOnce(&Driver) -> R) -> R {
         loop {
             let st = lock(&self.state);
             if !st.driving {
-                let mut seen = R::default();
-                self.drive(st, |driver| seen = f(driver));
-                return seen;
+                let mut seen = None;
+                self.drive(st, |driver| seen = Some(f(driver)));
+                return seen.expect("`drive` runs its closure");
             }
             self.poke_if_driving(&st);
             self.sleep(st, MAX_TURN);

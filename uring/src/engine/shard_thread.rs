@@ -17,7 +17,7 @@
 //! may be completion work the kernel leaves to the caller thread that
 //! submitted it (before Linux 6.11), so a caller that leaves the engine
 //! waits for the wakes it sent (`Driver::release`). An eventfd the thread's
-//! ring polls measured slower (decision 0036).
+//! ring polls measured no better and costs a system call (decision 0036).
 //!
 //! Memory: an entry names driver memory or a parked caller's, and the
 //! driver keeps it valid until the entry's last completion reaches its own

@@ -695,9 +695,7 @@ impl Driver {
                     if result < 0 {
                         tracing::warn!(result, "waking an engine thread failed");
                     }
-                    if let Some(w) = self.wakers.get_mut(link) {
-                        w.1 = w.1.saturating_sub(1);
-                    }
+                    self.wake_done(user_data);
                     continue; // it names no link
                 }
                 (RECV, 0) => self.received(link, result, sink, finished),

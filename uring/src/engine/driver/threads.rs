@@ -107,12 +107,18 @@ impl Driver {
             .collect();
         self.in_flight = settled(self.in_flight, done.iter().map(|c| c.1));
         for &(user_data, _) in done.iter().filter(|c| c.0 & KIND == THREAD_WAKE) {
-            let slot = (user_data >> 16) as usize;
-            let count = match self.wakers.get_mut(slot) {
-                Some(w) => &mut w.1,
-                None => &mut self.stop_wakes,
-            };
-            *count = count.saturating_sub(1);
+            self.wake_done(user_data);
         }
+    }
+
+    /// The wake tagged `user_data` completed: counted off its sender's
+    /// slot, or off `stop_wakes` (`STOPPING_WAKER`).
+    pub(super) fn wake_done(&mut self, user_data: u64) {
+        let slot = (user_data >> 16) as usize;
+        let count = match self.wakers.get_mut(slot) {
+            Some(w) => &mut w.1,
+            None => &mut self.stop_wakes,
+        };
+        *count = count.saturating_sub(1);
     }
 }
