@@ -12,7 +12,8 @@ use super::lanes::{self, PIECE_HEADER, PieceFit, PieceHeader};
 /// and, with those before it, claims no more than its length; once the
 /// frame is whole no piece lands in it; a piece of a frame already
 /// received is refused. Then `piece_len` over every lane count: within
-/// bounds, and pieces that cover the payload.
+/// bounds, and pieces that cover the payload; and `piece_for` under any
+/// rates: within the piece and the cut's floor.
 pub fn pieces(data: &[u8]) {
     let Some((head, rest)) = data.split_first_chunk::<8>() else {
         return;
@@ -59,6 +60,20 @@ pub fn pieces(data: &[u8]) {
             assert!((lanes::MIN_PIECE..=lanes::MAX_PIECE).contains(&piece));
         }
         assert!(len.div_ceil(piece) * piece >= len);
+        // Whatever the lanes' rates (here from the first 8 bytes), a
+        // lane's piece is no longer than the frame's and, cut, no shorter
+        // than MIN_SLOW_PIECE (or the piece, if that is shorter).
+        let now = std::time::Instant::now();
+        let mut loads = vec![lanes::LaneLoad::default(); lanes];
+        for (i, load) in loads.iter_mut().enumerate() {
+            let rate = u64::from_le_bytes(*head).rotate_left(8 * i as u32) >> (i * 7);
+            load.observe_rate(rate, false, now);
+        }
+        for i in 0..lanes {
+            let cut = lanes::piece_for(&loads, i, piece);
+            assert!(cut <= piece, "lane {i}: {cut} of a {piece}-byte piece");
+            assert!(cut >= lanes::MIN_SLOW_PIECE.min(piece), "lane {i}: {cut}");
+        }
     }
 }
 

@@ -378,10 +378,10 @@ impl LinkIo {
             }
         }
         while s.next < s.len {
-            let len = s.piece.min(s.len - s.next);
             let Some(i) = lanes::pick_lane(&self.loads) else {
                 break;
             };
+            let len = lanes::piece_for(&self.loads, i, s.piece).min(s.len - s.next);
             // A lane whose header slots are all owed notifications is
             // waited for like a busy one; a notification wakes the driver.
             let lane = &mut self.send_lanes[i];
