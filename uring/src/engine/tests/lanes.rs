@@ -7,6 +7,7 @@ use crate::engine::lanes::{PIECE_HEADER, PieceHeader};
 use std::io::{Read, Write};
 use std::net::TcpStream;
 
+mod shaped;
 mod threads;
 
 /// The lane threshold of these tests' links.
@@ -315,8 +316,8 @@ fn a_slow_lane_is_given_fewer_pieces() {
         carried[3]
     );
     // (The kernel marks loopback's rate samples app-limited, so placement
-    // keeps no rate here and this is decision 0034's rule; the weighing by
-    // rate (0037) is tested in `lanes.rs` and measured over namespaces.)
+    // keeps no rate here and this is decision 0034's rule; the rules of
+    // 0037 act in `shaped.rs`, through classes that shape the lanes.)
 }
 
 /// One end of a laned link whose peer is raw sockets the test writes:
