@@ -17,6 +17,8 @@
 //! memory limit), the link stays a plain Unix link on the other plane; the
 //! log says so once.
 
+mod offer;
+
 use super::peer_process::PeerProcess;
 use super::{
     ControlSent, Established, Fabric, LinkPlane, PlaneConfig, lost, recv_ready, send_stop,
@@ -28,9 +30,9 @@ use crate::transport::framing::padded_head;
 use crate::transport::inbox::{Await, Inbox};
 use crate::transport::{AlignedBuf, Incoming, LinkError, Received, lock};
 use crate::wire::{FrameKind, HEADER_LEN, Header};
-use ringwire_shm::arena::ARENA_BYTES;
-use ringwire_shm::{Consumer, MappedRing, Producer, RING_HEADER, Segment, recv_fd, send_fd};
-use std::io::{self, Read};
+use offer::{give_arena, offer, take, take_arena};
+use ringwire_shm::{Consumer, MappedRing, Producer, RING_HEADER};
+use std::io;
 use std::os::fd::AsFd;
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -40,11 +42,6 @@ use std::time::{Duration, Instant};
 /// Data bytes of each direction's ring: two chunks of the default size in
 /// flight, so a sender of large frames keeps a frame ahead.
 const RING_BYTES: usize = 4 << 20;
-
-/// What the dialer sends with the segment: magic, version, ring bytes.
-const OFFER_MAGIC: &[u8; 4] = b"RWSM";
-const OFFER_VERSION: u32 = 2;
-const OFFER_LEN: usize = 16;
 
 /// Doorbell bytes (their value is only for debugging: any byte wakes).
 const DATA: u8 = b'D';
@@ -184,59 +181,6 @@ pub(super) fn start(
     Ok(Box::new(ShmLink { shared, peer_arena }))
 }
 
-/// What a rank sends with its arena: magic, version, arena bytes (0: it
-/// has none, and no descriptor comes).
-const ARENA_MAGIC: &[u8; 4] = b"RWAR";
-
-/// Passes this process's arena (or says it has none).
-fn give_arena(sock: &UnixStream, arena: Option<&Arena>) -> io::Result<()> {
-    let mut msg = [0u8; OFFER_LEN];
-    msg[..4].copy_from_slice(ARENA_MAGIC);
-    msg[4..8].copy_from_slice(&OFFER_VERSION.to_le_bytes());
-    match arena {
-        Some(arena) => {
-            msg[8..16].copy_from_slice(&(ARENA_BYTES as u64).to_le_bytes());
-            send_fd(sock, arena.fd(), &msg)
-        }
-        None => io::Write::write_all(&mut &*sock, &msg),
-    }
-}
-
-/// Takes the peer's arena: mapped if it has one of this build's layout.
-/// One that cannot be mapped leaves the link without it (its collectives
-/// run over the links: the communicator's vote sees it).
-fn take_arena(sock: &UnixStream) -> io::Result<Option<Arc<ringwire_shm::Mapping>>> {
-    let mut msg = [0u8; OFFER_LEN];
-    let (n, fd) = recv_fd(sock, &mut msg)?;
-    if n != OFFER_LEN || &msg[..4] != ARENA_MAGIC {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidData,
-            "the peer's arena message is garbled",
-        ));
-    }
-    let len = u64::from_le_bytes(msg[8..16].try_into().expect("8 bytes")) as usize;
-    let Some(fd) = fd else {
-        return Ok(None);
-    };
-    if len != ARENA_BYTES {
-        tracing::warn!(
-            len,
-            "a local peer's arena has another layout: collectives with it run over the links"
-        );
-        return Ok(None);
-    }
-    match Segment::open(fd, ARENA_BYTES) {
-        Ok(segment) if crate::arena::is_arena(segment.mapping()) => {
-            Ok(Some(Arc::new(segment.into_mapping())))
-        }
-        Ok(_) => Ok(None),
-        Err(e) => {
-            tracing::warn!(error = %e, "could not map a local peer's arena: collectives with it run over the links");
-            Ok(None)
-        }
-    }
-}
-
 /// One end of a link on `mapping`'s rings (ring 0 carries dialer ->
 /// acceptor, ring 1 the other way), signalling over `sock`, to the peer
 /// `process` (where it can be watched).
@@ -274,73 +218,6 @@ fn shared(
         links: Arc::downgrade(links),
         rx_bytes: recv_view,
     })
-}
-
-/// Segment bytes for two rings.
-fn segment_len() -> usize {
-    2 * (RING_HEADER + RING_BYTES)
-}
-
-/// The dialer's half: makes the segment and offers it; `None` if it could
-/// not (the acceptor is told, and both keep the Unix link).
-fn offer(sock: &UnixStream) -> io::Result<Option<Segment>> {
-    let mut msg = [0u8; OFFER_LEN];
-    msg[..4].copy_from_slice(OFFER_MAGIC);
-    msg[4..8].copy_from_slice(&OFFER_VERSION.to_le_bytes());
-    match Segment::create(segment_len()) {
-        Ok(mut segment) => {
-            msg[8..16].copy_from_slice(&(RING_BYTES as u64).to_le_bytes());
-            let fd = segment.take_fd().expect("a segment made here has its fd");
-            send_fd(sock, fd.as_fd(), &msg)?;
-            drop(fd);
-            let mut answer = [0u8; 1];
-            (&*sock).read_exact(&mut answer)?;
-            Ok((answer[0] == 1).then_some(segment))
-        }
-        Err(e) => {
-            tracing::warn!(error = %e, "no shared memory for a local link (memfd or mmap refused?): it stays a Unix socket");
-            // Ring size 0: no segment comes.
-            io::Write::write_all(&mut &*sock, &msg)?;
-            Ok(None)
-        }
-    }
-}
-
-/// The acceptor's half: takes and checks the offered segment, and says
-/// whether it mapped it.
-fn take(sock: &UnixStream) -> io::Result<Option<Segment>> {
-    let mut msg = [0u8; OFFER_LEN];
-    let (n, fd) = recv_fd(sock, &mut msg)?;
-    if n != OFFER_LEN || &msg[..4] != OFFER_MAGIC {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidData,
-            "the peer's shared-memory offer is garbled",
-        ));
-    }
-    let version = u32::from_le_bytes(msg[4..8].try_into().expect("4 bytes"));
-    let ring = u64::from_le_bytes(msg[8..16].try_into().expect("8 bytes")) as usize;
-    let Some(fd) = fd else {
-        return Ok(None); // the dialer has none
-    };
-    let mapped = if version != OFFER_VERSION || ring != RING_BYTES {
-        Err(io::Error::new(
-            io::ErrorKind::InvalidData,
-            format!(
-                "the peer offers rings of {ring} bytes (version {version}); this build uses {RING_BYTES} (version {OFFER_VERSION})"
-            ),
-        ))
-    } else {
-        Segment::open(fd, segment_len())
-    };
-    let answer = [u8::from(mapped.is_ok())];
-    io::Write::write_all(&mut &*sock, &answer)?;
-    match mapped {
-        Ok(segment) => Ok(Some(segment)),
-        Err(e) => {
-            tracing::warn!(error = %e, "could not map a local peer's shared memory: the link stays a Unix socket");
-            Ok(None)
-        }
-    }
 }
 
 /// Where reading the ring is inside a frame.
@@ -983,169 +860,4 @@ impl LinkPlane for ShmLink {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::dtype::DType;
-    use crate::transport::dispatch::check_header;
-    use crate::transport::failure::Loss;
-    use crate::transport::inbox::Inboxes;
-    use crate::wire::OpKind;
-
-    /// Inboxes and a record of failures: the transport as a plane sees it.
-    struct TestFabric {
-        inboxes: Inboxes,
-        failed: Mutex<Option<LinkFailure>>,
-    }
-
-    impl Fabric for TestFabric {
-        fn header(&self, _: usize, head: &[u8]) -> Result<Header, LinkFailure> {
-            check_header(head, 1 << 30).map_err(LinkFailure::from)
-        }
-        fn arrived(&self, peer: usize, header: Header, payload: AlignedBuf, wake: bool) {
-            self.inboxes.file(peer, header, payload, wake);
-        }
-        fn failed(&self, _: usize, failure: LinkFailure) {
-            lock(&self.failed).get_or_insert(failure);
-        }
-        fn aborted(&self, _: u64) -> Option<LinkError> {
-            None
-        }
-        fn failure(&self, peer: usize) -> Option<Loss> {
-            lock(&self.failed).clone().map(|f| Loss::new(peer, f))
-        }
-        fn sent(&self, _: usize) {}
-        fn heard(&self, _: usize) {}
-        fn inboxes(&self) -> &Inboxes {
-            &self.inboxes
-        }
-    }
-
-    fn fabric(me: usize) -> TestFabric {
-        TestFabric {
-            inboxes: Inboxes::new(me, 2, (0, 0), Arc::new(|| {})),
-            failed: Mutex::new(None),
-        }
-    }
-
-    /// Rank 0's and rank 1's ends of one link on a fresh segment.
-    fn link_pair() -> (ShmLink, ShmLink, Arc<ShmLinks>) {
-        let segment = Segment::create(segment_len()).expect("memfd");
-        let mapping = Arc::new(segment.into_mapping());
-        let (s0, s1) = UnixStream::pair().unwrap();
-        let config = PlaneConfig {
-            write_timeout: Duration::from_secs(5),
-            spin: Duration::from_micros(50),
-            engine_threads: 0,
-            thread_cores: Vec::new(),
-            crowded: false,
-            tls: false,
-            shm: true,
-            handshake_timeout: Duration::from_secs(5),
-        };
-        let links = Arc::new(ShmLinks::new(0));
-        let zero = shared(mapping.clone(), true, (s0, None), 1, &config, &links);
-        let one = shared(mapping, false, (s1, None), 0, &config, &links);
-        (
-            ShmLink {
-                shared: zero,
-                peer_arena: None,
-            },
-            ShmLink {
-                shared: one,
-                peer_arena: None,
-            },
-            links,
-        )
-    }
-
-    fn frame(step: u32, len: usize) -> (Header, Vec<u8>) {
-        let header = Header::data(7, 1, OpKind::AllGather, DType::U8)
-            .with_step(step, 0)
-            .with_payload_len(len as u32);
-        let payload = (0..len).map(|i| (i * 7 + step as usize) as u8).collect();
-        (header, payload)
-    }
-
-    fn soon() -> Instant {
-        Instant::now() + Duration::from_secs(5)
-    }
-
-    /// Rank 0 sends a frame of `step` as long as `dest`; rank 1 receives
-    /// a copy of step 3 into `dest`. What it got, and its inbox.
-    fn send_then_receive_step_3(step: u32, dest: &mut [u8]) -> (Received, Arc<Inbox>) {
-        let (zero, one, _links) = link_pair();
-        let (f0, f1) = (fabric(0), fabric(1));
-        f1.inboxes.begin(7, 1, None);
-        let inbox = f1.inboxes.inbox(7, 0);
-        let (header, payload) = frame(step, dest.len());
-        zero.send(&f0, 1, &header, &payload, soon()).unwrap();
-        let got = one
-            .recv_into(&f1, &inbox, 7, 0, (1, 3, 0), dest, soon())
-            .unwrap();
-        (got, inbox)
-    }
-
-    #[test]
-    fn the_frame_a_copy_waits_for_lands_in_its_destination() {
-        let (payload, mut dest) = (frame(3, 100_000).1, vec![0u8; 100_000]);
-        let (got, inbox) = send_then_receive_step_3(3, &mut dest);
-        assert!(
-            matches!(got, Received::Placed(h) if h.step == 3),
-            "not placed"
-        );
-        assert_eq!(dest, payload);
-        assert!(inbox.pop().is_none(), "placed, not filed");
-    }
-
-    #[test]
-    fn a_frame_for_another_step_is_filed_and_the_destination_untouched() {
-        let (payload, mut dest) = (frame(4, 1000).1, vec![0xEEu8; 1000]);
-        let (got, _) = send_then_receive_step_3(4, &mut dest);
-        match got {
-            Received::Frame(f) => {
-                assert_eq!(f.header.step, 4);
-                assert_eq!(f.payload.bytes(), &payload[..]);
-            }
-            Received::Placed(_) => panic!("a step-4 frame was placed as step 3"),
-        }
-        assert!(dest.iter().all(|&b| b == 0xEE));
-    }
-
-    #[test]
-    fn a_frame_part_way_placed_when_its_waiter_stops_is_finished_in_a_buffer() {
-        let (zero, one, _links) = link_pair();
-        let f1 = fabric(1);
-        f1.inboxes.begin(7, 1, None);
-        let (header, payload) = frame(3, 4096);
-        let head = padded_head(&header);
-        let mut dest = vec![0u8; payload.len()];
-        let half = payload.len() / 2;
-        {
-            let mut tx = lock(&zero.shared.tx);
-            assert_eq!(tx.push(&head.0[..head.1]), head.1);
-            assert_eq!(tx.push(&payload[..half]), half);
-        }
-        let s = &*one.shared;
-        let mut rx = lock(&s.rx);
-        let mut place = Place {
-            key: (7, 1, 3, 0),
-            dest: &mut dest,
-            placed: None,
-        };
-        assert!(s.drain_into(&mut rx, &f1, Some(&mut place)));
-        assert!(rx.placing() && place.placed.is_none());
-        rx.detach(place.dest, &f1);
-        assert!(!rx.placing());
-        // The rest arrives; a reader with no placement files it whole.
-        {
-            let mut tx = lock(&zero.shared.tx);
-            assert_eq!(tx.push(&payload[half..]), payload.len() - half);
-            let trail = header.trail_len();
-            assert_eq!(tx.push(&[0u8; 64][..trail]), trail);
-        }
-        assert!(s.drain(&mut rx, &f1));
-        let filed = f1.inboxes.inbox(7, 0).pop().expect("filed");
-        assert_eq!(filed.payload.bytes(), &payload[..]);
-        assert!(lock(&f1.failed).is_none());
-    }
-}
+mod tests;
