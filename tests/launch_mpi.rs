@@ -1,7 +1,7 @@
 //! Open MPI's real `mpirun` starts ranks of this test binary with no
 //! MASTER_ADDR or MASTER_PORT anywhere in their environment: ranks on one
 //! host meet on loopback at the port derived from Open MPI's job id
-//! (src/env.rs). Each test runs `mpirun` of this binary's `mpirun_child`
+//! (src/env/). Each test runs `mpirun` of this binary's `mpirun_child`
 //! test, which does nothing unless RINGWIRE_TEST_CHILD names its part.
 
 mod common;

@@ -13,7 +13,9 @@ use super::lanes::{self, PIECE_HEADER, PieceFit, PieceHeader};
 /// frame is whole no piece lands in it; a piece of a frame already
 /// received is refused. Then `piece_len` over every lane count: within
 /// bounds, and pieces that cover the payload; and `piece_for` under any
-/// rates: within the piece and the cut's floor.
+/// rates (from the bytes after the last whole piece header): only a
+/// clearly slow lane's piece is cut, in 4 KiB steps, to no less than its
+/// floor.
 pub fn pieces(data: &[u8]) {
     let Some((head, rest)) = data.split_first_chunk::<8>() else {
         return;
@@ -60,19 +62,33 @@ pub fn pieces(data: &[u8]) {
             assert!((lanes::MIN_PIECE..=lanes::MAX_PIECE).contains(&piece));
         }
         assert!(len.div_ceil(piece) * piece >= len);
-        // Whatever the lanes' rates (here from the first 8 bytes), a
-        // lane's piece is no longer than the frame's and, cut, no shorter
-        // than MIN_SLOW_PIECE (or the piece, if that is shorter).
+        // Whatever the lanes' rates (here from the bytes after the last
+        // whole piece header), a lane under half the fastest's rate takes
+        // a piece cut in 4 KiB steps (or the whole), no shorter than
+        // MIN_SLOW_PIECE (or the piece); every other lane the piece.
+        let tail = rest.chunks_exact(PIECE_HEADER).remainder();
+        let rates: Vec<u64> = (0..lanes)
+            .map(|i| match tail.len() {
+                0 => 0,
+                n => u64::from(tail[i % n]) << (tail[(i + 1) % n] % 40),
+            })
+            .collect();
         let now = std::time::Instant::now();
         let mut loads = vec![lanes::LaneLoad::default(); lanes];
-        for (i, load) in loads.iter_mut().enumerate() {
-            let rate = u64::from_le_bytes(*head).rotate_left(8 * i as u32) >> (i * 7);
+        for (load, &rate) in loads.iter_mut().zip(&rates) {
             load.observe_rate(rate, false, now);
         }
-        for i in 0..lanes {
+        let fastest = rates.iter().copied().max().unwrap_or(0);
+        for (i, &rate) in rates.iter().enumerate() {
             let cut = lanes::piece_for(&loads, i, piece);
+            let slow = rate > 0 && fastest as f64 > rate as f64 * 2.0;
+            if !slow {
+                assert_eq!(cut, piece, "lane {i} at {rate} B/s (fastest {fastest})");
+                continue;
+            }
             assert!(cut <= piece, "lane {i}: {cut} of a {piece}-byte piece");
             assert!(cut >= lanes::MIN_SLOW_PIECE.min(piece), "lane {i}: {cut}");
+            assert!(cut == piece || cut % (4 << 10) == 0, "lane {i}: {cut}");
         }
     }
 }

@@ -23,7 +23,8 @@ pub(crate) const PIECE_HEADER: usize = 16;
 /// lane takes at most this much of a frame at a time.
 pub(crate) const MAX_PIECE: usize = 1 << 20;
 
-/// Nor smaller than this: each piece costs a header and a system call on
+/// Nor smaller than this (save a frame's last, and those of a clearly slow
+/// lane, [`piece_for`]): each piece costs a header and a system call on
 /// each end.
 pub(crate) const MIN_PIECE: usize = 64 << 10;
 
@@ -214,14 +215,14 @@ pub(crate) const MIN_SLOW_PIECE: usize = 16 << 10;
 /// not a loopback lane whose rate samples merely differ).
 pub(crate) const SLOW_PIECE_TIME: Duration = Duration::from_millis(1);
 
-/// How long the piece lane `i` takes is, where the frame's pieces are
-/// `piece` bytes: a clearly slow lane takes its share by rate (`piece`
+/// The length of the piece lane `i` takes next, where the frame's pieces
+/// are `piece` bytes: a clearly slow lane takes its share by rate (`piece`
 /// times its rate over the fastest lane's), so it holds the frame's end
 /// about as long as a fast lane holds a whole piece; but no less than it
 /// delivers in [`SLOW_PIECE_TIME`] nor than [`MIN_SLOW_PIECE`], in 4 KiB
-/// steps. Every other lane takes `piece`. (One lane of four at a quarter
-/// rate, 4 MiB all-reduce: 0.83-0.88 of the summed rates against
-/// 0.59-0.72 with whole pieces, decision 0037.)
+/// steps, and never more than `piece`. Every other lane takes `piece`.
+/// (One lane of four at a quarter rate, 4 MiB all-reduce: median 0.83 of
+/// the summed rates against 0.67 with whole pieces, decision 0037.)
 pub(crate) fn piece_for(lanes: &[LaneLoad], i: usize, piece: usize) -> usize {
     let fastest = fastest_rate(lanes);
     let lane = &lanes[i];

@@ -177,6 +177,8 @@ pub(super) struct Spread {
     pub(super) frame: u32,
     pub(super) payload: *const u8,
     pub(super) len: usize,
+    /// How long its pieces are (`lanes::piece_len`); a clearly slow lane
+    /// takes shorter ones (`lanes::piece_for`), and the last may be short.
     pub(super) piece: usize,
     /// Bytes handed to lanes so far.
     pub(super) next: usize,

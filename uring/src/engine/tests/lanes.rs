@@ -544,11 +544,12 @@ fn a_zero_copy_caller_is_held_until_its_notifications_while_the_next_frame_goes(
     // reuses one buffer, writing the next frame into it as soon as its
     // send returns: were it let go before the notifications, the peer
     // would read later frames' bytes in earlier ones.
-    // From one byte: a lane the kernel rated slow while the receiver
-    // stalled takes pieces shorter than the default threshold.
+    // From the shortest piece a lane takes: one the kernel rated slow
+    // while the receiver stalled takes pieces cut to its share (decision
+    // 0037), shorter than the default threshold.
     let always = engine_with(|c| {
         c.zero_copy_always = true;
-        c.zero_copy_from = Some(1);
+        c.zero_copy_from = Some(crate::engine::lanes::MIN_SLOW_PIECE);
     });
     let ([ea, eb], counters) = laned_between([always, engine(1)], 2, [0, 0]);
     let n = 32;
@@ -570,8 +571,8 @@ fn a_zero_copy_caller_is_held_until_its_notifications_while_the_next_frame_goes(
             "frame {i} differs: its memory was let go early"
         );
     }
-    // Every piece goes by SEND_ZC, and each notification said the kernel
-    // copied.
+    // Every piece goes by SEND_ZC (a short write's rest under 16 KiB
+    // plainly), and each notification said the kernel copied.
     for (lane, c) in counters.iter().enumerate() {
         let pieces = c.pieces.load(Ordering::Relaxed);
         let zc = c.zero_copy_sends.load(Ordering::Relaxed);

@@ -90,7 +90,8 @@ fn zero_copy_notifications_pass_through_engine_threads_and_hold_their_caller() {
     // early (a later frame's bytes in an earlier one).
     let sender = engine_with(|c| {
         c.zero_copy_always = true;
-        c.zero_copy_from = Some(1);
+        // Cut pieces too (tests/lanes.rs says why).
+        c.zero_copy_from = Some(crate::engine::lanes::MIN_SLOW_PIECE);
         c.engine_threads = 2;
     });
     let ([ea, eb], counters) = laned_between([sender, threaded(1, 2)], 2, [0, 0]);
