@@ -2,7 +2,8 @@
 //! test creates, joined by a veth pair with `tc netem` adding 5 ms of delay
 //! and 1% loss each way. Collectives must stay correct; cutting the link
 //! must fail them cleanly on both sides. Needs root and `ip`/`tc`
-//! (iproute2); skips with a printed reason where the kernel refuses.
+//! (iproute2); skips with a printed reason without root, or where the
+//! kernel refuses unless `CI=true`, where that fails.
 //! Everything it creates it removes, also on failure. Part of the
 //! multi-process test binary, whose `child_rank` plays the ranks.
 
@@ -128,9 +129,19 @@ fn text(out: &Output) -> String {
     )
 }
 
+/// The test's network, or `None` (having said why) where none can be made:
+/// without root (no install brings it), or, unless CI asked for every test
+/// to run, without `ip` (iproute2, which `.ci/setup-launchers` installs).
 fn try_net(tag: &str) -> Option<TestNet> {
+    if !nix::unistd::Uid::effective().is_root() {
+        eprintln!("SKIP: network namespaces need root");
+        return None;
+    }
     match TestNet::create(tag) {
         Ok(n) => Some(n),
+        Err(e) if std::env::var("CI").is_ok_and(|v| v == "true" || v == "1") => {
+            panic!("network namespaces are needed, and CI=true: {e}")
+        }
         Err(e) => {
             eprintln!("SKIP: network namespaces unavailable here: {e}");
             None
