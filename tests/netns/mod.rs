@@ -139,7 +139,7 @@ fn try_net(tag: &str) -> Option<TestNet> {
     }
     match TestNet::create(tag) {
         Ok(n) => Some(n),
-        Err(e) if std::env::var("CI").is_ok_and(|v| v == "true" || v == "1") => {
+        Err(e) if crate::common::launchers::in_ci() => {
             panic!("network namespaces are needed, and CI=true: {e}")
         }
         Err(e) => {
