@@ -31,9 +31,9 @@ pub struct LaneStats {
     /// veth, a NIC without the offload): the lane's fallbacks to plain
     /// sends.
     pub copied_sends: u64,
-    /// The kernel's delivery rate of the lane in bytes per second, as the
-    /// engine last kept it to place pieces by (decision 0037; 0: none yet,
-    /// or one lane).
+    /// The lane's delivery rate in bytes per second, as the engine last
+    /// kept it to place pieces by: bytes acknowledged over the kernel's
+    /// busy time of the lane (decision 0037; 0: none yet, or one lane).
     pub delivery_rate: u64,
 }
 

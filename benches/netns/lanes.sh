@@ -22,7 +22,15 @@
 #      ROUNDS (2), SIZES (-b/-e, default "4M 32M"), ITERS (3), WARMUP (3),
 #      EXTRA_ENV (VAR=VALUE words for every rank), QUEUE (packets each
 #      connection's class queues, default 100), OUT (a folder for the JSON
-#      of every run).
+#      of every run), DIAG (1: after each run, each namespace's TCP counters
+#      (`nstat`) and its classes' drops (`tc -s`) beside the run's JSON),
+#      ASSURED (auto: each connection's class is assured its cap where
+#      the caps together fit in LINK, else it borrows up to its cap from a
+#      small assured rate so that LINK bounds the sum; 1 or 0 force one).
+#
+# Why assured: through classes that borrow up to their caps, even plain
+# TCP streams reached only 0.86-0.92 of the summed caps; through assured
+# ones 0.94-0.96 (decision 0037, thirty-first section).
 set -euo pipefail
 bench=${1:-target/release/ringwire-bench}
 op=${OP:-all_reduce}
@@ -37,12 +45,29 @@ warmup=${WARMUP:-3}
 out=${OUT:-$(mktemp -d)}
 extra_env=${EXTRA_ENV:-}
 queue=${QUEUE:-100}
+diag=${DIAG:-}
+assured=${ASSURED:-auto}
 mkdir -p "$out"
 [ -x "$bench" ] || { echo "no bench at $bench: cargo build --release -p ringwire-bench" >&2; exit 1; }
 
 source "$(dirname "${BASH_SOURCE[0]}")/hosts.sh"
 two_hosts ln 215 1500
-echo "# link: veth, htb $link each way, each connection $cap${slow:+ (one lane of rank 0: $slow)}, $(nproc) cores, $(uname -r)"
+# Whether each connection's class is assured its cap (1) or borrows (0),
+# for a lane count.
+assured_for() { # lanes
+  if [ "$assured" != auto ]; then echo "$assured"; return; fi
+  python3 - "$1" "$cap" "$link" "$slow" <<'EOF'
+import re, sys
+def bits(rate):
+    m = re.fullmatch(r"([0-9.]+)([kmg]?)bit", rate.lower())
+    return float(m.group(1)) * {"": 1, "k": 1e3, "m": 1e6, "g": 1e9}[m.group(2)]
+lanes, (cap, link, slow) = int(sys.argv[1]), sys.argv[2:5]
+# Every lane may carry up to its cap (the main connection only headers).
+total = lanes * bits(cap) - (bits(cap) - bits(slow) if slow else 0)
+print(1 if total <= bits(link) else 0)
+EOF
+}
+echo "# link: veth, htb $link each way, each connection $cap${slow:+ (one lane of rank 0: $slow)}, classes assured their caps: $assured, $(nproc) cores, $(uname -r)"
 
 # A fresh htb tree on both ends: LINK for everything, unclassed traffic
 # (the store) in 1:2.
@@ -58,23 +83,26 @@ reset_qdiscs() {
 # Caps each connection of the link to rank 1's port as it appears: its
 # class on rank 0's end (by source port) and on rank 1's (by destination).
 class_connections() { # port want_connections
-  python3 - "${ns[@]}" "${veth[@]}" "$1" "$2" "$cap" "$slow" "$queue" <<'EOF'
+  python3 - "${ns[@]}" "${veth[@]}" "$1" "$2" "$cap" "$slow" "$queue" "$3" <<'EOF'
 import subprocess, sys, time
-ns0, ns1, v0, v1, port, want, cap, slow, queue = sys.argv[1:10]
+ns0, ns1, v0, v1, port, want, cap, slow, queue, assured = sys.argv[1:11]
 want = int(want)
 classed, slow_port, k = {}, None, 0
 def tc(ns, *args):
     subprocess.run(["tc", "-n", ns, *args], check=True, capture_output=True)
+def floor(rate):
+    return rate if assured == "1" else "1mbit"
 def add(lport, rate):
     global k
     k += 1
     classed[lport] = cls = f"1:{10 + k}"
     for ns, dev, key in ((ns0, v0, "sport"), (ns1, v1, "dport")):
-        # A small assured rate, borrowing up to the cap from the link's
-        # class: the link's rate then bounds the sum (htb grants every
-        # class its assured rate even past its parent's).
+        # Assured its cap, or (where the caps exceed the link) a small
+        # assured rate borrowing up to the cap from the link's class: the
+        # link's rate then bounds the sum (htb grants every class its
+        # assured rate even past its parent's).
         tc(ns, "class", "add", "dev", dev, "parent", "1:1", "classid", cls,
-           "htb", "rate", "1mbit", "ceil", rate, "quantum", "1514")
+           "htb", "rate", floor(rate), "ceil", rate, "quantum", "1514")
         # A queue of a switch's depth, not htb's default 1000 packets
         # (whose 120 ms at 100 Mbit/s would make every lane's RTT that).
         tc(ns, "qdisc", "add", "dev", dev, "parent", cls, "pfifo", "limit", queue)
@@ -101,7 +129,7 @@ while time.time() < deadline:
             # it): slowed on rank 0's end.
             slow_port = busy[0]
             tc(ns0, "class", "change", "dev", v0, "parent", "1:1", "classid",
-               classed[slow_port], "htb", "rate", "1mbit", "ceil", slow, "quantum", "1514")
+               classed[slow_port], "htb", "rate", floor(slow), "ceil", slow, "quantum", "1514")
     if len(classed) >= want and (not slow or slow_port is not None):
         print(f"classed {len(classed)} connections" + (f", slow lane at port {slow_port}" if slow else ""), flush=True)
         sys.exit(0)
@@ -121,7 +149,9 @@ plain_tcp() { # lanes
     for ((k = 0; k < lanes; k++)); do
       rate=$cap
       if [ "$i" = 0 ] && [ "$k" = 0 ] && [ -n "$slow" ]; then rate=$slow; fi
-      tc -n "${ns[$i]}" class add dev "${veth[$i]}" parent 1:1 classid "1:$((100 + k))" htb rate 1mbit ceil "$rate" quantum 1514
+      floor=1mbit
+      if [ "$(assured_for "$lanes")" = 1 ]; then floor=$rate; fi
+      tc -n "${ns[$i]}" class add dev "${veth[$i]}" parent 1:1 classid "1:$((100 + k))" htb rate "$floor" ceil "$rate" quantum 1514
       tc -n "${ns[$i]}" qdisc add dev "${veth[$i]}" parent "1:$((100 + k))" pfifo limit "$queue"
       tc -n "${ns[$i]}" filter add dev "${veth[$i]}" parent 1: protocol ip prio 1 u32 \
         match ip dport $((6000 + 100 * i + k)) 0xffff flowid "1:$((100 + k))"
@@ -165,6 +195,7 @@ print(sum(sent) * 8 / (time.time() - t) / 1e6)' "${ip_of[$((1 - i))]}" $((6000 +
 run_one() { # lanes round
   local lanes=$1 round=$2 port=$((20000 + RANDOM % 20000)) pids=()
   reset_qdiscs
+  if [ -n "$diag" ]; then for r in 0 1; do ip netns exec "${ns[$r]}" env NSTAT_HISTORY="$out/.nstat$r" nstat -n; done; fi
   for r in 0 1; do
     ip netns exec "${ns[$r]}" env \
       RANK=$r WORLD_SIZE=2 LOCAL_RANK=0 LOCAL_WORLD_SIZE=1 \
@@ -183,7 +214,7 @@ run_one() { # lanes round
     [ -n "$listen" ] && break
     sleep 0.05
   done
-  class_connections "$listen" $((1 + 2 * lanes)) >"$out/$op-l$lanes-$round-classes.log" 2>&1 &
+  class_connections "$listen" $((1 + 2 * lanes)) "$(assured_for "$lanes")" >"$out/$op-l$lanes-$round-classes.log" 2>&1 &
   local classer=$!
   local failed=0
   for p in "${pids[@]}"; do wait "$p" || failed=1; done
@@ -192,6 +223,12 @@ run_one() { # lanes round
     echo "a rank failed ($lanes lanes, round $round); logs in $out" >&2
     tail -5 "$out/$op-l$lanes-$round-rank"*.log >&2
     exit 1
+  fi
+  if [ -n "$diag" ]; then
+    for r in 0 1; do
+      { ip netns exec "${ns[$r]}" env NSTAT_HISTORY="$out/.nstat$r" nstat
+        tc -n "${ns[$r]}" -s qdisc show dev "${veth[$r]}"; } >"$out/$op-l$lanes-$round-diag$r.txt"
+    done
   fi
 }
 

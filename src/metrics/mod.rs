@@ -241,7 +241,7 @@ const LANE_COUNTERS: [LaneCounter; 6] = [
     ),
     (
         "lane_delivery_rate_bytes_per_second",
-        "The kernel's delivery rate of a send lane, as the engine last kept it to place          pieces by (links with more than one lane; 0: none yet).",
+        "The delivery rate of a send lane (bytes acknowledged over the kernel's busy time of it), as the engine last kept it to place pieces by (links with more than one lane; 0: none yet).",
         MetricType::Gauge,
         |l| l.delivery_rate,
     ),

@@ -73,10 +73,14 @@ pub fn pieces(data: &[u8]) {
                 n => u64::from(tail[i % n]) << (tail[(i + 1) % n] % 40),
             })
             .collect();
-        let now = std::time::Instant::now();
+        // Each lane delivered its rate over one second of busy time.
         let mut loads = vec![lanes::LaneLoad::default(); lanes];
         for (load, &rate) in loads.iter_mut().zip(&rates) {
-            load.observe_rate(rate, false, now);
+            load.observe_progress(lanes::Progress::default());
+            load.observe_progress(lanes::Progress {
+                busy_us: 1_000_000,
+                acked: rate,
+            });
         }
         let fastest = rates.iter().copied().max().unwrap_or(0);
         for (i, &rate) in rates.iter().enumerate() {

@@ -14,7 +14,7 @@
 //! are cut to its share by rate ([`piece_for`]), so the piece it holds at a
 //! frame's end is short.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// Bytes of a [`PieceHeader`] on the wire.
 pub(crate) const PIECE_HEADER: usize = 16;
@@ -83,22 +83,29 @@ pub(crate) struct LaneLoad {
     busy: bool,
     pending: usize,
     unacked: u64,
-    /// The kernel's last delivery rate of the lane (bytes/s) from a sample
-    /// that was not limited by what the lane was fed; 0: none yet.
-    rate: u64,
-    /// When that sample was taken.
-    rate_at: Option<Instant>,
-    /// The last sample the kernel gave, kept or not: the kernel repeats
-    /// its last one while the lane sends nothing, and a repeat is no news.
-    sample: (u64, bool),
+    /// The lane's rates (bytes/s) over its last two whole windows of
+    /// busy time ([`RATE_WINDOW`]), the newer first; 0: none yet.
+    rates: [u64; 2],
+    /// Where the current window began: the kernel's busy time (µs) and
+    /// bytes acknowledged then.
+    window: Option<Progress>,
 }
 
-/// How long a delivery rate is kept without a fresh sample. A lane found
-/// slow is fed less, so its later samples may all be app-limited: were the
-/// rate kept for ever, a lane that had recovered would stay starved.
-/// Forgotten, the lane counts its bytes like the rest until a full sample
-/// says how fast it is.
-pub(crate) const RATE_KEPT: Duration = Duration::from_secs(1);
+/// What the kernel has counted of a send lane since it connected
+/// (`TCP_INFO`): how long it had data in flight or waiting to be sent
+/// (`tcpi_busy_time`, µs, in the kernel's clock ticks) and how many bytes
+/// the peer acknowledged (`tcpi_bytes_acked`).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub(crate) struct Progress {
+    pub(crate) busy_us: u64,
+    pub(crate) acked: u64,
+}
+
+/// A lane's rate is the bytes acknowledged over this much of its busy
+/// time (time it held data: idle time does not count, so a lane fed less
+/// does not look slower for it), long enough to span many pieces and the
+/// kernel's clock ticks (1-4 ms).
+pub(crate) const RATE_WINDOW: Duration = Duration::from_millis(50);
 
 impl LaneLoad {
     pub(crate) fn is_busy(&self) -> bool {
@@ -127,24 +134,32 @@ impl LaneLoad {
         self.unacked = unacked;
     }
 
-    /// The delivery rate kept (bytes/s; 0: none yet).
+    /// The lane's rate (bytes/s; 0: none yet): the higher of its last two
+    /// windows', so one window that read low (a delayed acknowledgement,
+    /// a stall of the receiver) does not make a lane look slow.
     pub(crate) fn rate(&self) -> u64 {
-        self.rate
+        self.rates[0].max(self.rates[1])
     }
 
-    /// The kernel's delivery rate sample, read at `now`: kept if it is
-    /// new and was not app-limited; the rate kept is forgotten once older
-    /// than [`RATE_KEPT`].
-    pub(crate) fn observe_rate(&mut self, rate: u64, app_limited: bool, now: Instant) {
-        let new = (rate, app_limited) != self.sample;
-        self.sample = (rate, app_limited);
-        if new && rate > 0 && !app_limited {
-            (self.rate, self.rate_at) = (rate, Some(now));
-        } else if self
-            .rate_at
-            .is_some_and(|at| now.saturating_duration_since(at) > RATE_KEPT)
-        {
-            (self.rate, self.rate_at) = (0, None);
+    /// What the kernel has counted of the lane now: once [`RATE_WINDOW`]
+    /// of busy time has passed since the window began, its bytes
+    /// acknowledged over that time are the lane's newest rate. Counts that
+    /// went back (a reset lane) start a new window.
+    pub(crate) fn observe_progress(&mut self, now: Progress) {
+        let Some(start) = self.window else {
+            self.window = Some(now);
+            return;
+        };
+        if now.busy_us < start.busy_us || now.acked < start.acked {
+            self.window = Some(now);
+            return;
+        }
+        let busy = now.busy_us - start.busy_us;
+        if u128::from(busy) >= RATE_WINDOW.as_micros() {
+            let acked = u128::from(now.acked - start.acked);
+            let rate = (acked * 1_000_000 / u128::from(busy)).min(u128::from(u64::MAX)) as u64;
+            self.rates = [rate, self.rates[0]];
+            self.window = Some(now);
         }
     }
 
@@ -167,16 +182,16 @@ const UNEVEN_RATES: f64 = 2.0;
 /// by fastest rate over its own). If that lane is busy, the piece waits
 /// for it. Ties go to the lowest idle lane.
 ///
-/// The rates are the kernel's own estimates (`tcpi_delivery_rate`), kept
-/// only from samples it did not mark app-limited, so a lane fed less does
-/// not look slower for it; lanes without one yet count their bytes. A lane
-/// that has delivered everything costs nothing whatever its rate, so it is
-/// fed, and its rate stays current. Without the scaling a slow lane took
-/// as many pieces as its queue let it, and each frame waited at its end
-/// for the slow lane's last one (one lane of four at a quarter rate: 0.65
-/// of the summed rates; with it 0.89-0.91, decision 0037). Rates the
-/// engine learned itself, from acknowledged bytes over time, measured
-/// worse still (decision 0034): they measure what a lane was fed.
+/// The rates are bytes acknowledged over the kernel's busy time of each
+/// lane ([`LaneLoad::observe_progress`]): time a lane sat idle does not
+/// count, so a lane fed less does not look slower for it (bytes over wall
+/// time, tried first, measured what a lane was fed: decision 0034); lanes
+/// without one yet count their bytes. A lane that has delivered everything
+/// costs nothing whatever its rate, so it is fed, and its rate stays
+/// current. Without the scaling a slow lane took as many pieces as its
+/// queue let it, and each frame waited at its end for the slow lane's last
+/// one (one lane of four at a quarter rate: 0.65 of the summed rates; with
+/// it about 0.9, decision 0037).
 pub(crate) fn pick_lane(lanes: &[LaneLoad]) -> Option<usize> {
     let fastest = fastest_rate(lanes);
     // Bytes yet to deliver, a clearly slow lane's scaled to the fastest
@@ -184,7 +199,7 @@ pub(crate) fn pick_lane(lanes: &[LaneLoad]) -> Option<usize> {
     let cost = |lane: &LaneLoad| -> u128 {
         let unsent = u128::from(lane.unsent());
         match lane.is_clearly_slow(fastest) {
-            true => unsent * u128::from(fastest) / u128::from(lane.rate),
+            true => unsent * u128::from(fastest) / u128::from(lane.rate()),
             false => unsent,
         }
     };
@@ -229,22 +244,22 @@ pub(crate) fn piece_for(lanes: &[LaneLoad], i: usize, piece: usize) -> usize {
     if !lane.is_clearly_slow(fastest) {
         return piece;
     }
-    let share = piece as u128 * u128::from(lane.rate) / u128::from(fastest);
-    let in_time = u128::from(lane.rate) * SLOW_PIECE_TIME.as_micros() / 1_000_000;
+    let share = piece as u128 * u128::from(lane.rate()) / u128::from(fastest);
+    let in_time = u128::from(lane.rate()) * SLOW_PIECE_TIME.as_micros() / 1_000_000;
     let cut = share.max(in_time).min(piece as u128) as usize;
     cut.next_multiple_of(4 << 10)
         .clamp(MIN_SLOW_PIECE.min(piece), piece)
 }
 
 fn fastest_rate(lanes: &[LaneLoad]) -> u64 {
-    lanes.iter().map(|l| l.rate).max().unwrap_or(0)
+    lanes.iter().map(|l| l.rate()).max().unwrap_or(0)
 }
 
 impl LaneLoad {
     /// Whether the lane's kept rate is below `fastest` over
     /// [`UNEVEN_RATES`].
     fn is_clearly_slow(&self, fastest: u64) -> bool {
-        self.rate > 0 && (fastest as f64) > (self.rate as f64) * UNEVEN_RATES
+        self.rate() > 0 && (fastest as f64) > (self.rate() as f64) * UNEVEN_RATES
     }
 }
 
@@ -370,10 +385,22 @@ mod tests {
         assert_eq!(pick_lane(&lanes), Some(0));
     }
 
+    /// Two whole windows of a lane delivering `rate` bytes/s: what a lane
+    /// that has sent steadily a while shows.
+    fn settle(lane: &mut LaneLoad, rate: u64) {
+        let window = RATE_WINDOW.as_micros() as u64;
+        let mut at = lane.window.unwrap_or_default();
+        lane.observe_progress(at);
+        for _ in 0..2 {
+            at.busy_us += window;
+            at.acked += rate * window / 1_000_000;
+            lane.observe_progress(at);
+        }
+    }
+
     #[test]
     fn with_uneven_rates_the_lane_that_would_deliver_first_gets_the_piece() {
         const MB: u64 = 1_000_000;
-        let now = Instant::now();
         // Lane 1 delivers at a quarter of the others' rate and holds the
         // fewest bytes: by bytes it would take the piece, by time it
         // would deliver last.
@@ -384,20 +411,21 @@ mod tests {
                 .zip([(400_000, 12 * MB), (100_000, 3 * MB), (300_000, 12 * MB)])
         {
             lane.observe(held);
-            lane.observe_rate(rate, false, now);
+            settle(lane, rate);
         }
         // 300 000 B at 12 MB/s are delivered before 100 000 at 3 MB/s.
         assert_eq!(pick_lane(&lanes), Some(2));
-        // A sample the kernel marked app-limited is not kept: the slow
-        // lane stays slow however little it was fed.
-        lanes[1].observe_rate(12 * MB, true, now);
+        // Idle time is not busy time: the slow lane stays slow however
+        // little it was fed.
+        let idle = lanes[1].window.unwrap();
+        lanes[1].observe_progress(idle);
         assert_eq!(pick_lane(&lanes), Some(2));
         // Drained far enough, the slow lane is the first to be done; and
         // one that holds nothing is fed whatever its rate.
         lanes[1].observe(20_000);
         assert_eq!(pick_lane(&lanes), Some(1));
         lanes[1].observe(0);
-        lanes[1].observe_rate(1000, false, now);
+        settle(&mut lanes[1], 1000);
         assert_eq!(pick_lane(&lanes), Some(1));
         // Busy, it is waited for.
         lanes[1].start(65_536 + PIECE_HEADER);
@@ -408,10 +436,9 @@ mod tests {
     #[test]
     fn a_clearly_slow_lane_takes_a_piece_cut_to_its_share_by_rate() {
         const MB: u64 = 1_000_000;
-        let now = Instant::now();
         let mut lanes = [LaneLoad::default(); 3];
         for (lane, rate) in lanes.iter_mut().zip([12 * MB, 3 * MB, 10 * MB]) {
-            lane.observe_rate(rate, false, now);
+            settle(lane, rate);
         }
         // A quarter of the fastest rate: a quarter of the piece.
         assert_eq!(piece_for(&lanes, 1, 128 << 10), 32 << 10);
@@ -419,19 +446,19 @@ mod tests {
         assert_eq!(piece_for(&lanes, 0, 128 << 10), 128 << 10);
         assert_eq!(piece_for(&lanes, 2, 128 << 10), 128 << 10);
         // In 4 KiB steps, never below MIN_SLOW_PIECE, nor above the piece.
-        lanes[1].observe_rate(MB, false, now);
+        settle(&mut lanes[1], MB);
         assert_eq!(piece_for(&lanes, 1, 128 << 10), MIN_SLOW_PIECE);
         assert_eq!(piece_for(&lanes, 1, 8 << 10), 8 << 10);
-        lanes[1].observe_rate(5 * MB, false, now);
+        settle(&mut lanes[1], 5 * MB);
         assert_eq!(piece_for(&lanes, 1, 100 << 10), 44 << 10, "41.7 KiB up");
         // A slow lane that still delivers a whole piece within
         // SLOW_PIECE_TIME (fast loopback lanes whose samples differ) takes
         // it whole: the cut would cost more system calls than it saves.
         let mut fast = [LaneLoad::default(); 2];
-        fast[0].observe_rate(4000 * MB, false, now);
-        fast[1].observe_rate(1000 * MB, false, now);
+        settle(&mut fast[0], 4000 * MB);
+        settle(&mut fast[1], 1000 * MB);
         assert_eq!(piece_for(&fast, 1, 512 << 10), 512 << 10);
-        fast[0].observe_rate(8000 * MB, false, now);
+        settle(&mut fast[0], 8000 * MB);
         assert_eq!(
             piece_for(&fast, 1, 4 << 20),
             1_003_520,
@@ -443,49 +470,54 @@ mod tests {
     }
 
     #[test]
-    fn a_rate_not_sampled_afresh_is_forgotten_and_bytes_decide_again() {
+    fn a_lanes_rate_is_its_bytes_over_busy_time_and_one_low_window_does_not_slow_it() {
         const MB: u64 = 1_000_000;
-        let t0 = Instant::now();
-        let mut lanes = [LaneLoad::default(); 2];
-        lanes[0].observe(300_000);
-        lanes[1].observe(100_000);
-        lanes[0].observe_rate(12 * MB, false, t0);
-        lanes[1].observe_rate(3 * MB, false, t0);
-        assert_eq!(pick_lane(&lanes), Some(0), "lane 1 is slow");
-        // Fed less, lane 1's samples are app-limited: its rate is kept a
-        // while, then forgotten, and it is fed by its bytes again.
-        let soon = t0 + RATE_KEPT / 2;
-        lanes[1].observe_rate(12 * MB, true, soon);
-        assert_eq!((lanes[1].rate(), pick_lane(&lanes)), (3 * MB, Some(0)));
-        let later = t0 + RATE_KEPT + Duration::from_millis(1);
-        lanes[1].observe_rate(12 * MB, true, later);
-        assert_eq!((lanes[1].rate(), pick_lane(&lanes)), (0, Some(1)));
-        // A fresh full sample is kept again.
-        lanes[1].observe_rate(11 * MB, false, later);
-        assert_eq!(lanes[1].rate(), 11 * MB);
-        // The kernel repeats a lane's last sample while it sends nothing:
-        // a repeat is no fresh sample, and the rate goes all the same.
-        let much_later = later + RATE_KEPT + Duration::from_millis(1);
-        lanes[1].observe_rate(11 * MB, false, much_later);
-        assert_eq!(lanes[1].rate(), 0, "a repeated sample kept the rate");
-        lanes[1].observe_rate(11 * MB + 1, false, much_later);
-        assert_eq!(lanes[1].rate(), 11 * MB + 1);
+        let window = RATE_WINDOW.as_micros() as u64;
+        let at = |busy_us, acked| Progress { busy_us, acked };
+        let mut lane = LaneLoad::default();
+        lane.observe_progress(at(1_000, 5_000));
+        // Less than a window of busy time: no rate yet, however many bytes.
+        lane.observe_progress(at(1_000 + window - 1, 40 * MB));
+        assert_eq!(lane.rate(), 0);
+        // A whole window: the bytes acknowledged over the busy time.
+        lane.observe_progress(at(1_000 + window, 5_000 + MB / 2));
+        assert_eq!(lane.rate(), 10 * MB);
+        // Time idle is not busy time: a lane fed a little keeps its rate.
+        lane.observe_progress(at(1_000 + window, 5_000 + MB / 2));
+        assert_eq!(lane.rate(), 10 * MB);
+        // One window that read low (a delayed acknowledgement) is not
+        // taken alone: the higher of the last two counts.
+        let (busy, acked) = (1_000 + 2 * window, 5_000 + MB / 2 + MB / 10);
+        lane.observe_progress(at(busy, acked));
+        assert_eq!(lane.rate(), 10 * MB);
+        // Two are: the lane has slowed.
+        lane.observe_progress(at(busy + window, acked + MB / 8));
+        assert_eq!(lane.rate(), 5 * MB / 2);
+        // A lane that recovered shows it after one window.
+        lane.observe_progress(at(busy + 2 * window, acked + MB / 8 + MB));
+        assert_eq!(lane.rate(), 20 * MB);
+        // Counts that go back (a lane reset and made again) begin a new
+        // window; the rates stand until it is whole.
+        lane.observe_progress(at(0, 0));
+        lane.observe_progress(at(window / 2, MB));
+        assert_eq!(lane.rate(), 20 * MB);
+        lane.observe_progress(at(window, MB / 4));
+        assert_eq!(lane.rate(), 20 * MB, "5 MB/s, under the last 20");
     }
 
     #[test]
     fn even_or_unknown_rates_leave_the_fewest_bytes_rule() {
         const MB: u64 = 1_000_000;
-        let now = Instant::now();
         let mut lanes = [LaneLoad::default(); 2];
         lanes[0].observe(200_000);
         lanes[1].observe(100_000);
         // Lane 1 is 20% slower: within the noise of rate samples.
-        lanes[0].observe_rate(10 * MB, false, now);
-        lanes[1].observe_rate(8 * MB, false, now);
+        settle(&mut lanes[0], 10 * MB);
+        settle(&mut lanes[1], 8 * MB);
         assert_eq!(pick_lane(&lanes), Some(1));
         // One lane without a rate yet: bytes decide.
         let mut fresh = [LaneLoad::default(); 2];
-        fresh[0].observe_rate(10 * MB, false, now);
+        settle(&mut fresh[0], 10 * MB);
         fresh[0].observe(50_000);
         fresh[1].observe(60_000);
         assert_eq!(pick_lane(&fresh), Some(0));

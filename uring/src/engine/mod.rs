@@ -169,9 +169,9 @@ pub struct LaneCounter {
     /// (loopback, veth, a NIC without the offload): the lane's fallbacks
     /// to plain sends.
     pub copied_sends: std::sync::atomic::AtomicU64,
-    /// The kernel's delivery rate of the lane (bytes/s) as placement last
-    /// kept it: from a sample not limited by what the lane was fed (links
-    /// with more than one TCP lane; 0: none yet).
+    /// The lane's delivery rate (bytes/s) as placement last kept it: bytes
+    /// acknowledged over the kernel's busy time of the lane, so not what
+    /// the lane was fed (links with more than one TCP lane; 0: none yet).
     pub delivery_rate: std::sync::atomic::AtomicU64,
 }
 

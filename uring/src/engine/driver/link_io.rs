@@ -366,12 +366,11 @@ impl LinkIo {
             return;
         }
         if self.send_lanes.len() > 1 {
-            let now = Instant::now();
             for (i, (lane, load)) in self.send_lanes.iter().zip(&mut self.loads).enumerate() {
                 let unacked = unacknowledged(&lane.socket);
                 load.observe(unacked);
-                if let Some((rate, app_limited)) = delivery_rate(&lane.socket) {
-                    load.observe_rate(rate, app_limited, now);
+                if let Some(progress) = progress(&lane.socket) {
+                    load.observe_progress(progress);
                 }
                 if let Some(c) = self.counters.as_ref().and_then(|c| c.get(i)) {
                     c.unacked.store(unacked, Ordering::Relaxed);

@@ -1,6 +1,6 @@
 //! Socket calls the driver makes outside the ring: resetting a lane,
-//! reading what it holds unacknowledged and its delivery rate
-//! (`TCP_INFO`), and setting `TCP_NOTSENT_LOWAT`.
+//! reading what it holds unacknowledged and its busy time and bytes
+//! acknowledged (`TCP_INFO`), and setting `TCP_NOTSENT_LOWAT`.
 
 use super::*;
 
@@ -34,9 +34,10 @@ pub(super) fn unacknowledged(socket: &SharedFd) -> u64 {
     if done == 0 { bytes.max(0) as u64 } else { 0 }
 }
 
-/// The kernel's delivery rate estimate of a TCP socket (bytes/s) and
-/// whether the sample behind it was limited by what the socket was fed.
-pub(super) fn delivery_rate(socket: &SharedFd) -> Option<(u64, bool)> {
+/// What the kernel has counted of a TCP socket since it connected: its
+/// busy time and the bytes its peer acknowledged (`lanes::Progress`);
+/// `None` where the kernel fills too little of `tcp_info` (before 4.10).
+pub(super) fn progress(socket: &SharedFd) -> Option<lanes::Progress> {
     // SAFETY: `tcp_info` is plain old data; all-zero is a valid value.
     let mut info: libc::tcp_info = unsafe { std::mem::zeroed() };
     let mut len = size_of::<libc::tcp_info>() as libc::socklen_t;
@@ -51,23 +52,16 @@ pub(super) fn delivery_rate(socket: &SharedFd) -> Option<(u64, bool)> {
             &mut len,
         )
     };
-    // An older kernel fills less of the struct: the rate must be in it.
-    let rate_end = std::mem::offset_of!(libc::tcp_info, tcpi_delivery_rate) + size_of::<u64>();
-    if done != 0 || (len as usize) < rate_end {
+    // An older kernel fills less of the struct: the busy time (after the
+    // bytes acknowledged) must be in it.
+    let busy_end = std::mem::offset_of!(libc::tcp_info, tcpi_busy_time) + size_of::<u64>();
+    if done != 0 || (len as usize) < busy_end {
         return None;
     }
-    // The byte after the window scales (offset 7) holds the app-limited
-    // bit: the first of its bitfield, the low bit where the compiler lays
-    // bitfields out from the low end (little endian), the high bit else.
-    const APP_LIMITED: u8 = if cfg!(target_endian = "little") {
-        1
-    } else {
-        0x80
-    };
-    // SAFETY: byte 7 of the struct, inside it (and filled: `len` covers
-    // the rate, further on).
-    let flags = unsafe { *(&info as *const libc::tcp_info).cast::<u8>().add(7) };
-    Some((info.tcpi_delivery_rate, flags & APP_LIMITED != 0))
+    Some(lanes::Progress {
+        busy_us: info.tcpi_busy_time,
+        acked: info.tcpi_bytes_acked,
+    })
 }
 
 /// Sets `TCP_NOTSENT_LOWAT` on a send lane; a socket that takes no such

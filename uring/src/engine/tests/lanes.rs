@@ -315,9 +315,10 @@ fn a_slow_lane_is_given_fewer_pieces() {
         "the slow lane carried {} bytes, a fair share being {fair}: {carried:?}",
         carried[3]
     );
-    // (The kernel marks loopback's rate samples app-limited, so placement
-    // keeps no rate here and this is decision 0034's rule; the rules of
-    // 0037 act in `shaped.rs`, through classes that shape the lanes.)
+    // (Decision 0034's rule, and from the paced lane's first 50 ms of
+    // busy time 0037's too: its rate known, its bytes weigh by it and its
+    // pieces are cut. `shaped.rs` checks those, through classes that shape
+    // the lanes as a network does.)
 }
 
 /// One end of a laned link whose peer is raw sockets the test writes:

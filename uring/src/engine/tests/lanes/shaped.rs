@@ -1,9 +1,9 @@
-//! Lanes through shaped classes, where the kernel's delivery rates are
-//! real: a network namespace of the test's own whose loopback (MTU 1500)
-//! puts each send lane in an htb class of its own, by the lane's source
-//! port, one lane at a quarter of the others' rate. (Over unshaped loopback
-//! the kernel marks every rate sample app-limited, so the rules of
-//! decision 0037 never act there.) Needs root (else it says so and
+//! Lanes through shaped classes, where the lanes' rates differ as a
+//! network's can: a network namespace of the test's own whose loopback
+//! (MTU 1500) puts each send lane in an htb class of its own, by the
+//! lane's source port, one lane at a quarter of the others' rate. (Over
+//! unshaped loopback every lane delivers at GB/s when busy, so the rules
+//! of decision 0037 hardly act there.) Needs root (else it says so and
 //! passes), and `ip` and `tc` (iproute2, which `.ci/setup-launchers`
 //! installs): without them it says so and passes, except under `CI=true`,
 //! where it fails.
