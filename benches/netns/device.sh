@@ -83,18 +83,27 @@ cpus_of() { # world host
   if ((2 * per <= cores)); then echo "$(($2 * per))-$(($2 * per + per - 1))"; else echo "0-$((cores - 1))"; fi
 }
 
-# Waits for every pid; at the first that fails, stops the rest.
+# Waits for every pid; at the first that fails, says which and with what
+# status, and stops the rest. (Polled, each pid waited for by itself once
+# it has ended: a `wait -n` loop once reported a failure here that no
+# rank's log showed.)
 wait_all() {
-  local left=("$@") done_pid
+  local left=("$@") p rc
   while ((${#left[@]} > 0)); do
-    if ! wait -n -p done_pid "${left[@]}"; then
-      kill "${left[@]}" 2>/dev/null || true
-      wait "${left[@]}" 2>/dev/null || true
-      return 1
-    fi
     local still=()
-    for p in "${left[@]}"; do [ "$p" = "$done_pid" ] || still+=("$p"); done
+    for p in "${left[@]}"; do
+      if kill -0 "$p" 2>/dev/null; then still+=("$p"); continue; fi
+      rc=0
+      wait "$p" || rc=$?
+      if ((rc != 0)); then
+        echo "pid $p ended with status $rc" >&2
+        kill "${left[@]}" 2>/dev/null || true
+        wait "${left[@]}" 2>/dev/null || true
+        return 1
+      fi
+    done
     left=("${still[@]}")
+    ((${#left[@]} == 0)) || sleep 0.05
   done
 }
 
