@@ -53,21 +53,29 @@ mkdir -p "$out"
 source "$(dirname "${BASH_SOURCE[0]}")/hosts.sh"
 two_hosts ln 215 1500
 # Whether each connection's class is assured its cap (1) or borrows (0),
-# for a lane count.
-assured_for() { # lanes
-  if [ "$assured" != auto ]; then echo "$assured"; return; fi
-  python3 - "$1" "$cap" "$link" "$slow" <<'EOF'
+# per lane count: auto assures them where every lane at its cap fits in
+# the link (the slow lane is slow on rank 0's end only, so it does not
+# count here).
+declare -A assured_of
+for lanes in $lanes_list; do
+  case $assured in
+  0 | 1) assured_of[$lanes]=$assured ;;
+  auto)
+    assured_of[$lanes]=$(python3 - "$lanes" "$cap" "$link" <<'EOF'
 import re, sys
 def bits(rate):
     m = re.fullmatch(r"([0-9.]+)([kmg]?)bit", rate.lower())
+    if not m:
+        sys.exit(f"lanes.sh: cannot read the rate {rate!r} (want e.g. 100mbit)")
     return float(m.group(1)) * {"": 1, "k": 1e3, "m": 1e6, "g": 1e9}[m.group(2)]
-lanes, (cap, link, slow) = int(sys.argv[1]), sys.argv[2:5]
-# Every lane may carry up to its cap (the main connection only headers).
-total = lanes * bits(cap) - (bits(cap) - bits(slow) if slow else 0)
-print(1 if total <= bits(link) else 0)
+lanes, cap, link = int(sys.argv[1]), bits(sys.argv[2]), bits(sys.argv[3])
+print(1 if lanes * cap <= link else 0)
 EOF
-}
-echo "# link: veth, htb $link each way, each connection $cap${slow:+ (one lane of rank 0: $slow)}, classes assured their caps: $assured, $(nproc) cores, $(uname -r)"
+    ) ;;
+  *) echo "lanes.sh: ASSURED is auto, 0 or 1, not '$assured'" >&2; exit 1 ;;
+  esac
+done
+echo "# link: veth, htb $link each way, each connection $cap${slow:+ (one lane of rank 0: $slow)}, classes assured their caps (by lanes): $(for l in $lanes_list; do printf '%s:%s ' "$l" "${assured_of[$l]}"; done)$(nproc) cores, $(uname -r)"
 
 # A fresh htb tree on both ends: LINK for everything, unclassed traffic
 # (the store) in 1:2.
@@ -149,8 +157,8 @@ plain_tcp() { # lanes
     for ((k = 0; k < lanes; k++)); do
       rate=$cap
       if [ "$i" = 0 ] && [ "$k" = 0 ] && [ -n "$slow" ]; then rate=$slow; fi
-      floor=1mbit
-      if [ "$(assured_for "$lanes")" = 1 ]; then floor=$rate; fi
+      local floor=1mbit
+      if [ "${assured_of[$lanes]}" = 1 ]; then floor=$rate; fi
       tc -n "${ns[$i]}" class add dev "${veth[$i]}" parent 1:1 classid "1:$((100 + k))" htb rate "$floor" ceil "$rate" quantum 1514
       tc -n "${ns[$i]}" qdisc add dev "${veth[$i]}" parent "1:$((100 + k))" pfifo limit "$queue"
       tc -n "${ns[$i]}" filter add dev "${veth[$i]}" parent 1: protocol ip prio 1 u32 \
@@ -195,7 +203,7 @@ print(sum(sent) * 8 / (time.time() - t) / 1e6)' "${ip_of[$((1 - i))]}" $((6000 +
 run_one() { # lanes round
   local lanes=$1 round=$2 port=$((20000 + RANDOM % 20000)) pids=()
   reset_qdiscs
-  if [ -n "$diag" ]; then for r in 0 1; do ip netns exec "${ns[$r]}" env NSTAT_HISTORY="$out/.nstat$r" nstat -n; done; fi
+  if [ "$diag" = 1 ]; then for r in 0 1; do ip netns exec "${ns[$r]}" env NSTAT_HISTORY="$out/.nstat$r" nstat -n; done; fi
   for r in 0 1; do
     ip netns exec "${ns[$r]}" env \
       RANK=$r WORLD_SIZE=2 LOCAL_RANK=0 LOCAL_WORLD_SIZE=1 \
@@ -214,7 +222,7 @@ run_one() { # lanes round
     [ -n "$listen" ] && break
     sleep 0.05
   done
-  class_connections "$listen" $((1 + 2 * lanes)) "$(assured_for "$lanes")" >"$out/$op-l$lanes-$round-classes.log" 2>&1 &
+  class_connections "$listen" $((1 + 2 * lanes)) "${assured_of[$lanes]}" >"$out/$op-l$lanes-$round-classes.log" 2>&1 &
   local classer=$!
   local failed=0
   for p in "${pids[@]}"; do wait "$p" || failed=1; done
@@ -224,7 +232,7 @@ run_one() { # lanes round
     tail -5 "$out/$op-l$lanes-$round-rank"*.log >&2
     exit 1
   fi
-  if [ -n "$diag" ]; then
+  if [ "$diag" = 1 ]; then
     for r in 0 1; do
       { ip netns exec "${ns[$r]}" env NSTAT_HISTORY="$out/.nstat$r" nstat
         tc -n "${ns[$r]}" -s qdisc show dev "${veth[$r]}"; } >"$out/$op-l$lanes-$round-diag$r.txt"

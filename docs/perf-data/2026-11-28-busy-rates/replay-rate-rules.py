@@ -1,56 +1,86 @@
-import sys, collections
+"""Replays a diagnostic build's rank 0 log (diag-build-patch.py: every send
+lane's TCP_INFO at every placement look) through rules for a lane's rate,
+and counts the placement looks at which each rule judged a fast lane
+clearly slow (under half the fastest) or missed the slow one.
+
+  python3 replay-rate-rules.py RUN_FOLDER/all_reduce-l4-R-rank0.log ...
+
+The slow lane is the one whose busy-time rate over the run's second half
+is lowest (lanes.sh slows the first connection it sees carry a megabyte,
+not a fixed one). Looks from before the slow lane was slowed (the first
+fifth of the run) are not judged."""
+import collections, re, sys
+
 def load(path):
-    looks=[]
-    for l in open(path):
-        if not l.startswith('DIAG fd'): continue
-        f=l.split()
-        d={f[i]:f[i+1] for i in range(1,len(f)-1,2) if f[i] in ('fd','rate','al','busy','acked')}
-        looks.append((d['fd'],int(d['rate']),d['al']=='true',int(d['busy']),int(d['acked'])))
+    looks = []
+    for line in open(path):
+        if not line.startswith("DIAG fd"):
+            continue
+        f = line.split()
+        d = {f[i]: f[i + 1] for i in range(1, len(f) - 1, 2)}
+        t = re.search(r"tv_sec: (\d+), tv_nsec: (\d+)", line)
+        looks.append((d["fd"], int(d["rate"]), d["al"] == "true", int(d["busy"]),
+                      int(d["acked"]), int(t.group(1)) + int(t.group(2)) / 1e9))
     return looks
+
 class Kernel:
-    def __init__(s): s.rate=0; s.last=None
-    def see(s,rate,al,busy,acked):
-        if (rate,al)!=s.last and rate>0 and not al: s.rate=rate/1e6
-        s.last=(rate,al)
+    """eab6263's rule: a new sample not marked app-limited is kept; a kept
+    rate is forgotten 1 s after it was kept."""
+    def __init__(s): s.rate, s.at, s.last = 0, None, None
+    def see(s, rate, al, busy, acked, t):
+        if (rate, al) != s.last and rate > 0 and not al:
+            s.rate, s.at = rate / 1e6, t
+        elif s.at is not None and t - s.at > 1.0:
+            s.rate, s.at = 0, None
+        s.last = (rate, al)
+
 class Busy:
-    def __init__(s,W,k=1): s.W=W; s.base=None; s.rate=0; s.hist=[]; s.k=k
-    def see(s,rate,al,busy,acked):
-        if s.base is None: s.base=(busy,acked); return
-        if busy-s.base[0]>=s.W:
-            s.hist.append((acked-s.base[1])/(busy-s.base[0])); s.base=(busy,acked)
-            s.rate=max(s.hist[-s.k:])
-def run(path,mk):
-    looks=load(path); fds=sorted(set(x[0] for x in looks)); slow=fds[0]
-    est={fd:mk() for fd in fds}
-    # evaluate at each group of 4 looks (a placement)
-    wrong_fast=wrong_slow=n=0; started=False
-    for i,(fd,rate,al,busy,acked) in enumerate(looks):
-        est[fd].see(rate,al,busy,acked)
-        if fd==fds[-1]:
-            rates={f:est[f].rate for f in fds}
-            fastest=max(rates.values())
-            if fastest==0: continue
-            # only judge once the slow lane is shaped: after 20% of looks
-            if i < len(looks)*0.2: continue
-            n+=1
-            for f in fds:
-                clearly = rates[f]>0 and rates[f]*2<fastest
-                if f==slow and not clearly: wrong_slow+=1
-                if f!=slow and clearly: wrong_fast+=1
-    return n,wrong_slow,wrong_fast
-for name,mk in [('kernel',Kernel),('busy50',lambda:Busy(50000)),('busy100',lambda:Busy(100000)),('busy50max2',lambda:Busy(50000,2)),('busy30max3',lambda:Busy(30000,3))]:
-    out=[]
-    for r in range(4):
-        n,ws,wf=run(f'all_reduce-l4-{r}-rank0.log',mk)
-        out.append(f"slow-missed {ws/n:.2f} fast-as-slow {wf/n/3:.2f}")
-    print(f"{name:12}", ' | '.join(out))
-print()
-looks=load('all_reduce-l4-1-rank0.log'); fds=sorted(set(x[0] for x in looks))
-for fd in fds:
-    b=Busy(50000)
-    seq=[]
-    for (f,rate,al,busy,acked) in looks:
-        if f==fd:
-            n=len(b.hist); b.see(rate,al,busy,acked)
-            if len(b.hist)>n: seq.append(round(b.hist[-1],1))
-    print(fd, seq)
+    """Bytes acknowledged over each W µs of busy time; the rate is the
+    highest of the last k windows (none until k are whole)."""
+    def __init__(s, W, k): s.W, s.k, s.base, s.hist, s.rate = W, k, None, [], 0
+    def see(s, rate, al, busy, acked, t):
+        if s.base is None or busy < s.base[0] or acked < s.base[1]:
+            s.base = (busy, acked)
+            return
+        if busy - s.base[0] >= s.W:
+            s.hist.append((acked - s.base[1]) / (busy - s.base[0]))
+            s.base = (busy, acked)
+            if len(s.hist) >= s.k:
+                s.rate = max(s.hist[-s.k:])
+
+def slow_lane(looks):
+    fds = sorted(set(x[0] for x in looks))
+    half = looks[len(looks) // 2:]
+    def rate(fd):
+        xs = [x for x in half if x[0] == fd]
+        return (xs[-1][4] - xs[0][4]) / max(1, xs[-1][3] - xs[0][3])
+    return fds, min(fds, key=rate)
+
+def judge(looks, make):
+    fds, slow = slow_lane(looks)
+    est = {fd: make() for fd in fds}
+    n = missed = fast_as_slow = 0
+    for i, (fd, *sample) in enumerate(looks):
+        est[fd].see(*sample)
+        if fd != fds[-1] or i < len(looks) // 5:
+            continue
+        rates = {f: est[f].rate for f in fds}
+        fastest = max(rates.values())
+        if fastest == 0:
+            continue
+        n += 1
+        for f in fds:
+            clearly = rates[f] > 0 and 2 * rates[f] < fastest
+            missed += f == slow and not clearly
+            fast_as_slow += f != slow and clearly
+    return slow, n, missed / n, fast_as_slow / n / (len(fds) - 1)
+
+rules = [("kernel samples (eab6263)", Kernel), ("busy 50 ms, 1 window", lambda: Busy(50000, 1)),
+         ("busy 50 ms, higher of 2", lambda: Busy(50000, 2))]
+for path in sys.argv[1:]:
+    looks = load(path)
+    print(path)
+    for name, make in rules:
+        slow, n, missed, fast = judge(looks, make)
+        print(f"  {name:26} slow lane fd {slow}: of {n} looks, missed it at {missed:.2f}, "
+              f"a fast lane judged slow at {fast:.2f}")

@@ -73,14 +73,16 @@ pub fn pieces(data: &[u8]) {
                 n => u64::from(tail[i % n]) << (tail[(i + 1) % n] % 40),
             })
             .collect();
-        // Each lane delivered its rate over one second of busy time.
+        // Each lane delivered its rate over two seconds of busy time, a
+        // window of it each.
         let mut loads = vec![lanes::LaneLoad::default(); lanes];
         for (load, &rate) in loads.iter_mut().zip(&rates) {
-            load.observe_progress(lanes::Progress::default());
-            load.observe_progress(lanes::Progress {
-                busy_us: 1_000_000,
-                acked: rate,
-            });
+            for second in 0..3 {
+                load.observe_progress(lanes::Progress {
+                    busy_us: second * 1_000_000,
+                    acked: second * rate,
+                });
+            }
         }
         let fastest = rates.iter().copied().max().unwrap_or(0);
         for (i, &rate) in rates.iter().enumerate() {

@@ -144,7 +144,8 @@ fn a_lane_shaped_to_a_quarter_rate_carries_less_in_shorter_pieces() {
         .map(|lane| std::thread::spawn(move || read_pieces(lane)))
         .collect();
     // 1 MiB frames over 4 lanes: pieces of 64 KiB. About 1.5 s at the
-    // summed 325 Mbit/s: time for the kernel's rates to be sampled.
+    // summed 325 Mbit/s: time for many 50 ms windows of each lane's busy
+    // time, whose rates placement weighs.
     let frames = 60;
     let frame = vec![7u8; 1 << 20];
     std::thread::spawn(move || {
