@@ -16,7 +16,7 @@
 # lane is the first connection seen carrying a megabyte from the first
 # rank.
 #
-# Needs root, ip, tc and ss. Everything it makes it removes, also on failure.
+# Needs root, ip, tc and ss (and nstat for DIAG). Everything it makes it removes, also on failure.
 # Usage: benches/netns/lanes.sh [BENCH]   (default: the release build)
 # Env: OP, LANES ("1 2 4 8"), CAP (100mbit), LINK (400mbit), SLOW (unset),
 #      ROUNDS (2), SIZES (-b/-e, default "4M 32M"), ITERS (3), WARMUP (3),
@@ -30,7 +30,10 @@
 #
 # Why assured: through classes that borrow up to their caps, even plain
 # TCP streams reached only 0.86-0.92 of the summed caps; through assured
-# ones 0.94-0.96 (decision 0037, thirty-first section).
+# ones 0.93-0.96 (decision 0037, thirty-first section). ASSURED=1 with
+# caps that add up to more than LINK lets the sum pass LINK (htb grants
+# every class its assured rate): fractions above 1 then, not a short
+# warm-up.
 set -euo pipefail
 bench=${1:-target/release/ringwire-bench}
 op=${OP:-all_reduce}
@@ -90,7 +93,7 @@ reset_qdiscs() {
 
 # Caps each connection of the link to rank 1's port as it appears: its
 # class on rank 0's end (by source port) and on rank 1's (by destination).
-class_connections() { # port want_connections
+class_connections() { # port want_connections assured(0/1)
   python3 - "${ns[@]}" "${veth[@]}" "$1" "$2" "$cap" "$slow" "$queue" "$3" <<'EOF'
 import subprocess, sys, time
 ns0, ns1, v0, v1, port, want, cap, slow, queue, assured = sys.argv[1:11]

@@ -60,6 +60,7 @@ def judge(looks, make):
     fds, slow = slow_lane(looks)
     est = {fd: make() for fd in fds}
     n = missed = fast_as_slow = 0
+    last_miss = 0.0
     for i, (fd, *sample) in enumerate(looks):
         est[fd].see(*sample)
         if fd != fds[-1] or i < len(looks) // 5:
@@ -71,9 +72,11 @@ def judge(looks, make):
         n += 1
         for f in fds:
             clearly = rates[f] > 0 and 2 * rates[f] < fastest
-            missed += f == slow and not clearly
+            if f == slow and not clearly:
+                missed += 1
+                last_miss = i / len(looks)
             fast_as_slow += f != slow and clearly
-    return slow, n, missed / n, fast_as_slow / n / (len(fds) - 1)
+    return slow, n, missed / n, fast_as_slow / n / (len(fds) - 1), last_miss
 
 rules = [("kernel samples (eab6263)", Kernel), ("busy 50 ms, 1 window", lambda: Busy(50000, 1)),
          ("busy 50 ms, higher of 2", lambda: Busy(50000, 2))]
@@ -81,6 +84,6 @@ for path in sys.argv[1:]:
     looks = load(path)
     print(path)
     for name, make in rules:
-        slow, n, missed, fast = judge(looks, make)
-        print(f"  {name:26} slow lane fd {slow}: of {n} looks, missed it at {missed:.2f}, "
-              f"a fast lane judged slow at {fast:.2f}")
+        slow, n, missed, fast, last = judge(looks, make)
+        print(f"  {name:26} slow lane fd {slow}: of {n} looks, missed it at {missed:.2f} "
+              f"(the last miss {last:.0%} into the run), a given fast lane judged slow at {fast:.2f}")

@@ -267,7 +267,7 @@ fn fastest_rate(lanes: &[LaneLoad]) -> u64 {
 }
 
 impl LaneLoad {
-    /// Whether the lane's kept rate is below `fastest` over
+    /// Whether the lane's rate is below `fastest` over
     /// [`UNEVEN_RATES`].
     fn is_clearly_slow(&self, fastest: u64) -> bool {
         self.rate() > 0 && (fastest as f64) > (self.rate() as f64) * UNEVEN_RATES

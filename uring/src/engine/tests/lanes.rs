@@ -315,9 +315,9 @@ fn a_slow_lane_is_given_fewer_pieces() {
         "the slow lane carried {} bytes, a fair share being {fair}: {carried:?}",
         carried[3]
     );
-    // (Decision 0034's rule, and from the paced lane's first 50 ms of
-    // busy time 0037's too: its rate known, its bytes weigh by it and its
-    // pieces are cut. `shaped.rs` checks those, through classes that shape
+    // (Decision 0034's rule; 0037's acts only once lanes have two 50 ms
+    // windows of busy time each, which loopback's fast lanes may not reach
+    // here. `shaped.rs` checks 0037's rules, through classes that shape
     // the lanes as a network does.)
 }
 
