@@ -545,9 +545,10 @@ fn a_zero_copy_caller_is_held_until_its_notifications_while_the_next_frame_goes(
     // reuses one buffer, writing the next frame into it as soon as its
     // send returns: were it let go before the notifications, the peer
     // would read later frames' bytes in earlier ones.
-    // From the shortest piece a lane takes: one the kernel rated slow
-    // while the receiver stalled takes pieces cut to its share (decision
-    // 0037), shorter than the default threshold.
+    // From the shortest piece a lane takes: a lane that delivered slowly
+    // over its busy time while the receiver stalled is rated slow and takes
+    // pieces cut to its share (decision 0037), shorter than the default
+    // threshold.
     let always = engine_with(|c| {
         c.zero_copy_always = true;
         c.zero_copy_from = Some(crate::engine::lanes::MIN_SLOW_PIECE);
