@@ -11,7 +11,9 @@ use crate::Element;
 /// Anything a collective can own for the duration of an op: [`Buffer`],
 /// `Vec<T>`, `Box<[T]>`, and `bytes::BytesMut` (as `u8` elements).
 pub trait CollectiveBuffer<T: Element>: Send + 'static {
+    /// The elements.
     fn as_slice(&self) -> &[T];
+    /// The elements, to write.
     fn as_mut_slice(&mut self) -> &mut [T];
 }
 

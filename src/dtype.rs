@@ -19,12 +19,19 @@ use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[repr(u8)]
 pub enum DType {
+    /// `f32`.
     F32 = 1,
+    /// `f64`.
     F64 = 2,
+    /// `half::f16`.
     F16 = 3,
+    /// `half::bf16`.
     BF16 = 4,
+    /// `i32`.
     I32 = 5,
+    /// `i64`.
     I64 = 6,
+    /// `u8`.
     U8 = 7,
 }
 
@@ -102,9 +109,13 @@ impl std::fmt::Display for DType {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[repr(u8)]
 pub enum ReduceOp {
+    /// The sum (integers wrap on overflow).
     Sum = 1,
+    /// The product (integers wrap on overflow).
     Prod = 2,
+    /// The smallest.
     Min = 3,
+    /// The largest.
     Max = 4,
     /// Sum divided by the number of ranks (integer division for integer types).
     Avg = 5,
@@ -163,6 +174,7 @@ impl std::fmt::Display for ReduceOp {
 }
 
 mod sealed {
+    #[allow(unnameable_types)]
     pub trait Sealed {}
 }
 

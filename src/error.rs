@@ -42,6 +42,7 @@ pub enum Error {
     /// A collective did not finish within its timeout.
     #[error("{ctx} timed out after {waited:?} waiting for rank {peer}{detail}")]
     Timeout {
+        /// The op: its kind, number, type, length and this rank.
         ctx: OpContext,
         /// The rank (of this communicator) the op was waiting on.
         peer: usize,
@@ -54,6 +55,7 @@ pub enum Error {
     /// The connection to a peer broke while an op needed it.
     #[error("{ctx}: lost rank {peer}: {reason}")]
     PeerLost {
+        /// The op: its kind, number, type, length and this rank.
         ctx: OpContext,
         /// The rank (of this communicator) whose link broke.
         peer: usize,
@@ -68,6 +70,7 @@ pub enum Error {
     /// purpose with `Communicator::abort`); `reason` is its own error.
     #[error("{ctx}: aborted by rank {origin} (at its op #{origin_seq}): {reason}")]
     Aborted {
+        /// The op: its kind, number, type, length and this rank.
         ctx: OpContext,
         /// The rank that aborted: its rank in this communicator when it is
         /// a member, else (an abort from a rank of another communicator,
@@ -82,6 +85,7 @@ pub enum Error {
     /// Ranks disagree about the collective (kind, size, dtype, root or order).
     #[error("{ctx}: ranks disagree about the collective: {detail}")]
     Mismatch {
+        /// The op: its kind, number, type, length and this rank.
         ctx: OpContext,
         /// The rank (of this communicator) that called something else.
         peer: usize,
@@ -92,11 +96,21 @@ pub enum Error {
     /// ringwire broke one of its own rules while running an op (a bug; the
     /// detail says which rule). Peers may be out of step.
     #[error("{ctx}: internal error (a bug in ringwire, please report it): {detail}")]
-    Internal { ctx: OpContext, detail: String },
+    Internal {
+        /// The op: its kind, number, type, length and this rank.
+        ctx: OpContext,
+        /// Which rule broke.
+        detail: String,
+    },
 
     /// The caller passed arguments the op cannot take.
     #[error("{op}: invalid argument: {detail}")]
-    InvalidArgument { op: OpKind, detail: String },
+    InvalidArgument {
+        /// The op called.
+        op: OpKind,
+        /// What is wrong with the arguments.
+        detail: String,
+    },
 
     /// An earlier op failed; the communicator refuses new ops. Ranks cannot
     /// tell how far their
@@ -104,13 +118,19 @@ pub enum Error {
     /// torch.distributed needs after a NCCL error. `first` is the first
     /// failure, as that op reported it.
     #[error("communicator failed earlier and must be rebuilt: {first}")]
-    Failed { first: String },
+    Failed {
+        /// The first failure's message.
+        first: String,
+    },
 
     /// Connecting to or accepting a peer failed during setup or on demand.
     #[error("connection to rank {peer} at {addr}: {detail}")]
     Connect {
+        /// The peer's rank (of this communicator's world).
         peer: usize,
+        /// The address dialed or accepted from.
         addr: String,
+        /// What went wrong, in words.
         detail: String,
         /// Why, as a type: refused, the handshake failed, the peer never
         /// dialed, a socket error.
@@ -136,7 +156,9 @@ pub enum Error {
     /// An I/O error outside any op (listener, thread spawn).
     #[error("{context}: {source}")]
     Io {
+        /// What ringwire was doing.
         context: String,
+        /// The operating system's error.
         #[source]
         source: std::io::Error,
     },

@@ -1,21 +1,104 @@
-#![doc = include_str!("../README.md")]
+//! Collective communication for distributed training: all-reduce,
+//! broadcast, reduce, all-gather, reduce-scatter, all-to-all, gather,
+//! scatter, barrier and send/recv between processes on one host or many.
+//!
+//! A [`Communicator`] joins the job the launcher describes (torchrun,
+//! mpirun, srun, or `RINGWIRE_*` variables) and runs collectives over
+//! shared memory between ranks of one host and TCP between hosts. Every
+//! collective returns a [`PendingCollective`] at once: await it, or
+//! [`wait`](PendingCollective::wait) for it from a plain thread, and
+//! compute in between.
+//!
+//! ```no_run
+//! use ringwire::{Communicator, ReduceOp};
+//!
+//! # fn main() -> Result<(), ringwire::Error> {
+//! let comm = Communicator::from_env().wait()?;
+//! let grads = vec![comm.rank() as f32; 1 << 20];
+//! let pending = comm.all_reduce(grads, ReduceOp::Avg); // starts now
+//! // ... compute ...
+//! let grads = pending.wait()?; // every rank's average
+//! # let _ = grads;
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! Where to go next:
+//! - [`Communicator`]: every collective, in an owned form (buffers go in and
+//!   come back) and a blocking slice form; [`Builder`] for settings in code.
+//! - [`train`]: data-parallel and sharded training on top of the collectives
+//!   (`GradReducer`, `ShardedParams`).
+//! - [`Error`]: what fails and how it names the op, the peer and the cause.
+//! - [`metrics`], [`logging`], [`error_file`]: observing a running job.
+//! - The user guide (`docs/guide/` in the repository) teaches launching,
+//!   failures, security and tuning; `docs/reference/` lists every variable.
+#![warn(missing_docs, unnameable_types)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
-pub mod algo;
-pub mod dtype;
-#[doc(hidden)]
-pub mod testing;
-// helper-owned modules (each line added by whoever owns the module):
-pub mod env;
+/// Declares a module that only the `internals` feature makes public: the
+/// wire format, the schedules, the store's protocol and the test helpers,
+/// which ringwire's own bench, fuzz targets and tests reach into. Without
+/// the feature they are private, so nothing outside the crate depends on
+/// them.
+macro_rules! internal_module {
+    ($(#[$attr:meta])* $name:ident) => {
+        $(#[$attr])*
+        #[cfg(feature = "internals")]
+        #[doc(hidden)]
+        pub mod $name;
+        $(#[$attr])*
+        #[cfg(not(feature = "internals"))]
+        #[allow(unreachable_pub)]
+        mod $name;
+    };
+}
+
+/// Re-exports an item publicly under the `internals` feature, and to the
+/// crate only without it.
+macro_rules! internal_use {
+    ($($path:tt)*) => {
+        #[cfg(feature = "internals")]
+        #[doc(hidden)]
+        pub use $($path)*;
+        #[cfg(not(feature = "internals"))]
+        #[allow(unused_imports)]
+        pub(crate) use $($path)*;
+    };
+}
+
+/// Declares an item public under the `internals` feature, and
+/// crate-visible without it.
+macro_rules! internal_item {
+    ($(#[$attr:meta])* pub $($item:tt)*) => {
+        $(#[$attr])*
+        #[cfg(feature = "internals")]
+        #[doc(hidden)]
+        pub $($item)*
+        $(#[$attr])*
+        #[cfg(not(feature = "internals"))]
+        pub(crate) $($item)*
+    };
+}
+
 pub mod error_file;
 #[cfg(feature = "logging")]
 pub mod logging;
 pub mod metrics;
-pub mod net;
-pub mod refusals;
-pub mod security;
 pub mod store;
 pub mod train;
-pub mod wire;
+
+internal_module!(algo);
+internal_module!(dtype);
+internal_module!(env);
+internal_module!(net);
+internal_module!(refusals);
+internal_module!(security);
+internal_module!(wire);
+internal_module!(
+    /// Test helpers; compiled for the crate's own tests and `internals`.
+    #[cfg(any(test, feature = "internals"))]
+    testing
+);
 
 mod arena;
 mod buffer;
@@ -33,9 +116,6 @@ mod stats;
 mod transport;
 mod world;
 
-/// A gather of blocks this large (bytes per rank) to a root of 3+ ranks
-/// goes in turn: each rank sends when the root asks (decision 0023).
-pub use algo::GATHER_IN_TURN_BYTES;
 pub use buffer::{Buffer, CollectiveBuffer};
 pub use comm::Communicator;
 pub use config::{
@@ -44,13 +124,15 @@ pub use config::{
     TwoLevel, uring_status,
 };
 pub use dtype::{DType, Element, ReduceOp};
+pub use env::{EnvError, StoreKind};
 pub use error::{Error, LinkFailure, OpContext, Result};
 /// The `half` crate whose `f16` and `bf16` are ringwire's half-precision
 /// element types, so a caller needs no matching dependency of its own.
 pub use half;
+pub use net::NetError;
 pub use pending::PendingCollective;
 pub use recorder::{DEFAULT_FLIGHT_RECORDER_OPS, OpRecord, OpState};
 pub use rendezvous::Builder;
 pub use security::{Security, SecurityError, TlsConfig, TlsMode};
 pub use stats::{EngineThreadStats, LaneStats, Stats};
-pub use wire::OpKind;
+pub use wire::{FrameKind, OpKind, WireError};

@@ -40,21 +40,30 @@ pub enum NetError {
          MASTER_PORT)"
     )]
     Resolve {
+        /// The host as given.
         host: String,
+        /// The port.
         port: u16,
+        /// The resolver's error.
         source: io::Error,
     },
     /// Name resolution returned nothing.
     #[error("host {host:?} resolved to no addresses; check MASTER_ADDR")]
-    NoAddresses { host: String },
+    NoAddresses {
+        /// The host as given.
+        host: String,
+    },
     /// An IPv6 zone (`%eth0`) names no interface.
     #[error(
         "host {host:?}: {zone:?} is not an interface name or index here; interfaces here: {}",
         available.join(", ")
     )]
     BadZone {
+        /// The host as given.
         host: String,
+        /// The zone given.
         zone: String,
+        /// The interfaces there are.
         available: Vec<String>,
     },
     /// The system's interface list could not be read.
@@ -67,7 +76,9 @@ pub enum NetError {
         available.join(", ")
     )]
     NoSuchInterface {
+        /// The interface named.
         name: String,
+        /// The interfaces there are.
         available: Vec<String>,
     },
     /// No local address can reach the store.
@@ -77,7 +88,9 @@ pub enum NetError {
         list(master)
     )]
     NoRoute {
+        /// The store's addresses.
         master: Vec<SocketAddr>,
+        /// The last attempt's error.
         last_error: io::Error,
     },
     /// Listening on the chosen address failed.
@@ -85,7 +98,12 @@ pub enum NetError {
         "could not listen on {ip}: {source}; check that {ip} is an address of this machine \
          (RINGWIRE_SOCKET_IFNAME selects the interface)"
     )]
-    Bind { ip: IpAddr, source: io::Error },
+    Bind {
+        /// The address chosen.
+        ip: IpAddr,
+        /// The operating system's error.
+        source: io::Error,
+    },
 }
 
 /// Resolves `host` (a name, an IPv4 literal, or an IPv6 literal with or

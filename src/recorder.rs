@@ -26,9 +26,11 @@ pub enum OpState {
 /// One op as the flight recorder saw it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct OpRecord {
+    /// Which collective.
     pub op: OpKind,
     /// Sequence number (per peer pair for send/recv).
     pub seq: u64,
+    /// The element type's name (`f32`, ...).
     pub dtype: &'static str,
     /// Elements in this rank's input.
     pub count: u64,
@@ -36,10 +38,13 @@ pub struct OpRecord {
     pub bytes: u64,
     /// The peer, for send and recv.
     pub peer: Option<usize>,
-    /// Times since the communicator was created.
+    /// When it was queued, since the communicator was created.
     pub queued: Duration,
+    /// When it started, if it did.
     pub started: Option<Duration>,
+    /// When it ended, if it did.
     pub ended: Option<Duration>,
+    /// Where it is now.
     pub state: OpState,
 }
 

@@ -436,6 +436,7 @@ pub(crate) fn record(peer: Peer, place: Place, reason: Reason, detail: &str) {
     }
 }
 
+#[cfg(any(test, feature = "internals"))]
 /// The connections this process refused since `since` (the ones whose
 /// last refusal came then or later): how many, from whom, where, and why,
 /// e.g. "meanwhile 2 connections were refused: 127.0.0.1:41234 at the

@@ -186,7 +186,7 @@ fn mid_size_all_reduces_run_halving_doubling_where_links_are_tcp() {
 #[test]
 fn large_gathers_come_when_the_root_asks() {
     let seed = seed();
-    let large = ringwire::GATHER_IN_TURN_BYTES / 4;
+    let large = ringwire::algo::GATHER_IN_TURN_BYTES / 4;
     let cases = [
         (3, large, Some(true)),
         (4, large + 5, Some(true)),

@@ -202,7 +202,7 @@ fn each_fails_soon(
 /// sent at once may have finished before the root found out.)
 #[test]
 fn a_gather_whose_ranks_disagree_on_its_form_fails_at_once() {
-    let (large, small) = (ringwire::GATHER_IN_TURN_BYTES / 4, 10);
+    let (large, small) = (ringwire::algo::GATHER_IN_TURN_BYTES / 4, 10);
     for (root_len, leaf_len) in [(small, large), (large, small)] {
         let (_store, comms) = local_group(3, |b| b.timeout(Duration::from_secs(30)));
         let results = each_fails_soon(&comms, |c| {

@@ -22,7 +22,10 @@ pub enum Memory {
     /// Host memory: only the stand-in NCCL's host device reads it.
     Host,
     /// Memory of CUDA device `ordinal`.
-    Cuda { ordinal: usize },
+    Cuda {
+        /// The device's CUDA ordinal.
+        ordinal: usize,
+    },
 }
 
 impl std::fmt::Display for Memory {
@@ -35,6 +38,7 @@ impl std::fmt::Display for Memory {
 }
 
 mod sealed {
+    #[allow(unnameable_types)]
     pub trait Sealed {}
 }
 
@@ -42,6 +46,7 @@ mod sealed {
 /// i64, u64.
 pub trait DeviceElement: sealed::Sealed + Copy + Send + Sync + 'static {
     /// NCCL's code for the type.
+    #[doc(hidden)]
     const NCCL: NcclDataType;
     /// The type's name, for errors.
     const NAME: &'static str;

@@ -111,14 +111,17 @@ impl GpuCommunicator {
         }
     }
 
+    /// This rank (the CPU communicator's).
     pub fn rank(&self) -> usize {
         self.shared.rank
     }
 
+    /// How many ranks.
     pub fn world_size(&self) -> usize {
         self.shared.size
     }
 
+    /// The device its ops run on.
     pub fn device(&self) -> &Device {
         &self.shared.device
     }

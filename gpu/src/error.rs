@@ -6,6 +6,7 @@ use std::time::Duration;
 
 /// Why NCCL (or a device) cannot be used in this process.
 #[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
 pub enum Unavailable {
     /// No NCCL library was found.
     #[error(
@@ -15,15 +16,20 @@ pub enum Unavailable {
         tried.join(", ")
     )]
     NoLibrary {
+        /// The names and paths tried, in order.
         tried: Vec<String>,
+        /// The last attempt's error.
         last_error: String,
     },
 
     /// The library lacks a function ringwire calls.
     #[error("{path} is not a usable NCCL: it lacks {symbol} ({detail})")]
     MissingSymbol {
+        /// The library's path.
         path: String,
+        /// The function missing.
         symbol: String,
+        /// The loader's error.
         detail: String,
     },
 
@@ -33,22 +39,38 @@ pub enum Unavailable {
          which abort needs)"
     )]
     TooOld {
+        /// The library's path.
         path: String,
+        /// Its version.
         found: NcclVersion,
+        /// The oldest ringwire supports.
         minimum: NcclVersion,
     },
 
     /// The library loaded but its first call failed.
     #[error("{path} loaded but does not work: {detail}")]
-    Broken { path: String, detail: String },
+    Broken {
+        /// The library's path.
+        path: String,
+        /// What failed.
+        detail: String,
+    },
 
     /// No CUDA driver (`libcuda.so.1`) could be loaded.
     #[error("no CUDA driver: {detail}")]
-    NoDriver { detail: String },
+    NoDriver {
+        /// The loader's error.
+        detail: String,
+    },
 
     /// The driver loaded but there is no such device.
     #[error("no CUDA device {ordinal}: {detail}")]
-    NoDevice { ordinal: usize, detail: String },
+    NoDevice {
+        /// The ordinal asked for.
+        ordinal: usize,
+        /// The driver's answer.
+        detail: String,
+    },
 
     /// ringwire-gpu was built without its `cuda` feature.
     #[error("ringwire-gpu was built without the `cuda` feature, so it cannot use CUDA devices")]
@@ -59,25 +81,45 @@ pub enum Unavailable {
     #[error(
         "{path} does not export the stand-in's host streams ({detail}); host devices need ringwire's stand-in NCCL"
     )]
-    NotStandIn { path: String, detail: String },
+    NotStandIn {
+        /// The library's path.
+        path: String,
+        /// What it lacks.
+        detail: String,
+    },
 }
 
 /// A GPU collective, for errors and the flight of ops.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum GpuOp {
+    /// Making the communicator.
     Init,
+    /// `all_reduce`.
     AllReduce,
+    /// `broadcast`.
     Broadcast,
+    /// `reduce`.
     Reduce,
+    /// `all_gather`.
     AllGather,
+    /// `reduce_scatter`.
     ReduceScatter,
+    /// `all_to_all`.
     AllToAll,
+    /// `gather`.
     Gather,
+    /// `scatter`.
     Scatter,
+    /// `send`.
     Send,
+    /// `recv`.
     Recv,
+    /// `barrier`.
     Barrier,
+    /// A `group()` of ops launched together.
     Group,
+    /// [`HierarchicalAllReduce`](crate::HierarchicalAllReduce)'s op.
     HierarchicalAllReduce,
 }
 
@@ -112,10 +154,13 @@ impl std::fmt::Display for GpuOp {
 /// Which op, on which rank: the head of every op error.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OpAt {
+    /// Which op.
     pub op: GpuOp,
     /// The op's number on its communicator (0 for init).
     pub seq: u64,
+    /// This rank.
     pub rank: usize,
+    /// The communicator's size.
     pub world_size: usize,
 }
 
@@ -131,6 +176,7 @@ impl std::fmt::Display for OpAt {
 
 /// Why a GPU op (or making a communicator) failed.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum GpuError {
     /// NCCL or the device cannot be used here.
     #[error(transparent)]
@@ -139,7 +185,9 @@ pub enum GpuError {
     /// NCCL returned an error, at the call or later (its async error).
     #[error("{at}: NCCL error {code}: {text}{}", last_error_suffix(last_error))]
     Nccl {
+        /// Which op, on which rank.
         at: OpAt,
+        /// NCCL's result code.
         code: NcclResult,
         /// `ncclGetErrorString(code)`.
         text: String,
@@ -153,7 +201,9 @@ pub enum GpuError {
         "{at}: timed out after {waited:?} ({state}); the communicator was aborted on every rank"
     )]
     Timeout {
+        /// Which op, on which rank.
         at: OpAt,
+        /// How long it ran.
         waited: Duration,
         /// What the op was doing: "NCCL still initialising", "enqueued,
         /// not finished on the device; last finished op #N".
@@ -163,29 +213,49 @@ pub enum GpuError {
     /// The communicator was aborted: by another rank (after its own
     /// failure), by this rank's earlier failure, or by `abort()`.
     #[error("{at}: communicator aborted: {reason}")]
-    Aborted { at: OpAt, reason: String },
+    Aborted {
+        /// Which op, on which rank.
+        at: OpAt,
+        /// Why, as the aborting side said.
+        reason: String,
+    },
 
     /// A CUDA call failed.
     #[error("{at}: CUDA error in {call}: {detail}")]
     Cuda {
+        /// Which op, on which rank.
         at: OpAt,
+        /// The CUDA call.
         call: &'static str,
+        /// Its error.
         detail: String,
     },
 
     /// The caller passed arguments the op cannot take.
     #[error("{at}: invalid argument: {detail}")]
-    InvalidArgument { at: OpAt, detail: String },
+    InvalidArgument {
+        /// Which op, on which rank.
+        at: OpAt,
+        /// What is wrong with the arguments.
+        detail: String,
+    },
 
     /// Ranks called different collectives (RINGWIRE_DEBUG=detail).
     #[error("{at}: ranks disagree about the collective: {detail}")]
-    Mismatch { at: OpAt, detail: String },
+    Mismatch {
+        /// Which op, on which rank.
+        at: OpAt,
+        /// Both sides' calls.
+        detail: String,
+    },
 
     /// The CPU communicator under the GPU one failed (making it, the
     /// unique id's exchange, a debug check).
     #[error("{at}: CPU side: {source}")]
     Cpu {
+        /// Which op, on which rank.
         at: OpAt,
+        /// The CPU communicator's error.
         #[source]
         source: Box<ringwire::Error>,
     },

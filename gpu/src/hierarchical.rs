@@ -27,7 +27,7 @@ use std::sync::Arc;
 use std::sync::mpsc::{Sender, channel};
 
 /// Default size of one staged chunk.
-pub const DEFAULT_CHUNK_BYTES: usize = 4 << 20;
+pub(crate) const DEFAULT_CHUNK_BYTES: usize = 4 << 20;
 
 type Job = Box<dyn FnOnce(&mut Staging) + Send>;
 
@@ -63,7 +63,7 @@ impl std::fmt::Debug for HierarchicalAllReduce {
 
 /// This host's name for grouping ranks: RINGWIRE_HOST_ID if set, else the
 /// kernel's host name.
-pub fn host_id() -> String {
+pub(crate) fn host_id() -> String {
     std::env::var("RINGWIRE_HOST_ID")
         .ok()
         .filter(|s| !s.is_empty())

@@ -11,7 +11,6 @@
 mod common;
 
 use common::{cpu_group, standin};
-use ringwire_gpu::nccl::library::REQUIRED_SYMBOLS;
 use ringwire_gpu::{Device, GpuCommunicator, GpuError, NcclLibrary, NcclResult, NcclVersion};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -60,7 +59,7 @@ fn the_real_library_loads_with_every_symbol_and_a_supported_version() {
         .output();
     if let Some(nm) = nm.ok().filter(|o| o.status.success()) {
         let exports = String::from_utf8_lossy(&nm.stdout);
-        for name in REQUIRED_SYMBOLS {
+        for name in NcclLibrary::REQUIRED_SYMBOLS {
             assert!(
                 exports.lines().any(|l| l.ends_with(&format!(" {name}"))),
                 "{name} missing from {}",

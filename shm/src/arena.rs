@@ -52,6 +52,7 @@ pub const INLINE_BYTES: usize = LINE - 16;
 
 /// The header's words: a magic (the layout's version) and the abort word.
 pub const MAGIC_WORD: usize = 0;
+/// See [`MAGIC_WORD`]: non-zero once any member gave up on the arena.
 pub const ABORT_WORD: usize = 8;
 /// What [`MAGIC_WORD`] holds in an arena of this layout.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"RWARENA1");
@@ -88,6 +89,7 @@ pub fn must_see(k: u64) -> Option<u64> {
 pub trait ArenaMemory {
     /// The 8-byte word at `off` (a step, tag, magic or abort word).
     fn load(&self, off: usize, order: Ordering) -> u64;
+    /// Stores the 8-byte word at `off`.
     fn store(&self, off: usize, value: u64, order: Ordering);
     /// Copies into the arena at `at`.
     fn write(&self, at: usize, src: &[u8]);

@@ -41,6 +41,7 @@ pub const RING_HEADER: usize = 256;
 pub trait RingMemory {
     /// The control word at `off` (one of the offsets above).
     fn load(&self, off: usize, order: Ordering) -> u64;
+    /// Stores the control word at `off`.
     fn store(&self, off: usize, value: u64, order: Ordering);
     /// Copies into the data area at `at` (below its capacity).
     fn write(&self, at: usize, src: &[u8]);
@@ -111,6 +112,7 @@ impl<M: RingMemory> Producer<M> {
         self.free() > 0
     }
 
+    /// Takes back [`arm`](Self::arm): the consumer need not ring.
     pub fn disarm(&self) {
         self.mem.store(PRODUCER_ARMED, 0, Ordering::Relaxed);
     }
@@ -173,6 +175,7 @@ impl<M: RingMemory> Consumer<M> {
         self.available() > 0
     }
 
+    /// Takes back [`arm`](Self::arm): the producer need not ring.
     pub fn disarm(&self) {
         self.mem.store(CONSUMER_ARMED, 0, Ordering::Relaxed);
     }

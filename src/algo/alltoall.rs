@@ -39,7 +39,8 @@ pub fn all_to_all_v(
     }
 }
 
-/// Equal-split all-to-all: `per_peer` elements to and from every rank.
+#[cfg(any(test, feature = "internals"))]
+/// Equal-split all-to-all (the tests' reference shape): `per_peer` elements to and from every rank.
 pub fn all_to_all(out: &mut Vec<Step>, rank: usize, world: usize, per_peer: usize, chunk: usize) {
     let counts = vec![per_peer; world];
     all_to_all_v(out, rank, &counts, &counts, chunk);

@@ -28,21 +28,30 @@ mod pacing;
 mod reduce;
 mod ring;
 pub mod select;
+// The simulator runs every schedule in the tests.
+#[cfg(any(test, feature = "internals"))]
 pub mod sim;
 
-pub use alltoall::{all_to_all, all_to_all_v, barrier, exchange, recv, send};
+pub use alltoall::{all_to_all_v, barrier, exchange, recv, send};
+#[cfg(any(test, feature = "internals"))]
+pub use alltoall::all_to_all;
 pub use broadcast::{broadcast_chain, broadcast_tree};
 pub use doubling::{all_reduce_doubling, all_reduce_halving, all_reduce_halving_pays};
-pub use gather::{GATHER_IN_TURN_BYTES, gather, gather_in_turn_pays, scatter};
-pub use pacing::{HERE_STEP, PACE_BELOW_BYTES, PACE_FROM_BYTES, READY_STEP, pace, pacing_pays};
+pub use gather::{gather, gather_in_turn_pays, scatter};
+#[cfg(any(test, feature = "internals"))]
+pub use gather::GATHER_IN_TURN_BYTES;
+pub use pacing::{pace, pacing_pays};
+#[cfg(any(test, feature = "internals"))]
+pub use pacing::{HERE_STEP, PACE_BELOW_BYTES, PACE_FROM_BYTES, READY_STEP};
 pub use reduce::{
     all_reduce_tree, reduce_chain, reduce_chain_from, reduce_chain_pays, reduce_tree,
     reduce_tree_from,
 };
 pub use ring::{
-    all_gather_ring, all_gather_v_ring, all_reduce_ring, reduce_scatter_ring,
-    reduce_scatter_ring_from, reduce_scatter_ring_into, reduce_scatter_slot,
+    all_gather_ring, all_gather_v_ring, all_reduce_ring, reduce_scatter_ring_from, reduce_scatter_ring_into, reduce_scatter_slot,
 };
+#[cfg(any(test, feature = "internals"))]
+pub use ring::reduce_scatter_ring;
 
 use std::ops::Range;
 
@@ -112,6 +121,7 @@ pub enum Step {
 
 impl Step {
     /// The peer this step talks to.
+    #[cfg(any(test, feature = "internals"))]
     pub fn peer(&self) -> usize {
         match self {
             Step::Send { peer, .. } | Step::Recv { peer, .. } => *peer,

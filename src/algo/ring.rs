@@ -259,6 +259,7 @@ fn pair_exchange(
     }
 }
 
+#[cfg(any(test, feature = "internals"))]
 /// Ring reduce-scatter of `len` elements. Work buffer: a copy of the input;
 /// afterwards `block(len, world, rank)` of it holds this rank's result.
 pub fn reduce_scatter_ring(

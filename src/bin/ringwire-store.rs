@@ -9,7 +9,6 @@ use std::io::{self, Read, Write};
 use std::net::SocketAddr;
 use std::process::ExitCode;
 
-use ringwire::net;
 use ringwire::store::StoreServer;
 
 const HELP: &str = "\
@@ -56,13 +55,6 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let addrs = match net::resolve(&args.host, args.port) {
-        Ok(addrs) => addrs,
-        Err(e) => {
-            eprintln!("ringwire-store: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
     // The same RINGWIRE_SECRET / RINGWIRE_TLS* settings as the ranks.
     let security = match ringwire::Security::from_env() {
         Ok(s) => s,
@@ -71,23 +63,13 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    // A name may resolve to several addresses; serve on the first that binds.
-    let mut last_error = None;
-    let mut server = None;
-    for addr in addrs {
-        match StoreServer::bind_with(addr, security.clone()) {
-            Ok(s) => {
-                server = Some(s);
-                break;
-            }
-            Err(e) => last_error = Some(e),
-        }
-    }
-    let Some(server) = server else {
-        if let Some(e) = last_error {
+    // A name may resolve to several addresses; it serves on the first that binds.
+    let server = match StoreServer::bind_host(&args.host, args.port, security) {
+        Ok(server) => server,
+        Err(e) => {
             eprintln!("ringwire-store: {e}");
+            return ExitCode::FAILURE;
         }
-        return ExitCode::FAILURE;
     };
     println!("ringwire-store listening on {}", server.local_addr());
     let _ = io::stdout().flush();

@@ -159,19 +159,30 @@ pub struct ElasticAttempt {
 pub enum EnvError {
     /// A required variable is not set.
     #[error("{var} is not set; {hint}")]
-    Missing { var: &'static str, hint: String },
+    Missing {
+        /// The variable.
+        var: &'static str,
+        /// What sets it, or what to set instead.
+        hint: String,
+    },
     /// A variable does not hold what it should.
     #[error("{var}={value:?} is not {expected}")]
     NotANumber {
+        /// The variable.
         var: &'static str,
+        /// Its value.
         value: String,
+        /// What it should hold.
         expected: &'static str,
     },
     /// A `RINGWIRE_*` setting holds a word or value it does not take.
     #[error("{var}={value}: expected {expected}")]
     Invalid {
+        /// The variable.
         var: &'static str,
+        /// Its value.
         value: String,
+        /// What it takes.
         expected: &'static str,
     },
     /// A rank is not below its world size.
@@ -180,20 +191,31 @@ pub enum EnvError {
          {size_var} - 1"
     )]
     RankOutOfRange {
+        /// The rank's variable.
         rank_var: &'static str,
+        /// The rank.
         rank: usize,
+        /// The world size's variable.
         size_var: &'static str,
+        /// The world size.
         size: usize,
     },
     /// A world size of zero.
     #[error("{var}=0; a job needs at least one rank")]
-    ZeroWorldSize { var: &'static str },
+    ZeroWorldSize {
+        /// The variable.
+        var: &'static str,
+    },
     /// One of a launcher's rank and size variables is set, the other is not.
     #[error("{set_var}={value} is set but {missing_var} is not; set {missing_var} to {what}")]
     HalfSet {
+        /// The variable that is set.
         set_var: &'static str,
+        /// Its value.
         value: String,
+        /// Its partner, which is not set.
         missing_var: &'static str,
+        /// What the partner should hold.
         what: &'static str,
     },
     /// A Slurm node list that ringwire cannot read, where it would take
@@ -203,8 +225,11 @@ pub enum EnvError {
          MASTER_ADDR to the host of rank 0 instead"
     )]
     BadHostList {
+        /// The variable.
         var: &'static str,
+        /// Its value.
         value: String,
+        /// What could not be read.
         reason: String,
     },
     /// No launcher's variables are set at all.

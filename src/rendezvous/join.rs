@@ -129,7 +129,7 @@ pub(super) fn rendezvous(
     let key = |k: &str| format!("{prefix}{k}");
 
     // Claim the rank: a second process with the same rank finds it taken.
-    let nonce = crate::testing::Rng::fresh_seed() ^ (rank as u64).rotate_left(17);
+    let nonce = unique_u64() ^ (rank as u64).rotate_left(17);
     let claim = nonce.to_le_bytes();
     let owner = client.compare_set(&key(&format!("rank/{rank}")), b"", &claim)?;
     if owner != claim {
@@ -373,7 +373,7 @@ fn local_listener(rank: usize) -> Option<(std::os::unix::net::UnixListener, Stri
     let name = format!(
         "ringwire/{}/{rank}/{:016x}",
         std::process::id(),
-        crate::testing::Rng::fresh_seed()
+        unique_u64()
     );
     let bound = std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes())
         .and_then(|addr| std::os::unix::net::UnixListener::bind_addr(&addr));
@@ -447,4 +447,17 @@ fn start_transport(
                 tracing::info!(rank, transport = t.name(), "transport running");
             }
         })
+}
+
+/// A number no other process is likely to pick: from the kernel's random
+/// source, else the clock and the process id.
+fn unique_u64() -> u64 {
+    let mut bytes = [0u8; 8];
+    if getrandom::fill(&mut bytes).is_ok() {
+        return u64::from_le_bytes(bytes);
+    }
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    nanos ^ (u64::from(std::process::id()) << 32)
 }

@@ -61,6 +61,9 @@ impl std::fmt::Debug for Conn {
     }
 }
 
+// The whole protocol, though rendezvous uses part of it; the tests and the
+// bench use the rest.
+#[cfg_attr(not(feature = "internals"), allow(dead_code))]
 impl StoreClient {
     /// Connects to the first of `addrs` that accepts, trying them all in turn
     /// and retrying with a short backoff until `timeout` has passed (the store

@@ -21,8 +21,11 @@ pub enum StoreError {
         AddrList(addrs)
     )]
     Connect {
+        /// The addresses tried.
         addrs: Vec<SocketAddr>,
+        /// How long they were tried.
         timeout: Duration,
+        /// The last attempt's error.
         last_error: io::Error,
     },
     /// The server could not listen on the requested address.
@@ -33,12 +36,20 @@ pub enum StoreError {
         addr.ip(),
         addr.port()
     )]
-    Bind { addr: SocketAddr, source: io::Error },
+    Bind {
+        /// The address asked for.
+        addr: SocketAddr,
+        /// The operating system's error.
+        source: io::Error,
+    },
     /// Some other I/O failure.
     #[error("rendezvous store at {addr}: I/O error while {op}: {source}")]
     Io {
+        /// The store's address.
         addr: SocketAddr,
+        /// What was being done.
         op: &'static str,
+        /// The operating system's error.
         source: io::Error,
     },
     /// A `get` or `wait` gave up because keys were still missing.
@@ -47,25 +58,43 @@ pub enum StoreError {
          have failed before publishing them, or the timeout is too short",
         KeyList(keys)
     )]
-    Timeout { keys: Vec<String>, waited: Duration },
+    Timeout {
+        /// The keys still missing.
+        keys: Vec<String>,
+        /// How long the wait lasted.
+        waited: Duration,
+    },
     /// The server closed the connection.
     #[error(
         "rendezvous store at {addr} closed the connection (did its host, rank 0, a \
          ringwire-store or torchrun's agent, exit or crash?)"
     )]
-    ServerGone { addr: SocketAddr },
+    ServerGone {
+        /// The store's address.
+        addr: SocketAddr,
+    },
     /// The server did not answer in time.
     #[error(
         "rendezvous store at {addr} did not answer within {waited:?} (is its host, rank 0, a \
          ringwire-store or torchrun's agent, hung, or the network between the hosts down?)"
     )]
-    NoReply { addr: SocketAddr, waited: Duration },
+    NoReply {
+        /// The store's address.
+        addr: SocketAddr,
+        /// How long this side waited.
+        waited: Duration,
+    },
     /// An earlier error left the connection in an unknown state.
     #[error(
         "connection to the rendezvous store at {addr} is unusable after an earlier error \
          ({cause}); connect a new client"
     )]
-    Broken { addr: SocketAddr, cause: String },
+    Broken {
+        /// The store's address.
+        addr: SocketAddr,
+        /// The earlier error.
+        cause: String,
+    },
     /// The peer sent bytes that are not a valid store message.
     #[error("rendezvous store protocol error: {0}")]
     Protocol(ProtocolError),
@@ -75,8 +104,11 @@ pub enum StoreError {
          rendezvous metadata, send bulk data through a collective instead"
     )]
     TooLarge {
+        /// What is too large (a key, a value, a key list).
         what: &'static str,
+        /// Its size.
         len: usize,
+        /// The limit.
         cap: usize,
     },
     /// The server refused the request.
@@ -90,17 +122,29 @@ pub enum StoreError {
          newer: older servers speak an older protocol). If rank 0 \
          should host ringwire's own store there instead, set RINGWIRE_STORE=ringwire"
     )]
-    NotTcpStore { addr: SocketAddr, detail: String },
+    NotTcpStore {
+        /// The store's address.
+        addr: SocketAddr,
+        /// What answered instead, in words.
+        detail: String,
+    },
     /// A PyTorch TCPStore sent bytes that do not answer the request.
     #[error("PyTorch TCPStore at {addr}: {source}")]
     TcpStore {
+        /// The store's address.
         addr: SocketAddr,
+        /// What was wrong with its answer.
         source: super::tcpstore::protocol::TcpStoreError,
     },
     /// TLS or job-secret authentication with the store failed (a different
     /// CA, secret or TLS mode on the two sides).
     #[error("rendezvous store at {addr}: {detail}")]
-    Security { addr: SocketAddr, detail: String },
+    Security {
+        /// The store's address.
+        addr: SocketAddr,
+        /// Which check failed, in words.
+        detail: String,
+    },
 }
 
 impl From<ProtocolError> for StoreError {

@@ -9,28 +9,34 @@
 //! is instead a [`TcpStoreClient`] of that store. Rendezvous sees either
 //! through the one [`Store`] interface.
 //!
-//! - [`protocol`]: the wire format, pure and public so it can be fuzzed.
+//! Public here: [`StoreServer`], to host a store in a process of your own
+//! (the `ringwire-store` binary is one), and [`StoreError`]. Inside:
+//! - `protocol`: the wire format, pure so it can be fuzzed.
 //! - `table`: what each request does to the key-value table (no I/O).
 //! - `server` / `client`: the sockets and threads around them.
-//! - [`tcpstore`]: PyTorch's TCPStore protocol and client.
+//! - `tcpstore`: PyTorch's TCPStore protocol and client.
 
+#[cfg_attr(not(feature = "internals"), allow(unreachable_pub))]
 mod client;
 mod error;
-pub mod protocol;
+internal_module!(protocol);
 mod server;
 mod table;
-pub mod tcpstore;
+internal_module!(tcpstore);
 
 use std::fmt::Debug;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-pub use client::{REPLY_MARGIN, REPLY_TIMEOUT, StoreClient};
 pub use error::StoreError;
-pub use protocol::{MAX_KEY_LEN, MAX_KEYS_IN_WAIT, MAX_VALUE_LEN, ProtocolError};
+pub use protocol::ProtocolError;
 pub use server::StoreServer;
-pub use tcpstore::TcpStoreClient;
+pub use tcpstore::TcpStoreError;
+internal_use!(client::{REPLY_MARGIN, REPLY_TIMEOUT, StoreClient});
+internal_use!(protocol::{MAX_KEY_LEN, MAX_KEYS_IN_WAIT, MAX_VALUE_LEN});
+internal_use!(tcpstore::TcpStoreClient);
 
+internal_item! {
 /// What rendezvous asks of a store, whichever serves it: ringwire's own
 /// ([`StoreClient`]) or PyTorch's ([`TcpStoreClient`]). Calls from several
 /// threads are serialised on one connection.
@@ -55,12 +61,14 @@ pub trait Store: Send + Sync + Debug {
         desired: &[u8],
     ) -> Result<Vec<u8>, StoreError>;
     /// Removes `key`; returns whether it existed.
+    #[cfg_attr(not(feature = "internals"), allow(dead_code))]
     fn delete(&self, key: &str) -> Result<bool, StoreError>;
     /// Waits up to `timeout` until every key of `keys` exists.
     fn wait(&self, keys: &[&str], timeout: Duration) -> Result<(), StoreError>;
     /// How long a request that does not wait on the server may take to be
     /// answered, from now on ([`REPLY_TIMEOUT`] at first).
     fn set_reply_timeout(&mut self, timeout: Duration);
+}
 }
 
 /// Forwards each [`Store`] method to the inherent method of that name.

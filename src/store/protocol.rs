@@ -86,12 +86,20 @@ pub enum ProtocolError {
         "store message declares a body of {len} bytes, over the limit of {cap} bytes \
          (is the peer a ringwire store client/server of the same version?)"
     )]
-    FrameTooLarge { len: u64, cap: usize },
+    FrameTooLarge {
+        /// The length declared.
+        len: u64,
+        /// The limit.
+        cap: usize,
+    },
     /// A key, value, key list or message exceeds its cap.
     #[error("{what} {len} exceeds the limit of {cap}")]
     TooLarge {
+        /// What is too large.
         what: &'static str,
+        /// Its size.
         len: usize,
+        /// The limit.
         cap: usize,
     },
     /// The command byte of a request is not one this version knows.
@@ -102,20 +110,31 @@ pub enum ProtocolError {
     UnknownResponse(u8),
     /// A field runs past the end of its frame.
     #[error("store message ends in the middle of its {what}")]
-    Truncated { what: &'static str },
+    Truncated {
+        /// The field cut short.
+        what: &'static str,
+    },
     /// A frame has bytes left over after its last field.
     #[error("store message has {extra} unexpected bytes after its last field")]
-    TrailingBytes { extra: usize },
+    TrailingBytes {
+        /// How many bytes are left over.
+        extra: usize,
+    },
     /// A key is not valid UTF-8.
     #[error("{what} is not valid UTF-8")]
-    NotUtf8 { what: &'static str },
+    NotUtf8 {
+        /// The field.
+        what: &'static str,
+    },
     /// A boolean byte is neither 0 nor 1.
     #[error("store message has {0} where a boolean (0 or 1) belongs")]
     BadBool(u8),
     /// The response is well-formed but does not answer the request sent.
     #[error("store answered a {request} request with a {response} response")]
     UnexpectedResponse {
+        /// The request sent.
         request: &'static str,
+        /// The response that came.
         response: &'static str,
     },
 }
@@ -363,6 +382,8 @@ pub fn encode_request(req: &Request) -> Result<Vec<u8>, ProtocolError> {
     Ok(out)
 }
 
+// The server writes responses in place; tests and the fuzz target use this.
+#[cfg(any(test, feature = "internals"))]
 /// Encodes `resp` as a new frame.
 pub fn encode_response(resp: &Response) -> Result<Vec<u8>, ProtocolError> {
     let mut out = Vec::new();

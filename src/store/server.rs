@@ -23,6 +23,7 @@ use tracing::{debug, warn};
 use super::error::StoreError;
 use super::protocol::{self, Request, Response};
 use super::table::Table;
+use crate::Error;
 use crate::refusals::{self, Peer, Place, Reason};
 use crate::security::secret::{self, NONCE_LEN, PROOF_LEN, Role};
 use crate::security::{self, Opening, ReadHalf, Security, WriteHalf};
@@ -133,6 +134,25 @@ impl StoreServer {
             shared,
             accept: Mutex::new(Some(accept)),
         })
+    }
+
+    /// Resolves `host` (a name, or an IPv4 or IPv6 address, brackets and
+    /// `%zone` allowed) and listens on the first of its addresses that
+    /// binds, as [`StoreServer::bind_with`]. What the `ringwire-store`
+    /// binary runs.
+    pub fn bind_host(host: &str, port: u16, security: Security) -> Result<StoreServer, Error> {
+        let mut last = None;
+        for addr in crate::net::resolve(host, port)? {
+            match StoreServer::bind_with(addr, security.clone()) {
+                Ok(server) => return Ok(server),
+                Err(e) => last = Some(e),
+            }
+        }
+        // resolve returns at least one address, so some bind failed.
+        Err(last.map_or_else(
+            || Error::Rendezvous(format!("{host} has no address")),
+            Error::from,
+        ))
     }
 
     /// The address the server listens on (with the real port if bound to 0).

@@ -13,11 +13,14 @@ pub trait GradElement: Element + sealed::Sealed {
 }
 
 mod sealed {
+    #[allow(unnameable_types)]
     pub trait Sealed {}
 }
 
 /// A bucket's gradients.
 #[doc(hidden)]
+// Named only inside the crate: GradElement is sealed.
+#[allow(unnameable_types)]
 #[derive(Debug)]
 pub enum Grads {
     F32(Vec<f32>),

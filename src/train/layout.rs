@@ -15,8 +15,11 @@ use std::fmt;
 /// One parameter: its name, element count and element type.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Param {
+    /// Its name (`layer1.weight`), as the tensor library calls it.
     pub name: String,
+    /// Elements.
     pub len: usize,
+    /// Element type.
     pub dtype: DType,
 }
 
@@ -62,6 +65,7 @@ impl Layout {
         self.params.len()
     }
 
+    /// Whether there are none.
     pub fn is_empty(&self) -> bool {
         self.params.is_empty()
     }
@@ -114,7 +118,10 @@ pub(crate) fn fnv1a(bytes: &[u8]) -> u64 {
 /// others (PyTorch's defaults: 1 MiB and 25 MiB).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Caps {
+    /// The cap of the bucket that holds the gradients ready last (the
+    /// first-defined parameters), reduced at the end of backward.
     pub first: usize,
+    /// The cap of every other bucket.
     pub rest: usize,
 }
 

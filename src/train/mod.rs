@@ -38,7 +38,12 @@ use crate::DType;
 pub enum TrainError {
     /// Ranks registered different parameters (or in another order).
     #[error("parameter layouts differ across ranks at parameter #{index}: {detail}")]
-    LayoutMismatch { index: usize, detail: String },
+    LayoutMismatch {
+        /// The first parameter that differs, by position.
+        index: usize,
+        /// Both sides' name, length and type.
+        detail: String,
+    },
 
     /// `finish` found parameters whose gradients were never marked ready.
     #[error(
@@ -46,42 +51,68 @@ pub enum TrainError {
          step, or set ReducerConfig::unused = Unused::Zero for parameters a step may not use): {}",
         params.join(", ")
     )]
-    NeverReady { rank: usize, params: Vec<String> },
+    NeverReady {
+        /// The rank that found them.
+        rank: usize,
+        /// Their names.
+        params: Vec<String>,
+    },
 
     /// A parameter was marked ready twice in one step.
     #[error("parameter {param:?} was marked ready twice in one step")]
-    MarkedTwice { param: String },
+    MarkedTwice {
+        /// The parameter's name.
+        param: String,
+    },
 
     /// Its memory is in a collective: wait for `finish`.
     #[error("{param}: its memory is being reduced; reach it after finish()")]
-    InFlight { param: String },
+    InFlight {
+        /// The parameter's name.
+        param: String,
+    },
 
     /// A gradient asked for as another type than it has.
     #[error(
         "parameter {param:?} holds {is} gradients, not {asked} (its bucket has {len} elements)"
     )]
     WrongType {
+        /// The parameter's name.
         param: String,
+        /// The type asked for.
         asked: DType,
+        /// The type it has.
         is: DType,
+        /// Its bucket's length.
         len: usize,
     },
 
     /// A gradient of another length than the parameter's.
     #[error("{param}: expected {expected} elements, got {got}")]
     WrongLength {
+        /// The parameter's name.
         param: String,
+        /// Its length.
         expected: usize,
+        /// The length given.
         got: usize,
     },
 
     /// No parameter has this id in the layout.
     #[error("no parameter #{id} in the layout")]
-    UnknownParam { id: usize },
+    UnknownParam {
+        /// The id given.
+        id: usize,
+    },
 
     /// Gradients of this type cannot be averaged.
     #[error("parameter {param:?} has type {dtype}: gradients must be f32, f64, f16 or bf16")]
-    Unsupported { param: String, dtype: DType },
+    Unsupported {
+        /// The parameter's name.
+        param: String,
+        /// Its type.
+        dtype: DType,
+    },
 
     /// `set_sample_count` came after a bucket launched, or twice.
     #[error("set_sample_count must come once per step, before the first gradient is marked ready")]
@@ -90,20 +121,28 @@ pub enum TrainError {
     /// The parameters given do not match the layout's of that type.
     #[error("the {dtype} parameters given have lengths {got:?}, the layout's are {expected:?}")]
     ParamsDoNotMatch {
+        /// The element type.
         dtype: DType,
+        /// The layout's lengths of that type.
         expected: Vec<usize>,
+        /// The lengths given.
         got: Vec<usize>,
     },
 
     /// Memory lost to an op that failed earlier.
     #[error("{what} are gone")]
-    Lost { what: String },
+    Lost {
+        /// What was lost.
+        what: String,
+    },
 
     /// The collective underneath failed (and with it the communicator).
     /// Boxed: results stay small on the success path.
     #[error("{context}{source}")]
     Comm {
+        /// What the trainer layer was doing.
         context: String,
+        /// The communicator's error.
         #[source]
         source: Box<crate::Error>,
     },

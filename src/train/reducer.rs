@@ -53,10 +53,14 @@ pub struct ReducerConfig {
     /// parameters (ready last), in bytes: small, so the tail after
     /// backward is short (1 MiB, as PyTorch).
     pub first_bucket_bytes: usize,
+    /// What goes on the wire and how gradients are combined (an average
+    /// by default; bf16 or f16 on the wire).
     pub hook: CommHook,
     /// Rebuild the buckets once, after the first synchronised step, from
     /// the order rank 0's gradients really arrived in (as PyTorch does).
     pub rebuild_buckets: bool,
+    /// What a parameter never marked ready in a step means: an error by
+    /// default, or a zero gradient.
     pub unused: Unused,
 }
 
@@ -75,8 +79,11 @@ impl Default for ReducerConfig {
 /// One bucket's parameters, as [`GradReducer::buckets`] reports them.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct BucketInfo {
+    /// Its parameters, in bucket order.
     pub params: Vec<ParamId>,
+    /// Their element type (a bucket holds one).
     pub dtype: DType,
+    /// Its size.
     pub bytes: usize,
 }
 

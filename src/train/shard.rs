@@ -27,8 +27,11 @@ pub enum Padding {
 /// Where each rank's shard of a flat vector of `len` elements is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ShardLayout {
+    /// Elements in the whole vector.
     pub len: usize,
+    /// Ranks it is split over.
     pub ranks: usize,
+    /// Whether shards are padded to one length or uneven.
     pub padding: Padding,
 }
 
@@ -62,7 +65,9 @@ impl ShardLayout {
 /// one, reduce-scatters on the other, so each overlaps the other.
 #[derive(Clone, Debug)]
 pub struct CommPair {
+    /// Where all-gathers run.
     pub gather: Communicator,
+    /// Where reduce-scatters run.
     pub reduce: Communicator,
 }
 
@@ -85,7 +90,9 @@ impl CommPair {
 /// the one gathered, backward the ones before.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Direction {
+    /// First unit to last.
     Forward,
+    /// Last unit to first.
     Backward,
 }
 

@@ -18,10 +18,16 @@ pub enum LinkFailure {
     /// The peer's process exited (its pidfd said so) while another process
     /// still holds its end of the link: a child it forked, say. (A local
     /// shared-memory link; elsewhere such a death is a heartbeat timeout.)
-    Exited { pid: u32 },
+    Exited {
+        /// The peer's process id.
+        pid: u32,
+    },
     /// Nothing came from the peer, not even heartbeats, for `silent`: its
     /// process is stopped or hung, or the network partitioned.
-    HeartbeatTimeout { silent: Duration },
+    HeartbeatTimeout {
+        /// How long the link was silent.
+        silent: Duration,
+    },
     /// The peer stopped reading: a send blocked past the write timeout.
     StoppedReading,
     /// The peer sent bytes that are not a valid frame; the link was closed.
@@ -30,23 +36,35 @@ pub enum LinkFailure {
     /// A socket call failed: while sending (`sending`), or else while
     /// receiving or connecting. `errno` where the system gave one.
     Io {
+        /// Whether the call was a send.
         sending: bool,
+        /// The system's error number, where it gave one.
         errno: Option<i32>,
+        /// The error in words.
         message: String,
     },
     /// The peer refused the link in its handshake (another job, secret or
     /// TLS setting, a rank it did not expect), or failed this side's
     /// checks; `reason` says which.
-    Refused { reason: String },
+    Refused {
+        /// Which check failed, in words.
+        reason: String,
+    },
     /// The handshake itself failed (TLS, a cut or garbled answer, a
     /// timeout) before either side could say yes or no.
-    Handshake { reason: String },
+    Handshake {
+        /// What went wrong, in words.
+        reason: String,
+    },
     /// The peer, which dials this rank, did not connect in time.
     NotDialed,
     /// This process closed its transport (its last communicator went).
     TransportClosed,
     /// ringwire broke one of its own rules (a bug; `detail` says which).
-    Internal { detail: String },
+    Internal {
+        /// Which rule broke.
+        detail: String,
+    },
 }
 
 impl From<WireError> for LinkFailure {

@@ -17,7 +17,12 @@ pub enum WireError {
     /// `needed` is the whole frame's length: a streaming reader can read up to
     /// it and try again.
     #[error("truncated frame: need {needed} bytes, got {got}")]
-    Truncated { needed: usize, got: usize },
+    Truncated {
+        /// Bytes the frame (or its header) needs.
+        needed: usize,
+        /// Bytes there were.
+        got: usize,
+    },
 
     /// The first four bytes are not [`MAGIC`](super::MAGIC).
     #[error(
@@ -31,95 +36,164 @@ pub enum WireError {
         "protocol version {got} is not supported (this build speaks version {supported}): \
          run the same ringwire release on every rank"
     )]
-    UnsupportedVersion { got: u16, supported: u16 },
+    UnsupportedVersion {
+        /// The peer's version.
+        got: u16,
+        /// This build's version.
+        supported: u16,
+    },
 
     /// A one-byte enumeration or flag has a value this protocol version does not define.
     #[error(
         "{field}: unknown value {value} (not defined by this protocol version: \
          a corrupt frame or a newer peer)"
     )]
-    UnknownField { field: &'static str, value: u8 },
+    UnknownField {
+        /// The field's name.
+        field: &'static str,
+        /// The value found.
+        value: u8,
+    },
 
     /// A reserved field is not zero.
     #[error("{field}: reserved field is {value:#x}, expected 0 (a corrupt frame or a newer peer)")]
-    NonZeroReserved { field: &'static str, value: u32 },
+    NonZeroReserved {
+        /// The field's name.
+        field: &'static str,
+        /// The value found.
+        value: u32,
+    },
 
     /// The header's pad is a whole frame line or more.
     #[error(
         "frame header: pad of {pad} bytes, at most 63 allowed (a corrupt frame or a newer peer)"
     )]
-    PadTooLong { pad: u8 },
+    PadTooLong {
+        /// The pad announced, in bytes.
+        pad: u8,
+    },
 
     /// The header announces a payload larger than the receiver accepts.
     #[error(
         "frame header: payload of {len} bytes exceeds the limit of {max} bytes \
          (raise the maximum message size on every rank, or the stream is corrupt)"
     )]
-    PayloadTooLarge { len: u32, max: u32 },
+    PayloadTooLarge {
+        /// The payload length announced.
+        len: u32,
+        /// The largest this receiver accepts.
+        max: u32,
+    },
 
     /// A control frame announces a payload larger than any valid one.
     #[error("{kind} frame: payload of {len} bytes exceeds the control-frame limit of {max} bytes")]
-    ControlPayloadTooLarge { kind: FrameKind, len: u32, max: u32 },
+    ControlPayloadTooLarge {
+        /// The control frame's kind.
+        kind: FrameKind,
+        /// The payload length announced.
+        len: u32,
+        /// The largest valid payload of a control frame.
+        max: u32,
+    },
 
     /// A frame of a kind that may not come at this point of the stream.
     #[error("unexpected {kind} frame ({expected})")]
     UnexpectedKind {
+        /// The kind that came.
         kind: FrameKind,
+        /// What was expected instead.
         expected: &'static str,
     },
 
     /// A frame kind that has no payload announces one.
     #[error("{kind} frame: announces a {len}-byte payload, but this kind has none")]
-    UnexpectedPayload { kind: FrameKind, len: u32 },
+    UnexpectedPayload {
+        /// The frame's kind.
+        kind: FrameKind,
+        /// The payload length announced.
+        len: u32,
+    },
 
     /// A control payload ends before its last field.
     #[error("{what} payload: truncated: need {needed} bytes, got {got}")]
     PayloadTruncated {
+        /// Which payload.
         what: &'static str,
+        /// Bytes it needs.
         needed: usize,
+        /// Bytes there were.
         got: usize,
     },
 
     /// A control payload has bytes after its last field.
     #[error("{what} payload: {extra} unexpected byte(s) after the last field")]
-    TrailingBytes { what: &'static str, extra: usize },
+    TrailingBytes {
+        /// Which payload.
+        what: &'static str,
+        /// How many bytes follow its last field.
+        extra: usize,
+    },
 
     /// A variable-length field is longer than its cap.
     #[error("{field}: length {len} exceeds the limit of {max} bytes")]
     FieldTooLong {
+        /// The field's name.
         field: &'static str,
+        /// Its length.
         len: usize,
+        /// The cap.
         max: usize,
     },
 
     /// A text field is not UTF-8.
     #[error("{field}: not valid UTF-8")]
-    InvalidUtf8 { field: &'static str },
+    InvalidUtf8 {
+        /// The field's name.
+        field: &'static str,
+    },
 
     /// The peer's handshake names another job.
     #[error(
         "handshake: peer belongs to job {got:#018x}, expected {expected:#018x} \
          (two jobs share a rendezvous address, or a stale process from an earlier run is connecting)"
     )]
-    JobMismatch { got: u64, expected: u64 },
+    JobMismatch {
+        /// The peer's job id.
+        got: u64,
+        /// This rank's job id.
+        expected: u64,
+    },
 
     /// The peer's handshake names another world size.
     #[error(
         "handshake: peer thinks the world has {got} ranks, expected {expected} \
          (the ranks were launched with different world sizes)"
     )]
-    WorldSizeMismatch { got: u32, expected: u32 },
+    WorldSizeMismatch {
+        /// The peer's world size.
+        got: u32,
+        /// This rank's world size.
+        expected: u32,
+    },
 
     /// The peer claims a rank that does not exist.
     #[error("handshake: peer claims rank {rank}, but the world has ranks 0..{world_size}")]
-    RankOutOfRange { rank: u32, world_size: u32 },
+    RankOutOfRange {
+        /// The rank claimed.
+        rank: u32,
+        /// The world size.
+        world_size: u32,
+    },
 
     /// The peer claims this rank's own rank.
     #[error(
         "handshake: peer claims rank {rank}, which is this rank \
          (a rank dialed itself, or two processes were launched with the same rank)"
     )]
-    SelfConnect { rank: u32 },
+    SelfConnect {
+        /// The rank claimed, this rank's own.
+        rank: u32,
+    },
 
     /// The peer stores numbers in the other byte order.
     #[error(
@@ -128,7 +202,10 @@ pub enum WireError {
         endian_name(*.peer_little_endian),
         endian_name(!*.peer_little_endian)
     )]
-    EndiannessMismatch { peer_little_endian: bool },
+    EndiannessMismatch {
+        /// Whether the peer is little-endian.
+        peer_little_endian: bool,
+    },
 }
 
 fn endian_name(little: bool) -> &'static str {

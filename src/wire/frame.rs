@@ -9,11 +9,15 @@
 //! limit the caller sets for data.
 
 use super::control::Abort;
+#[cfg(any(test, feature = "internals"))]
 use super::handshake::{Hello, HelloAck};
 use super::header::Header;
 use super::kind::FrameKind;
-use super::{FRAME_ALIGN, HEADER_LEN, MAX_CONTROL_PAYLOAD, WireError};
+use super::{FRAME_ALIGN, HEADER_LEN};
+#[cfg(any(test, feature = "internals"))]
+use super::{MAX_CONTROL_PAYLOAD, WireError};
 
+#[cfg(any(test, feature = "internals"))]
 /// A decoded frame. Every variant keeps its header, whose `kind` matches the
 /// variant and whose `payload_len` is the length of the (encoded) payload.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -27,6 +31,7 @@ pub enum Frame {
     Heartbeat(Header),
 }
 
+#[cfg(any(test, feature = "internals"))]
 impl Frame {
     /// The frame's header.
     pub fn header(&self) -> &Header {
@@ -80,6 +85,7 @@ impl Frame {
     }
 }
 
+#[cfg(any(test, feature = "internals"))]
 /// Decodes the frame at the front of `bytes`; returns it and the number of
 /// bytes it took (the header alone for a data frame, whose pad, payload and
 /// trailing zeros the caller reads itself; the whole frame for a control
@@ -136,6 +142,7 @@ pub fn decode_frame(bytes: &[u8], max_payload: u32) -> Result<(Frame, usize), Wi
     Ok((frame, total))
 }
 
+#[cfg(any(test, feature = "internals"))]
 /// A complete `Handshake` frame carrying `hello`. Fails only if its auth is
 /// over [`MAX_AUTH_LEN`](super::MAX_AUTH_LEN).
 pub fn encode_hello(comm_id: u64, seq: u64, hello: &Hello) -> Result<Vec<u8>, WireError> {
@@ -143,6 +150,7 @@ pub fn encode_hello(comm_id: u64, seq: u64, hello: &Hello) -> Result<Vec<u8>, Wi
     Ok(control_frame(FrameKind::Handshake, comm_id, seq, &payload))
 }
 
+#[cfg(any(test, feature = "internals"))]
 /// A complete `HandshakeAck` frame carrying `ack`.
 pub fn encode_hello_ack(comm_id: u64, seq: u64, ack: &HelloAck) -> Vec<u8> {
     control_frame(FrameKind::HandshakeAck, comm_id, seq, &ack.encode())

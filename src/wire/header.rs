@@ -123,6 +123,7 @@ impl Header {
     }
 
     /// Sets the reduce operator.
+    #[cfg(any(test, feature = "internals"))]
     #[must_use]
     pub const fn with_reduce_op(mut self, reduce_op: ReduceOp) -> Header {
         self.reduce_op = Some(reduce_op);

@@ -9,17 +9,19 @@
 
 use std::fmt;
 
-/// What a frame is; the `kind` byte of the header.
+/// What a frame is; the `kind` byte of the header. Errors about bytes from
+/// a peer ([`WireError`](crate::WireError)) name it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 #[repr(u8)]
 pub enum FrameKind {
     /// A chunk of a collective's buffer; the payload is raw elements.
     Data = 1,
-    /// The dialing rank's [`Hello`](super::Hello), sent right after connect.
+    /// The dialing rank's hello, sent right after connect.
     Handshake = 2,
-    /// The accepting rank's [`HelloAck`](super::HelloAck).
+    /// The accepting rank's answer to a hello.
     HandshakeAck = 3,
-    /// A rank gives up on the communicator; the payload is an [`Abort`](super::Abort).
+    /// A rank gives up on the communicator; the payload says why.
     Abort = 4,
     /// Liveness ping; no payload.
     Heartbeat = 5,
@@ -27,6 +29,7 @@ pub enum FrameKind {
 
 impl FrameKind {
     /// Every kind, for tests that sweep them.
+    #[cfg(any(test, feature = "internals"))]
     pub const ALL: [FrameKind; 5] = [
         FrameKind::Data,
         FrameKind::Handshake,
@@ -35,16 +38,18 @@ impl FrameKind {
         FrameKind::Heartbeat,
     ];
 
-    /// The kind for a wire byte, or `None` for an unknown one.
-    pub const fn from_u8(byte: u8) -> Option<FrameKind> {
-        Some(match byte {
-            1 => FrameKind::Data,
-            2 => FrameKind::Handshake,
-            3 => FrameKind::HandshakeAck,
-            4 => FrameKind::Abort,
-            5 => FrameKind::Heartbeat,
-            _ => return None,
-        })
+    internal_item! {
+        /// The kind for a wire byte, or `None` for an unknown one.
+        pub const fn from_u8(byte: u8) -> Option<FrameKind> {
+            Some(match byte {
+                1 => FrameKind::Data,
+                2 => FrameKind::Handshake,
+                3 => FrameKind::HandshakeAck,
+                4 => FrameKind::Abort,
+                5 => FrameKind::Heartbeat,
+                _ => return None,
+            })
+        }
     }
 
     /// Short lower-case name (`data`, `handshake`, ...), as used in errors.
@@ -58,8 +63,9 @@ impl FrameKind {
         }
     }
 
-    /// Whether frames of this kind carry a payload that [`decode_frame`](super::decode_frame)
-    /// decodes itself (everything but data frames).
+    /// Whether frames of this kind carry a control payload, decoded whole
+    /// (everything but data frames).
+    #[cfg(any(test, feature = "internals"))]
     pub const fn is_control(self) -> bool {
         !matches!(self, FrameKind::Data)
     }
@@ -71,30 +77,41 @@ impl fmt::Display for FrameKind {
     }
 }
 
-/// Which collective a frame belongs to; the `op` byte of the header.
+/// Which collective an op is (in errors, [`Stats`](crate::Stats) and the
+/// flight record); on the wire, the `op` byte of a frame's header.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 #[repr(u8)]
 pub enum OpKind {
     /// Not part of a collective (control frames).
     None = 0,
+    /// `all_reduce`.
     AllReduce = 1,
+    /// `broadcast`.
     Broadcast = 2,
+    /// `reduce`.
     Reduce = 3,
+    /// `all_gather` and `all_gather_v`.
     AllGather = 4,
+    /// `reduce_scatter`.
     ReduceScatter = 5,
+    /// `all_to_all` and `all_to_all_v`.
     AllToAll = 6,
+    /// `barrier`.
     Barrier = 7,
     /// Point-to-point send / receive.
     SendRecv = 8,
     // 9 and 10 joined protocol version 3 without a bump: ringwire has not
     // been released, and a build from before them refuses their frames as
     // an unknown `header.op` rather than misreading them.
+    /// `gather`.
     Gather = 9,
+    /// `scatter`.
     Scatter = 10,
 }
 
 impl OpKind {
-    /// Every op, for tests that sweep them.
+    /// Every op (metrics and stats list one row each).
     pub const ALL: [OpKind; 11] = [
         OpKind::None,
         OpKind::AllReduce,
@@ -109,22 +126,24 @@ impl OpKind {
         OpKind::Scatter,
     ];
 
-    /// The op for a wire byte, or `None` for an unknown one.
-    pub const fn from_u8(byte: u8) -> Option<OpKind> {
-        Some(match byte {
-            0 => OpKind::None,
-            1 => OpKind::AllReduce,
-            2 => OpKind::Broadcast,
-            3 => OpKind::Reduce,
-            4 => OpKind::AllGather,
-            5 => OpKind::ReduceScatter,
-            6 => OpKind::AllToAll,
-            7 => OpKind::Barrier,
-            8 => OpKind::SendRecv,
-            9 => OpKind::Gather,
-            10 => OpKind::Scatter,
-            _ => return None,
-        })
+    internal_item! {
+        /// The op for a wire byte, or `None` for an unknown one.
+        pub const fn from_u8(byte: u8) -> Option<OpKind> {
+            Some(match byte {
+                0 => OpKind::None,
+                1 => OpKind::AllReduce,
+                2 => OpKind::Broadcast,
+                3 => OpKind::Reduce,
+                4 => OpKind::AllGather,
+                5 => OpKind::ReduceScatter,
+                6 => OpKind::AllToAll,
+                7 => OpKind::Barrier,
+                8 => OpKind::SendRecv,
+                9 => OpKind::Gather,
+                10 => OpKind::Scatter,
+                _ => return None,
+            })
+        }
     }
 
     /// Short snake-case name (`all_reduce`, `send_recv`, ...), as used in

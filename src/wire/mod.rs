@@ -36,11 +36,15 @@ pub mod kind;
 
 pub use control::Abort;
 pub use error::WireError;
-pub use frame::{
-    Frame, decode_frame, encode_abort, encode_heartbeat, encode_hello, encode_hello_ack,
-};
+pub use frame::{encode_abort, encode_heartbeat};
+// The total decoder of whole frames (fuzzed) and the hello encoders serve
+// the tests and fuzz targets; links parse headers and payloads in place.
+#[cfg(any(test, feature = "internals"))]
+pub use frame::{Frame, decode_frame, encode_hello, encode_hello_ack};
 pub use handshake::{Channel, Hello, HelloAck, validate_hello};
-pub use header::{Header, RawHeader, aligning_pad, trail_len};
+pub use header::{Header, RawHeader, aligning_pad};
+#[cfg(any(test, feature = "internals"))]
+pub use header::trail_len;
 pub use kind::{FrameKind, OpKind};
 
 /// The first four bytes of every frame.

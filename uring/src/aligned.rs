@@ -12,6 +12,7 @@ pub struct AlignedBuf {
 }
 
 impl AlignedBuf {
+    /// An empty buffer.
     pub fn new() -> AlignedBuf {
         AlignedBuf::default()
     }
@@ -37,10 +38,12 @@ impl AlignedBuf {
         &mut self.words.as_mut_bytes()[..len]
     }
 
+    /// Bytes held.
     pub fn len(&self) -> usize {
         self.len
     }
 
+    /// Whether it holds nothing.
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }

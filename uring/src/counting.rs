@@ -12,6 +12,7 @@ pub struct CountingAllocator {
 }
 
 impl CountingAllocator {
+    /// An allocator that has counted nothing yet.
     pub const fn new() -> CountingAllocator {
         CountingAllocator {
             allocations: AtomicU64::new(0),

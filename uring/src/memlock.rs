@@ -10,7 +10,9 @@
 /// The soft and hard limits in bytes (`None`: unlimited).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct MemlockLimit {
+    /// The soft limit, which applies.
     pub soft: Option<u64>,
+    /// The hard limit, up to which the soft one may be raised.
     pub hard: Option<u64>,
 }
 

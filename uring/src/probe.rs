@@ -7,7 +7,9 @@ use std::fmt;
 pub struct Support {
     /// Kernel release (`uname -r`).
     pub kernel: String,
+    /// IORING_OP_SEND.
     pub send: bool,
+    /// IORING_OP_RECV.
     pub recv: bool,
     /// Zero-copy send (IORING_OP_SEND_ZC), Linux 6.0+.
     pub send_zc: bool,
@@ -26,6 +28,7 @@ pub struct Support {
 /// Why io_uring cannot be used in this process.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Unavailable {
+    /// Why, and what to change.
     pub reason: String,
 }
 

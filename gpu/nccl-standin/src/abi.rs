@@ -26,6 +26,7 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct NcclUniqueId {
+    /// The bytes: here, the bootstrap root's address.
     pub internal: [c_char; 128],
 }
 
@@ -35,14 +36,23 @@ pub struct NcclUniqueId {
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct NcclConfig {
+    /// `sizeof(ncclConfig_t)` as the caller compiled it.
     pub size: usize,
+    /// [`CONFIG_MAGIC`].
     pub magic: c_uint,
+    /// The caller's `NCCL_VERSION_CODE`.
     pub version: c_uint,
+    /// 0: non-blocking calls (they may return `ncclInProgress`).
     pub blocking: c_int,
+    /// Not read.
     pub cga_cluster_size: c_int,
+    /// Not read.
     pub min_ctas: c_int,
+    /// Not read.
     pub max_ctas: c_int,
+    /// Not read.
     pub net_name: *const c_char,
+    /// Not read.
     pub split_share: c_int,
 }
 

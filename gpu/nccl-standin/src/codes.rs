@@ -7,20 +7,30 @@ use std::ffi::{CStr, c_int};
 /// `ncclResult_t`.
 pub type NcclResult = c_int;
 
+/// `ncclSuccess`.
 pub const SUCCESS: NcclResult = 0;
+/// `ncclUnhandledCudaError`.
 pub const UNHANDLED_CUDA_ERROR: NcclResult = 1;
+/// `ncclSystemError`.
 pub const SYSTEM_ERROR: NcclResult = 2;
+/// `ncclInternalError`.
 pub const INTERNAL_ERROR: NcclResult = 3;
+/// `ncclInvalidArgument`.
 pub const INVALID_ARGUMENT: NcclResult = 4;
+/// `ncclInvalidUsage`.
 pub const INVALID_USAGE: NcclResult = 5;
+/// `ncclRemoteError`.
 pub const REMOTE_ERROR: NcclResult = 6;
+/// `ncclInProgress`.
 pub const IN_PROGRESS: NcclResult = 7;
+/// `ncclTimeout (NCCL 2.30)`.
 pub const TIMEOUT: NcclResult = 8;
 
-/// `cudaSuccess`, `cudaErrorInvalidValue` and `cudaErrorNotReady`: what the
-/// host stream API returns.
+/// `cudaSuccess`: what the host stream API returns when a call worked.
 pub const CUDA_SUCCESS: c_int = 0;
+/// `cudaErrorInvalidValue`: a handle or argument the host stream API refuses.
 pub const CUDA_ERROR_INVALID_VALUE: c_int = 1;
+/// `cudaErrorNotReady`: work queued on a host stream has not finished.
 pub const CUDA_ERROR_NOT_READY: c_int = 600;
 
 /// `ncclGetErrorString`, word for word as NCCL 2.30 says it.
@@ -42,19 +52,30 @@ pub fn error_string(code: NcclResult) -> &'static CStr {
 /// `ncclDataType_t` values this stand-in supports (fp8, 10 and 11, is not).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum DataType {
+    /// `ncclInt8`.
     Int8 = 0,
+    /// `ncclUint8`.
     Uint8 = 1,
+    /// `ncclInt32`.
     Int32 = 2,
+    /// `ncclUint32`.
     Uint32 = 3,
+    /// `ncclInt64`.
     Int64 = 4,
+    /// `ncclUint64`.
     Uint64 = 5,
+    /// `ncclFloat16`.
     Float16 = 6,
+    /// `ncclFloat32`.
     Float32 = 7,
+    /// `ncclFloat64`.
     Float64 = 8,
+    /// `ncclBfloat16`.
     Bfloat16 = 9,
 }
 
 impl DataType {
+    /// Every supported type, in nccl.h's order.
     pub const ALL: [DataType; 10] = [
         DataType::Int8,
         DataType::Uint8,
@@ -89,14 +110,20 @@ impl DataType {
 /// `ncclRedOp_t`'s built-in operators.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum RedOp {
+    /// `ncclSum`.
     Sum = 0,
+    /// `ncclProd`.
     Prod = 1,
+    /// `ncclMax`.
     Max = 2,
+    /// `ncclMin`.
     Min = 3,
+    /// `ncclAvg`.
     Avg = 4,
 }
 
 impl RedOp {
+    /// Every built-in operator, in nccl.h's order.
     pub const ALL: [RedOp; 5] = [RedOp::Sum, RedOp::Prod, RedOp::Max, RedOp::Min, RedOp::Avg];
 
     /// The operator for nccl.h's value, if built in.

@@ -15,13 +15,21 @@ use std::fmt;
 pub struct NcclResult(pub c_int);
 
 impl NcclResult {
+    /// `ncclSuccess`.
     pub const SUCCESS: NcclResult = NcclResult(0);
+    /// `ncclUnhandledCudaError`.
     pub const UNHANDLED_CUDA_ERROR: NcclResult = NcclResult(1);
+    /// `ncclSystemError`.
     pub const SYSTEM_ERROR: NcclResult = NcclResult(2);
+    /// `ncclInternalError`.
     pub const INTERNAL_ERROR: NcclResult = NcclResult(3);
+    /// `ncclInvalidArgument`.
     pub const INVALID_ARGUMENT: NcclResult = NcclResult(4);
+    /// `ncclInvalidUsage`.
     pub const INVALID_USAGE: NcclResult = NcclResult(5);
+    /// `ncclRemoteError`.
     pub const REMOTE_ERROR: NcclResult = NcclResult(6);
+    /// `ncclInProgress`: a non-blocking call has not finished.
     pub const IN_PROGRESS: NcclResult = NcclResult(7);
     /// Since NCCL 2.30.
     pub const TIMEOUT: NcclResult = NcclResult(8);
@@ -67,6 +75,8 @@ impl fmt::Display for NcclResult {
 /// An `ncclDataType_t`.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 #[repr(transparent)]
+// Named only through the sealed DeviceElement.
+#[allow(unnameable_types)]
 pub struct NcclDataType(pub c_int);
 
 impl NcclDataType {
@@ -85,17 +95,17 @@ impl NcclDataType {
 /// An `ncclRedOp_t` (the built-in ones; 2.x codes them 0 to 4).
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 #[repr(transparent)]
-pub struct NcclRedOp(pub c_int);
+pub(crate) struct NcclRedOp(pub c_int);
 
 impl NcclRedOp {
-    pub const SUM: NcclRedOp = NcclRedOp(0);
-    pub const PROD: NcclRedOp = NcclRedOp(1);
-    pub const MAX: NcclRedOp = NcclRedOp(2);
-    pub const MIN: NcclRedOp = NcclRedOp(3);
-    pub const AVG: NcclRedOp = NcclRedOp(4);
+    pub(crate) const SUM: NcclRedOp = NcclRedOp(0);
+    pub(crate) const PROD: NcclRedOp = NcclRedOp(1);
+    pub(crate) const MAX: NcclRedOp = NcclRedOp(2);
+    pub(crate) const MIN: NcclRedOp = NcclRedOp(3);
+    pub(crate) const AVG: NcclRedOp = NcclRedOp(4);
 
     /// ringwire's operator in NCCL's numbering.
-    pub fn from_reduce_op(op: ringwire::ReduceOp) -> NcclRedOp {
+    pub(crate) fn from_reduce_op(op: ringwire::ReduceOp) -> NcclRedOp {
         match op {
             ringwire::ReduceOp::Sum => NcclRedOp::SUM,
             ringwire::ReduceOp::Prod => NcclRedOp::PROD,
@@ -109,8 +119,11 @@ impl NcclRedOp {
 /// A version of NCCL, decoded from `ncclGetVersion`'s code.
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Debug)]
 pub struct NcclVersion {
+    /// Major version (2).
     pub major: u32,
+    /// Minor version.
     pub minor: u32,
+    /// Patch level.
     pub patch: u32,
 }
 
@@ -119,6 +132,7 @@ impl NcclVersion {
     /// non-blocking communicators, which abort needs.
     pub const MINIMUM: NcclVersion = NcclVersion::new(2, 14, 3);
 
+    /// The version `major.minor.patch`.
     pub const fn new(major: u32, minor: u32, patch: u32) -> NcclVersion {
         NcclVersion {
             major,

@@ -21,6 +21,7 @@ use std::sync::{Arc, OnceLock};
 #[derive(Clone, Copy, PartialEq, Eq)]
 #[repr(C)]
 pub struct UniqueId {
+    /// The bytes, as NCCL wrote them.
     pub internal: [u8; 128],
 }
 
@@ -167,7 +168,7 @@ struct Symbols {
 
 /// The C names of [`Symbols`], in its order: what a test checks the real
 /// library for, and what an error lists.
-pub const REQUIRED_SYMBOLS: [&str; 21] = [
+pub(crate) const REQUIRED_SYMBOLS: [&str; 21] = [
     "ncclGetVersion",
     "ncclGetErrorString",
     "ncclGetLastError",
@@ -310,6 +311,11 @@ impl NcclLibrary {
         static GLOBAL: OnceLock<Result<Arc<NcclLibrary>, Unavailable>> = OnceLock::new();
         GLOBAL.get_or_init(find).clone()
     }
+
+    /// Where it was loaded from.
+    /// The C symbols ringwire binds, every one of which a library must
+    /// export to open (NCCL 2.14 and newer do).
+    pub const REQUIRED_SYMBOLS: [&'static str; 21] = REQUIRED_SYMBOLS;
 
     /// Where it was loaded from.
     pub fn path(&self) -> &Path {

@@ -1,5 +1,5 @@
 //! NCCL through its C ABI, opened at run time (decision 0026): the numbers
 //! ([`codes`]) and the library ([`library`]).
 
-pub mod codes;
-pub mod library;
+pub(crate) mod codes;
+pub(crate) mod library;

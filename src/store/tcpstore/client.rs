@@ -47,6 +47,8 @@ enum Outcome {
     Late,
 }
 
+// The whole client; rendezvous uses part of it.
+#[cfg_attr(not(feature = "internals"), allow(dead_code))]
 impl TcpStoreClient {
     /// Connects to the first of `addrs` that accepts, retrying until
     /// `timeout` (the agent may start its store after its workers), and

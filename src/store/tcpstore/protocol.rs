@@ -73,8 +73,10 @@ pub enum Request<'a> {
     /// possibly much later.
     Wait { keys: &'a [&'a str] },
     /// Removes `key`. Reply: how many keys went (0 or 1).
+    #[cfg_attr(not(feature = "internals"), allow(dead_code))]
     DeleteKey { key: &'a str },
     /// The values of every key, which must exist. Reply: that many values.
+    #[cfg_attr(not(feature = "internals"), allow(dead_code))]
     MultiGet { keys: &'a [&'a str] },
     /// Gives up the connection's pending `Wait`. Reply: a wait byte.
     CancelWait,
@@ -148,17 +150,27 @@ pub enum TcpStoreError {
     /// A key, value or key list is over torch's limits.
     #[error("{what} of {len} is over the TCPStore's limit of {cap}")]
     TooLarge {
+        /// What is too large.
         what: &'static str,
+        /// Its size.
         len: u64,
+        /// torch's limit.
         cap: usize,
     },
     /// A status byte that is none of the values its reply may hold.
     #[error("the TCPStore answered {byte:#04x} where a {what} byte (0 or 1) belongs")]
-    BadStatus { what: &'static str, byte: u8 },
+    BadStatus {
+        /// Which status.
+        what: &'static str,
+        /// The byte that came.
+        byte: u8,
+    },
     /// A well-formed reply that does not answer the request sent.
     #[error("the TCPStore answered a {request} request with {reply}")]
     Unexpected {
+        /// The request sent.
         request: &'static str,
+        /// The reply that came, described.
         reply: String,
     },
 }

@@ -53,7 +53,9 @@ pub const MAX_FRAME_ALIGN: usize = 64;
 /// header, `len` bytes long.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PayloadAt {
+    /// Bytes between the header and the payload.
     pub pad: usize,
+    /// The payload's length.
     pub len: usize,
 }
 
@@ -147,8 +149,11 @@ pub struct EngineConfig {
 /// header it reads. Both ends of a link must use the same `from`, and each
 /// end's `send` count must be the other's `recv` count.
 pub struct Lanes {
+    /// The lanes this end writes.
     pub send: Vec<SharedFd>,
+    /// The lanes this end reads.
     pub recv: Vec<SharedFd>,
+    /// Payloads of this many bytes and more go over the lanes.
     pub from: usize,
 }
 
