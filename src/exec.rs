@@ -10,6 +10,7 @@
 
 use crate::algo::{Action, Step};
 use crate::error::{Error, OpContext};
+use crate::stats::Traffic;
 use crate::transport::{LinkError, PostedRecvs, Received, Transport};
 use crate::wire::{Header, OpKind};
 use crate::{DType, Element, ReduceOp};
@@ -95,15 +96,6 @@ impl OpSignature {
             )
         })
     }
-}
-
-/// Bytes moved by one op, for stats.
-#[derive(Default, Clone, Copy)]
-pub(crate) struct Traffic {
-    pub(crate) sent: u64,
-    pub(crate) received: u64,
-    /// The op ran in two levels (its bytes are its groups', decision 0033).
-    pub(crate) two_level: bool,
 }
 
 /// Copy receives from one peer holding at least this much in all are
@@ -541,7 +533,7 @@ pub(crate) fn link_error(
             waited: started.elapsed(),
             detail: format!(
                 " to read what this rank sends: {}{}",
-                crate::transport::WHY_A_PEER_STOPS_READING,
+                crate::error::link::WHY_A_PEER_STOPS_READING,
                 crate::refusals::suffix_since(started)
             ),
         },

@@ -107,6 +107,7 @@ mod comm;
 mod config;
 mod error;
 mod exec;
+mod locks;
 mod pending;
 mod recorder;
 mod rendezvous;

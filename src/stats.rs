@@ -7,11 +7,19 @@
 //! fixed arrays indexed by op kind: no allocation per op.
 
 use crate::error::Error;
-use crate::exec::Traffic;
 use crate::wire::OpKind;
 use hdrhistogram::Histogram;
 use std::sync::Mutex;
 use std::time::Duration;
+
+/// Bytes moved by one op, for stats.
+#[derive(Default, Clone, Copy)]
+pub(crate) struct Traffic {
+    pub(crate) sent: u64,
+    pub(crate) received: u64,
+    /// The op ran in two levels (its bytes are its groups', decision 0033).
+    pub(crate) two_level: bool,
+}
 
 /// What one lane this rank writes to a peer has carried (decision 0034):
 /// [`crate::Communicator::lane_stats`].

@@ -1,6 +1,6 @@
 //! Command-line arguments, parsed by hand (the flags follow nccl-tests).
 
-use crate::ops::BenchOp;
+use crate::bench_op::BenchOp;
 use ringwire::{DType, ReduceOp};
 use std::time::Duration;
 

@@ -5,7 +5,7 @@
 //! can compute the expected result for its own elements without holding
 //! the other ranks' inputs (at 256 MiB per rank that matters).
 
-use crate::ops::BenchOp;
+use crate::bench_op::BenchOp;
 use ringwire::testing::{count_wrong, reference_reduce};
 use ringwire::{DType, Element, ReduceOp};
 

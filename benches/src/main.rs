@@ -13,6 +13,7 @@
 #![forbid(unsafe_code)]
 
 mod args;
+mod bench_op;
 mod certs;
 mod check;
 mod cores;
@@ -25,8 +26,9 @@ mod plot;
 mod report;
 
 use args::{Args, DeviceChoice, LinksChoice, TransportChoice};
+use bench_op::BenchOp;
 use hdrhistogram::Histogram;
-use ops::{Bench, BenchOp, CpuBench, Runner};
+use ops::{Bench, CpuBench, Runner};
 use report::Row;
 use ringwire::{Communicator, DType, Element, LocalLinks, ReduceOp, TransportKind};
 use std::io::IsTerminal;
@@ -267,7 +269,7 @@ struct Measured {
     times: Vec<f64>,
     cpu: f64,
     wrong: usize,
-    shape: ops::Shape,
+    shape: bench_op::Shape,
 }
 
 /// Checks (with `-c 1`), warms up and times `runner`, one op at a time,
@@ -276,7 +278,7 @@ fn measure(
     runner: &mut dyn Bench,
     ctrl: &Communicator,
     a: &Args,
-    shape: ops::Shape,
+    shape: bench_op::Shape,
 ) -> Result<Measured, String> {
     let e = |e: ringwire::Error| e.to_string();
     let wrong = if a.check {
@@ -321,7 +323,7 @@ fn measure(
 fn cpu_bench<'c, T: Element>(
     comm: &'c Communicator,
     a: &Args,
-    shape: ops::Shape,
+    shape: bench_op::Shape,
 ) -> Box<dyn Bench + 'c> {
     let runner =
         Runner::<T>::new(a.op, a.redop, a.root, shape, a.buffer_offset).blocking(a.blocking);

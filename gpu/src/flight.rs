@@ -11,8 +11,9 @@ use crate::enqueue::{Call, enqueue};
 use crate::error::{GpuError, GpuOp, OpAt};
 use crate::nccl::codes::NcclResult;
 use crate::nccl::library::{NcclLibrary, RawComm};
-use crate::pending::{Completion, PendingCollective, Slot};
+use crate::pending::{Completion, OpsComm, PendingCollective, Slot};
 use crate::runtime::{Device, DeviceMemory, EventImpl, Stream};
+use crate::watchdog::Watched;
 use ringwire::Communicator;
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -371,6 +372,26 @@ impl CommShared {
                 .name("ringwire-gpu-abort".into())
                 .spawn(move || abort_and_drain(lib, device, Some(comm), Vec::new(), rank));
         }
+    }
+}
+
+impl OpsComm for CommShared {
+    fn progress(&self) {
+        CommShared::progress(self);
+    }
+
+    fn cuda_error(&self, call: &'static str, detail: String) -> GpuError {
+        CommShared::cuda_error(self, call, detail)
+    }
+}
+
+impl Watched for CommShared {
+    fn progress(&self) {
+        CommShared::progress(self);
+    }
+
+    fn busy(&self) -> bool {
+        CommShared::busy(self)
     }
 }
 

@@ -9,7 +9,6 @@
 //! write is not freed early.
 
 use crate::error::GpuError;
-use crate::flight::CommShared;
 use crate::runtime::{EventImpl, Stream};
 use std::future::Future;
 use std::pin::Pin;
@@ -21,6 +20,14 @@ struct SlotState<R> {
     value: Option<R>,
     outcome: Option<Result<(), GpuError>>,
     waker: Option<Waker>,
+}
+
+/// The communicator an op runs on, as its handle needs it.
+pub(crate) trait OpsComm: Send + Sync {
+    /// Completes the ops that finished (waiters drive progress too).
+    fn progress(&self);
+    /// The error of a failed CUDA call made for one of its ops.
+    fn cuda_error(&self, call: &'static str, detail: String) -> GpuError;
 }
 
 /// An op's buffers and, once known, how it ended.
@@ -82,7 +89,7 @@ pub struct PendingCollective<R> {
     slot: Arc<Slot<R>>,
     /// Drives progress while waiting; `None` for handles that failed
     /// before their op was queued.
-    comm: Option<Arc<CommShared>>,
+    comm: Option<Arc<dyn OpsComm>>,
     end: Option<Arc<dyn EventImpl>>,
     /// Streams the buffers belong to: `stream_wait` orders them too, so a
     /// buffer freed on its own stream is freed after the op.
@@ -92,7 +99,7 @@ pub struct PendingCollective<R> {
 impl<R: Send + 'static> PendingCollective<R> {
     pub(crate) fn queued(
         slot: Arc<Slot<R>>,
-        comm: Arc<CommShared>,
+        comm: Arc<dyn OpsComm>,
         end: Arc<dyn EventImpl>,
         streams: Vec<Stream>,
     ) -> PendingCollective<R> {

@@ -6,12 +6,20 @@
 //! It never ends the process. It polls every 200 µs while any op is in
 //! flight and every 20 ms otherwise; [`wake`] cuts an idle sleep short.
 
-use crate::flight::CommShared;
 use std::sync::{Arc, Condvar, Mutex, OnceLock, Weak};
 use std::time::Duration;
 
+/// What the watchdog drives: a communicator's ops in flight.
+pub(crate) trait Watched: Send + Sync {
+    /// Completes finished ops and fails the communicator on an error or a
+    /// passed deadline; never blocks on a busy communicator.
+    fn progress(&self);
+    /// Whether any op is in flight (the watchdog then polls often).
+    fn busy(&self) -> bool;
+}
+
 struct Watchdog {
-    comms: Mutex<Vec<Weak<CommShared>>>,
+    comms: Mutex<Vec<Weak<dyn Watched>>>,
     kick: Mutex<bool>,
     kicked: Condvar,
 }
@@ -37,12 +45,12 @@ fn watchdog() -> &'static Watchdog {
 }
 
 /// Watches `comm` until it is dropped.
-pub(crate) fn register(comm: &Arc<CommShared>) {
+pub(crate) fn register(comm: &Arc<impl Watched + 'static>) {
     let dog = watchdog();
     dog.comms
         .lock()
         .unwrap_or_else(|e| e.into_inner())
-        .push(Arc::downgrade(comm));
+        .push(Arc::downgrade(comm) as Weak<dyn Watched>);
     wake();
 }
 
@@ -55,7 +63,7 @@ pub(crate) fn wake() {
 
 fn run(dog: &'static Watchdog) {
     loop {
-        let comms: Vec<Arc<CommShared>> = {
+        let comms: Vec<Arc<dyn Watched>> = {
             let mut list = dog.comms.lock().unwrap_or_else(|e| e.into_inner());
             list.retain(|w| w.strong_count() > 0);
             list.iter().filter_map(Weak::upgrade).collect()

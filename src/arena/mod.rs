@@ -59,7 +59,7 @@ impl Arena {
     /// Takes a free slot for a communicator, its step words zeroed (none of
     /// its ops published yet); `None` when all are taken.
     pub(crate) fn take_slot(self: &Arc<Self>) -> Option<Slot> {
-        let mut taken = crate::transport::lock(&self.taken);
+        let mut taken = crate::locks::lock(&self.taken);
         let index = taken.iter().position(|t| !t)?;
         taken[index] = true;
         ringwire_shm::arena::reset(&*self.mapping, index);
@@ -95,7 +95,7 @@ impl Slot {
 
 impl Drop for Slot {
     fn drop(&mut self) {
-        crate::transport::lock(&self.arena.taken)[self.index] = false;
+        crate::locks::lock(&self.arena.taken)[self.index] = false;
     }
 }
 

@@ -14,7 +14,7 @@
 //! Reductions combine in rank order, 0 to p-1, on every rank: all ranks
 //! get the same bits.
 
-use super::execute::{Ctx, Executor};
+use super::context::{ArenaState, Ctx, Executor, VOTED_NO, VOTED_YES};
 use crate::arena::STAGE_BYTES;
 use crate::arena::exchange::{ArenaOp, CommArena, WaitError, Waiting};
 use crate::error::Error;
@@ -50,30 +50,6 @@ pub(super) fn broadcast_in_chunks(size: usize, bytes: usize) -> bool {
 /// Reductions read peers' staging through a buffer of this many bytes (a
 /// piece stays in L1 while every rank's is combined into it).
 const PIECE_BYTES: usize = 16 << 10;
-
-/// [`Executor::arena_vote`] once the members voted yes, or no.
-pub(super) const VOTED_YES: u8 = 1;
-pub(super) const VOTED_NO: u8 = 2;
-
-/// Whether a communicator uses its arena.
-pub(super) enum ArenaState {
-    /// Not voted yet.
-    Unvoted,
-    /// Ops run over the links (voted no, the vote failed, or it could
-    /// never).
-    Off,
-    On(CommArena),
-}
-
-impl ArenaState {
-    /// The state a communicator starts in: whether it may ever vote.
-    pub(super) fn initial(could: bool) -> ArenaState {
-        match could {
-            true => ArenaState::Unvoted,
-            false => ArenaState::Off,
-        }
-    }
-}
 
 /// Whether a communicator of these world ranks could use arenas: every
 /// rank of the job has one, and its members share this host.
@@ -112,7 +88,7 @@ impl Ctx<'_> {
     ) -> Result<bool, Error> {
         let ex: &Executor = self.ex;
         // Held for the op: one op of a communicator runs at a time.
-        let mut state = super::lock(&ex.arena);
+        let mut state = crate::locks::lock(&ex.arena);
         if matches!(*state, ArenaState::Unvoted) {
             *state = ArenaState::Off; // if the vote fails
             *state = self.vote()?;
@@ -157,7 +133,7 @@ impl Ctx<'_> {
             | (s.dtype as u64) << 8
             | s.reduce_op.map_or(0xff, |r| r as u64) << 16
             | u64::from(s.root) << 24;
-        super::mix(s.comm_id ^ kind, s.count.unwrap_or(u64::MAX))
+        super::context::mix(s.comm_id ^ kind, s.count.unwrap_or(u64::MAX))
     }
 
     fn wait_error(&self, e: WaitError) -> Error {
@@ -263,7 +239,7 @@ impl ArenaOps<'_> {
     ) -> Result<R, WaitError> {
         let tag = match self.runs {
             0 => self.tag,
-            i => super::mix(self.tag, i),
+            i => super::context::mix(self.tag, i),
         };
         self.runs += 1;
         let op = self.arena.op(tag);

@@ -2,18 +2,13 @@
 //! signature check (RINGWIRE_DEBUG=detail), who had not reached an op that
 //! timed out (through the store), and the flight record's dump.
 
-use super::execute::{Ctx, Executor, OpPlan};
+use super::context::{Ctx, Executor, OpPlan, debug_comm_id};
 use crate::ReduceOp;
 use crate::algo;
 use crate::error::Error;
 use crate::exec::{self, OpSignature};
 use crate::wire::OpKind;
 use std::time::{Duration, Instant};
-
-/// The communicator id debug signature checks exchange their frames on.
-pub(super) fn debug_comm_id(comm_id: u64) -> u64 {
-    super::mix(comm_id, 0xDEB6)
-}
 
 /// RINGWIRE_DEBUG=detail: before each collective, the ranks all-gather the
 /// op's signature and compare, so a mismatch is named precisely (kind, type,

@@ -7,12 +7,13 @@
 //! behind the others on copies of the slices). Ops are numbered here, in
 //! queue order, which is the order every rank must call them in.
 
-use super::execute::{LATENCY_BOUND_BYTES, OpPlan, P2p, Ticket, execute};
+use super::context::OpPlan;
+use super::execute::{LATENCY_BOUND_BYTES, P2p, Ticket, execute};
 use super::ops::{InPlace, InToOut, Member};
 use super::{Communicator, Queue, lock};
 use crate::Element;
 use crate::buffer::CollectiveBuffer;
-use crate::comm::execute::{Ctx, Executor};
+use crate::comm::context::{Ctx, Executor};
 use crate::error::Error;
 use crate::pending::{PendingCollective, queued};
 use crate::runner::Help;

@@ -16,29 +16,16 @@
 //! two-level op fails. Their errors come back as this op's, their ranks
 //! named as ranks of this communicator.
 
-use super::execute::Ctx;
-use super::{Communicator, lock, mix};
+use super::context::mix;
+use super::context::{Ctx, Executor, Group, Levels};
+use crate::Communicator;
 use crate::algo::levels::{Costs, Grid};
 use crate::config::TwoLevel;
 use crate::error::{Error, OpContext};
+use crate::locks::lock;
 use crate::{Element, ReduceOp, algo};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-
-/// A communicator's two levels: the grid and the groups this rank is in.
-pub(super) struct Levels {
-    grid: Grid,
-    /// This rank's host: its members, ranks of the parent, by local rank.
-    host: Group,
-    /// The ranks of this rank's local rank on every host, by host.
-    cross: Group,
-}
-
-/// One level's communicator and its members as ranks of the parent.
-struct Group {
-    comm: Communicator,
-    members: Vec<usize>,
-}
 
 /// Where each level's op failed, for the error.
 #[derive(Clone, Copy)]
@@ -137,7 +124,7 @@ impl Levels {
         Ok(done)
     }
 
-    fn make(ex: &super::execute::Executor, grid: Grid) -> Result<Levels, Error> {
+    fn make(ex: &Executor, grid: Grid) -> Result<Levels, Error> {
         let (h, l) = grid.place(ex.rank);
         let host = grid.host_group(ex.rank).to_vec();
         let cross = grid.cross_group(ex.rank);

@@ -6,15 +6,17 @@
 //! submission order (the order every rank must call them in), so any number
 //! of ops may be in flight and awaited in any order.
 //!
-//! Rooms: `ops` (each collective once: its checks and its body, whose
+//! Rooms: `context` (the types: the handle, the executor, an op's
+//! context), `ops` (each collective once: its checks and its body, whose
 //! schedule `algo::select` picks), `forms` (the owned and blocking forms of
-//! every collective, and numbering), `execute` (what wraps every op, and the
-//! context schedules run in), `diagnose` (the debug signature check, who
+//! every collective, and numbering), `execute` (what wraps every op),
+//! `diagnose` (the debug signature check, who
 //! had not arrived at an op that timed out, the flight record's dump),
 //! `arena` (ops on the shared-memory arena), `levels` (two-level ops
 //! across hosts).
 
 mod arena;
+mod context;
 mod diagnose;
 mod execute;
 mod forms;
@@ -25,6 +27,7 @@ use crate::algo;
 use crate::buffer::{Buffer, CollectiveBuffer};
 use crate::config::Tunables;
 use crate::error::Error;
+use crate::locks::lock;
 use crate::pending::{CellPool, PendingCollective, queued};
 use crate::recorder::{FlightRecorder, OpRecord};
 use crate::runner::{Help, Runner};
@@ -32,80 +35,12 @@ use crate::stats::{Stats, StatsRecorder};
 use crate::wire::OpKind;
 use crate::world::World;
 use crate::{Element, ReduceOp};
-use execute::{EXECUTOR_SPIN, Executor, P2p};
+pub use context::Communicator;
+use context::{Executor, Inner, Queue, mix};
+use execute::{EXECUTOR_SPIN, P2p};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use std::thread::JoinHandle;
 use std::time::Duration;
-
-struct Queue {
-    next_seq: u64,
-    /// Point-to-point sequence numbers per (peer, is_send).
-    p2p_seq: HashMap<(usize, bool), u64>,
-}
-
-struct Inner {
-    world: Arc<World>,
-    rank: usize,
-    size: usize,
-    comm_id: u64,
-    members: Arc<Vec<usize>>,
-    tunables: Tunables,
-    queue: Mutex<Queue>,
-    runner: Arc<Runner<Executor>>,
-    /// Handle-and-job cells for reuse (owned-buffer ops allocate nothing).
-    cells: Arc<CellPool>,
-    failed: Arc<Mutex<Option<String>>>,
-    stats: Arc<StatsRecorder>,
-    /// Registered for the process's metrics while this lives.
-    metrics: Arc<crate::metrics::Source>,
-    recorder: Arc<FlightRecorder>,
-    splits: Mutex<u64>,
-    executor: Mutex<Option<JoinHandle<()>>>,
-}
-
-impl Drop for Inner {
-    fn drop(&mut self) {
-        // Closing the queue lets the executor finish what was submitted (each
-        // op bounded by its timeout) and exit; joining it means no thread
-        // outlives the communicator.
-        self.runner.close();
-        if let Some(handle) = lock(&self.executor).take() {
-            let _ = handle.join();
-        }
-        // Nothing runs on this communicator any more: what peers sent for
-        // it (a program whose ranks disagree) would otherwise stay.
-        self.world.transport.forget(self.comm_id);
-        self.world
-            .transport
-            .forget(diagnose::debug_comm_id(self.comm_id));
-    }
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-/// A group of ranks that run collectives together.
-///
-/// Cheap to clone (clones share the group and its op order); `Send + Sync`.
-/// Every rank must call the same collectives in the same order with matching
-/// arguments; a rank that does not gets an error naming both sides.
-#[derive(Clone)]
-pub struct Communicator {
-    inner: Arc<Inner>,
-    timeout: Duration,
-}
-
-impl std::fmt::Debug for Communicator {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Communicator")
-            .field("rank", &self.inner.rank)
-            .field("world_size", &self.inner.size)
-            .field("comm_id", &format_args!("{:016x}", self.inner.comm_id))
-            .finish()
-    }
-}
 
 impl Communicator {
     pub(crate) fn start(world: Arc<World>, tunables: Tunables) -> Result<Communicator, Error> {
@@ -143,7 +78,7 @@ impl Communicator {
             scratch: Mutex::new(Vec::new()),
             counts: Mutex::new(Vec::new()),
             pacing: Mutex::default(),
-            arena: Mutex::new(arena::ArenaState::initial(arena::could(&world, &members))),
+            arena: Mutex::new(context::ArenaState::initial(arena::could(&world, &members))),
             arena_vote: std::sync::atomic::AtomicU8::new(0),
             grid: algo::levels::Grid::of(
                 &members.iter().map(|&w| world.hosts[w]).collect::<Vec<_>>(),
@@ -248,8 +183,8 @@ impl Communicator {
             .arena_vote
             .load(Ordering::Acquire)
         {
-            arena::VOTED_YES => Some(true),
-            arena::VOTED_NO => Some(false),
+            context::VOTED_YES => Some(true),
+            context::VOTED_NO => Some(false),
             _ => None,
         }
     }
@@ -793,15 +728,6 @@ impl Communicator {
             Some(c)
         })
     }
-}
-
-/// A 64-bit mixer (splitmix64's finaliser) to derive sub-group ids that all
-/// members compute alike.
-pub(super) fn mix(a: u64, b: u64) -> u64 {
-    let mut z = a ^ b.wrapping_mul(0x9E37_79B9_7F4A_7C15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
 }
 
 impl Communicator {

@@ -5,7 +5,7 @@
 //! generic drivers in `forms`.
 
 use super::arena;
-use super::execute::{Ctx, OpPlan, with_kept};
+use super::context::{Ctx, OpPlan, with_kept};
 use crate::algo::select::{AllReduce as AllReduceAlgo, Rooted};
 use crate::algo::{self, Step};
 use crate::error::Error;

@@ -494,7 +494,7 @@ mod tests {
     #[test]
     fn text_has_every_metric_once_with_a_series_per_communicator() {
         let recorder = StatsRecorder::default();
-        let traffic = |sent, received| crate::exec::Traffic {
+        let traffic = |sent, received| crate::stats::Traffic {
             sent,
             received,
             two_level: false,
@@ -504,7 +504,7 @@ mod tests {
             Duration::from_micros(50),
             traffic(64, 64),
         );
-        let two_level = crate::exec::Traffic {
+        let two_level = crate::stats::Traffic {
             two_level: true,
             ..traffic(64, 64)
         };

@@ -363,28 +363,6 @@ pub(crate) fn describe_io(e: &io::Error, who: &str) -> String {
     }
 }
 
-/// What kind of refusal an I/O error carrying a TLS failure is: a
-/// certificate this side or the peer did not accept, or another TLS error;
-/// `None` if it carries none.
-pub(crate) fn refusal_reason(e: &io::Error) -> Option<Reason> {
-    use rustls::AlertDescription as A;
-    let tls = e.get_ref()?.downcast_ref::<rustls::Error>()?;
-    Some(match tls {
-        rustls::Error::InvalidCertificate(_)
-        | rustls::Error::NoCertificatesPresented
-        | rustls::Error::AlertReceived(
-            A::UnknownCA
-            | A::CertificateExpired
-            | A::CertificateRequired
-            | A::BadCertificate
-            | A::UnsupportedCertificate
-            | A::CertificateUnknown
-            | A::CertificateRevoked,
-        ) => Reason::Certificate,
-        _ => Reason::Tls,
-    })
-}
-
 /// A readable message for a TLS failure with `who`.
 pub(crate) fn describe(e: &rustls::Error, who: &str) -> String {
     use rustls::AlertDescription as A;

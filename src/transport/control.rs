@@ -8,11 +8,11 @@
 //! stopped process still has a kernel that ACKs, so only silence at this
 //! level reveals it.
 
-use super::failure::LinkFailure;
 use super::inbox::Inboxes;
 use super::link::{Link, PeerTable};
 use super::plane::{ControlSent, Fabric, Planes};
 use super::{LinkError, lock};
+use crate::error::link::LinkFailure;
 use crate::wire;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

@@ -17,7 +17,6 @@
 use super::conn::Conn;
 use super::control::Control;
 use super::dispatch;
-use super::failure::{LinkFailure, Loss};
 use super::inbox::Inboxes;
 use super::link::{
     Accepted, Established, Found, Link, LinkConfig, Linker, PeerTable, PlaneKinds, accept_loop,
@@ -26,6 +25,7 @@ use super::link::{
 use super::plane::{Fabric, PlaneConfig, Planes};
 use super::{AlignedBuf, Incoming, LinkError, PostedRecvs, Received, Transport, framing};
 use crate::error::Error;
+use crate::error::link::{LinkFailure, Loss};
 use crate::refusals;
 use crate::security::Security;
 use crate::wire::{self, Header};

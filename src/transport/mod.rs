@@ -16,7 +16,6 @@ pub(crate) mod conn;
 mod control;
 mod dispatch;
 pub(crate) mod engine_cores;
-pub(crate) mod failure;
 mod framing;
 mod inbox;
 pub(crate) mod link;
@@ -27,9 +26,9 @@ pub(crate) mod run_ahead;
 
 use crate::arena::Arena;
 use crate::error::Error;
+use crate::error::link::{LinkFailure, Loss};
 use crate::wire::Header;
-use failure::{LinkFailure, Loss};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 use std::time::Instant;
 
 pub(crate) use ringwire_uring::AlignedBuf;
@@ -155,17 +154,7 @@ pub(crate) enum LinkError {
     },
 }
 
-/// Locks `m`, whatever a panicking holder left: the transport's state stays
-/// consistent at every unlock (a panic in an op is reported, not spread).
-pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-/// What may keep a peer from reading what this rank sends, for errors.
-pub(crate) const WHY_A_PEER_STOPS_READING: &str = "it is stuck; or it fell behind this rank by \
-     more than its run-ahead limits (RINGWIRE_RUN_AHEAD_BYTES per peer, \
-     RINGWIRE_RUN_AHEAD_TOTAL_BYTES in all) and did not catch up in time; or it is sending to \
-     this rank too, before receiving (use send_recv for such exchanges, or order them)";
+pub(crate) use crate::locks::lock;
 
 /// What the executor needs from a transport. Peers are world ranks.
 pub(crate) trait Transport: Send + Sync {

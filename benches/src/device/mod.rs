@@ -13,7 +13,8 @@ mod memory;
 mod runner;
 
 use crate::args::{Args, DeviceChoice};
-use crate::ops::{Bench, Shape};
+use crate::bench_op::Shape;
+use crate::ops::Bench;
 pub(crate) use memory::GpuElem;
 use memory::HostMem;
 use ringwire::Communicator;

@@ -4,8 +4,9 @@
 //! waited for, so the runner keeps each in an `Option` between iterations.
 
 use super::memory::{DeviceMem, GpuElem};
+use crate::bench_op::{BenchOp, Shape};
 use crate::check::{Check, check_input};
-use crate::ops::{Bench, BenchOp, Shape};
+use crate::ops::Bench;
 use ringwire::ReduceOp;
 use ringwire_gpu::{GpuCommunicator, GpuError};
 

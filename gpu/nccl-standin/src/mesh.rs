@@ -4,7 +4,6 @@
 //! thread that moves incoming frames into the comm's inbox, so writes
 //! always drain and two ranks sending to each other cannot deadlock.
 
-use crate::comm::Shared;
 use crate::wire::{self, Tag};
 use std::io::{self, Write};
 use std::net::{Ipv4Addr, Shutdown, SocketAddr, TcpListener, TcpStream};
@@ -54,15 +53,19 @@ fn system(what: &str, e: &io::Error) -> String {
     format!("stand-in NCCL: mesh setup: {what}: {e}")
 }
 
+/// Where a reader thread hands each frame from `peer`: the comm's inbox.
+pub(crate) type Deliver = Arc<dyn Fn(usize, Tag, Vec<u8>) + Send + Sync>;
+
 /// Connects `rank` to every other rank (whose data listeners are at
-/// `ports` on localhost) and starts the reader threads. Waits (checking
-/// `stop`) for the lower ranks to dial in.
+/// `ports` on localhost) and starts the reader threads, which hand what
+/// arrives to `deliver`. Waits (checking `stop`) for the lower ranks to
+/// dial in.
 pub(crate) fn build(
     listener: &TcpListener,
     ports: &[u16],
     rank: usize,
     nonce: u64,
-    shared: &Arc<Shared>,
+    deliver: &Deliver,
     stop: &dyn Fn() -> bool,
 ) -> Result<Mesh, String> {
     let nranks = ports.len();
@@ -125,12 +128,12 @@ pub(crate) fn build(
         closers,
     };
     for (peer, mut reader) in readers {
-        let shared = Arc::clone(shared);
+        let deliver = Arc::clone(deliver);
         let started = std::thread::Builder::new()
             .name(format!("standin-recv-{peer}"))
             .spawn(move || {
                 while let Some((tag, payload)) = wire::read_frame(&mut reader) {
-                    shared.deliver(peer, tag, payload);
+                    deliver(peer, tag, payload);
                 }
             });
         if let Err(e) = started {

@@ -26,6 +26,9 @@ fn establish(comm: &Comm, id: BootstrapId) -> Result<Mesh, (NcclResult, String)>
     let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).map_err(system)?;
     let port = listener.local_addr().map_err(system)?.port();
     let ports = rendezvous::register(id, comm.nranks, comm.rank, port, &stop)?;
-    mesh::build(&listener, &ports, comm.rank, id.nonce, &comm.shared, &stop)
+    let shared = std::sync::Arc::clone(&comm.shared);
+    let deliver: mesh::Deliver =
+        std::sync::Arc::new(move |peer, tag, payload| shared.deliver(peer, tag, payload));
+    mesh::build(&listener, &ports, comm.rank, id.nonce, &deliver, &stop)
         .map_err(|text| (SYSTEM_ERROR, text))
 }

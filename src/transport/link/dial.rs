@@ -6,12 +6,12 @@ use super::{
     Established, Halves, LaneConns, Linker, describe_unix, link_context, plain_halves,
     plaintext_refusal, read_ack,
 };
+use crate::error::link::LinkFailure;
 use crate::refusals;
 use crate::security;
 use crate::security::secret::{self, NONCE_LEN, Role};
 use crate::transport::LinkError;
 use crate::transport::conn::Conn;
-use crate::transport::failure::LinkFailure;
 use crate::transport::framing::{control_header, write_frame};
 use crate::transport::link::open_files;
 use crate::transport::plane::PlaneKind;

@@ -18,10 +18,10 @@ pub(crate) mod open_files;
 pub(crate) use accept::{Accepted, accept_loop};
 
 use super::conn::{Conn, ConnKind};
-use super::failure::{LinkFailure, Loss};
 use super::framing::read_control;
 use super::plane::{LinkPlane, PlaneKind};
 use super::{LinkError, lock};
+use crate::error::link::{LinkFailure, Loss};
 use crate::refusals::Place;
 use crate::security::Security;
 use crate::wire::{self, Channel, FrameKind, HEADER_LEN, Header, HelloAck};

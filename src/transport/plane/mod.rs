@@ -18,10 +18,10 @@ mod shm;
 mod uring;
 
 use super::conn::{Conn, ConnKind};
-use super::failure::{LinkFailure, Loss};
 use super::inbox::{Inbox, Inboxes, Wake};
 use super::{AlignedBuf, Incoming, LinkError, PostedRecvs, Received};
 use crate::error::Error;
+use crate::error::link::{LinkFailure, Loss};
 use crate::security::{ReadHalf, WriteHalf};
 use crate::wire::Header;
 use std::io;

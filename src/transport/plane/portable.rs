@@ -4,9 +4,9 @@
 //! shows beside the engine.
 
 use super::{ControlSent, Established, Fabric, LinkPlane, PlaneConfig, send_stop};
+use crate::error::link::{LinkFailure, Loss};
 use crate::security::{ReadHalf, WriteHalf};
 use crate::transport::conn::Conn;
-use crate::transport::failure::{LinkFailure, Loss};
 use crate::transport::framing::{read_payload, write_counted, write_frame_from};
 use crate::transport::inbox::{Await, Inbox};
 use crate::transport::{Incoming, LinkError, lock};

@@ -9,9 +9,9 @@ use super::{
     send_stop,
 };
 use crate::error::Error;
+use crate::error::link::{LinkFailure, Loss};
 use crate::stats::LaneStats;
 use crate::transport::conn::Conn;
-use crate::transport::failure::{LinkFailure, Loss};
 use crate::transport::framing::padded_head;
 use crate::transport::inbox::{Await, Inbox, Wake};
 use crate::transport::{AlignedBuf, Incoming, LinkError, PostedRecvs, Received};

@@ -24,8 +24,8 @@ use super::{
     ControlSent, Established, Fabric, LinkPlane, PlaneConfig, lost, recv_ready, send_stop,
 };
 use crate::arena::Arena;
+use crate::error::link::LinkFailure;
 use crate::transport::conn::Conn;
-use crate::transport::failure::LinkFailure;
 use crate::transport::framing::padded_head;
 use crate::transport::inbox::{Await, Inbox};
 use crate::transport::{AlignedBuf, Incoming, LinkError, Received, lock};

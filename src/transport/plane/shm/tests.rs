@@ -3,8 +3,8 @@
 use super::offer::segment_len;
 use super::*;
 use crate::dtype::DType;
+use crate::error::link::Loss;
 use crate::transport::dispatch::check_header;
-use crate::transport::failure::Loss;
 use crate::transport::inbox::Inboxes;
 use crate::wire::OpKind;
 use ringwire_shm::Segment;

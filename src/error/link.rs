@@ -9,6 +9,12 @@ use std::fmt;
 use std::io;
 use std::time::Duration;
 
+/// What may keep a peer from reading what this rank sends, for errors.
+pub(crate) const WHY_A_PEER_STOPS_READING: &str = "it is stuck; or it fell behind this rank by \
+     more than its run-ahead limits (RINGWIRE_RUN_AHEAD_BYTES per peer, \
+     RINGWIRE_RUN_AHEAD_TOTAL_BYTES in all) and did not catch up in time; or it is sending to \
+     this rank too, before receiving (use send_recv for such exchanges, or order them)";
+
 /// Why a link to a peer failed, or could not be made.
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
@@ -141,7 +147,7 @@ impl fmt::Display for Loss {
             LinkFailure::StoppedReading => write!(
                 f,
                 "rank {peer} stopped reading (a send blocked past the op timeout): {}",
-                super::WHY_A_PEER_STOPS_READING
+                WHY_A_PEER_STOPS_READING
             ),
             LinkFailure::BadFrame(e) => write!(f, "rank {peer} sent a bad frame: {e}"),
             LinkFailure::Io {

@@ -4,8 +4,10 @@
 //! number on the communicator and the peer involved, because "which rank and
 //! which op" is what a user debugging a stuck job needs first.
 
-pub use crate::transport::failure::LinkFailure;
+pub(crate) mod link;
+
 use crate::wire::OpKind;
+pub use link::LinkFailure;
 use std::fmt;
 use std::time::Duration;
 
