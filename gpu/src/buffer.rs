@@ -13,29 +13,8 @@
 #![allow(unsafe_code)]
 
 use crate::nccl::codes::NcclDataType;
+use crate::runtime::Memory;
 use half::{bf16, f16};
-
-/// Where a buffer's memory is, so an op can refuse memory its device
-/// cannot reach (a host vector handed to real NCCL would crash the GPU).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Memory {
-    /// Host memory: only the stand-in NCCL's host device reads it.
-    Host,
-    /// Memory of CUDA device `ordinal`.
-    Cuda {
-        /// The device's CUDA ordinal.
-        ordinal: usize,
-    },
-}
-
-impl std::fmt::Display for Memory {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Memory::Host => f.write_str("host memory"),
-            Memory::Cuda { ordinal } => write!(f, "cuda:{ordinal} memory"),
-        }
-    }
-}
 
 mod sealed {
     #[allow(unnameable_types)]

@@ -2,7 +2,7 @@
 //! buffers, through NCCL. Each op checks its arguments, plans its NCCL
 //! calls ([`Call`]) and hands them to `flight::CommShared::launch`.
 
-use crate::buffer::{DeviceBuffer, DeviceElement, Memory};
+use crate::buffer::{DeviceBuffer, DeviceElement};
 use crate::enqueue::Call;
 use crate::error::{GpuError, GpuOp};
 use crate::flight::CommShared;
@@ -10,6 +10,7 @@ use crate::init::{Options, init};
 use crate::nccl::codes::{NcclDataType, NcclRedOp};
 use crate::nccl::library::NcclLibrary;
 use crate::pending::PendingCollective;
+use crate::runtime::Memory;
 use crate::runtime::{Device, Stream};
 use ringwire::{Communicator, ReduceOp};
 use std::sync::Arc;

@@ -44,14 +44,14 @@ mod pending;
 mod runtime;
 mod watchdog;
 
-pub use buffer::{DeviceBuffer, DeviceElement, HostBuffer, Memory, RawDeviceSlice};
+pub use buffer::{DeviceBuffer, DeviceElement, HostBuffer, RawDeviceSlice};
 pub use communicator::{GpuBuilder, GpuCommunicator, Group};
 pub use error::{GpuError, GpuOp, OpAt, Unavailable};
 pub use hierarchical::{HierarchicalAllReduce, HierarchicalBuilder};
 pub use nccl::codes::{NcclResult, NcclVersion};
 pub use nccl::library::{NcclLibrary, UniqueId};
 pub use pending::PendingCollective;
-pub use runtime::{Device, Stream};
+pub use runtime::{Device, Memory, Stream};
 
 /// Whether device collectives can run here on CUDA device `ordinal`: the
 /// NCCL found (its version) or why not (no library, how to install it; no

@@ -83,11 +83,11 @@ fn kernel_at_least(release: &str, major: u32, minor: u32) -> bool {
 /// operations it supports.
 ///
 /// The probe's ring is made on a thread of its own (see
-/// `engine::driver::on_a_passing_thread`), which inherits the caller's
+/// `on_a_passing_thread`), which inherits the caller's
 /// seccomp filter, so the answer is the caller's.
 #[cfg(target_os = "linux")]
 pub fn probe() -> Result<Support, Unavailable> {
-    crate::engine::on_a_passing_thread(probe_here)
+    on_a_passing_thread(probe_here)
 }
 
 #[cfg(target_os = "linux")]
@@ -132,6 +132,18 @@ fn probe_here() -> Result<Support, Unavailable> {
         recv_multishot: probe.is_supported(opcode::Recv::CODE) && kernel_at_least(&kernel, 6, 0),
         thread_rings: crate::engine::shard::shard_ring(8).is_ok(),
         kernel,
+    })
+}
+
+/// Runs `f` on a thread made for it. io_uring ties a ring to the task that
+/// creates it, and when the ring goes away it interrupts that task (a
+/// blocking socket read with a timeout then fails with EINTR, rustls gives
+/// up a handshake): a thread that has exited by then is not disturbed.
+pub(crate) fn on_a_passing_thread<T: Send>(f: impl FnOnce() -> T + Send) -> T {
+    std::thread::scope(|s| {
+        s.spawn(f)
+            .join()
+            .unwrap_or_else(|p| std::panic::resume_unwind(p))
     })
 }
 

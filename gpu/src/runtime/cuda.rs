@@ -5,9 +5,11 @@
 
 #![allow(unsafe_code)]
 
-use super::{DeviceImpl, DeviceMemory, EventImpl, HostStaging, Stream, StreamImpl, staging_range};
+use super::{
+    DeviceImpl, DeviceMemory, EventImpl, HostStaging, Memory, Stream, StreamImpl, staging_range,
+};
 use crate::Unavailable;
-use crate::buffer::{DeviceBuffer, DeviceElement, Memory};
+use crate::buffer::{DeviceBuffer, DeviceElement};
 use crate::nccl::library::RawStream;
 use cudarc::driver::{CudaContext, CudaEvent, CudaSlice, CudaStream, DevicePtr, DeviceRepr};
 use std::any::Any;

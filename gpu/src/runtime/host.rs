@@ -6,9 +6,10 @@
 
 #![allow(unsafe_code)]
 
-use super::{DeviceImpl, DeviceMemory, EventImpl, HostStaging, Stream, StreamImpl, staging_range};
+use super::{
+    DeviceImpl, DeviceMemory, EventImpl, HostStaging, Memory, Stream, StreamImpl, staging_range,
+};
 use crate::Unavailable;
-use crate::buffer::Memory;
 use crate::nccl::library::{NcclLibrary, RawStream, symbol};
 use std::any::Any;
 use std::ffi::{c_int, c_void};

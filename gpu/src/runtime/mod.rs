@@ -8,10 +8,31 @@ pub(crate) mod host;
 #[cfg(feature = "cuda")]
 pub(crate) mod cuda;
 
-use crate::buffer::Memory;
 use crate::nccl::library::RawStream;
 use std::any::Any;
 use std::sync::Arc;
+
+/// Where a buffer's memory is, so an op can refuse memory its device
+/// cannot reach (a host vector handed to real NCCL would crash the GPU).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Memory {
+    /// Host memory: only the stand-in NCCL's host device reads it.
+    Host,
+    /// Memory of CUDA device `ordinal`.
+    Cuda {
+        /// The device's CUDA ordinal.
+        ordinal: usize,
+    },
+}
+
+impl std::fmt::Display for Memory {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Memory::Host => f.write_str("host memory"),
+            Memory::Cuda { ordinal } => write!(f, "cuda:{ordinal} memory"),
+        }
+    }
+}
 
 /// A device's side of the runtime.
 pub(crate) trait DeviceImpl: Send + Sync {

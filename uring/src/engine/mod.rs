@@ -31,7 +31,6 @@ mod placements;
 pub(crate) mod shard;
 mod shard_thread;
 
-pub(crate) use driver::on_a_passing_thread;
 pub use placements::Placements;
 pub use shard_thread::ThreadCounters;
 

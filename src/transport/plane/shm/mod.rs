@@ -18,6 +18,7 @@
 //! log says so once.
 
 mod offer;
+mod reader;
 
 use super::peer_process::PeerProcess;
 use super::{
@@ -28,9 +29,10 @@ use crate::error::link::LinkFailure;
 use crate::transport::conn::Conn;
 use crate::transport::framing::padded_head;
 use crate::transport::inbox::{Await, Inbox};
-use crate::transport::{AlignedBuf, Incoming, LinkError, Received, lock};
-use crate::wire::{FrameKind, HEADER_LEN, Header};
+use crate::transport::{Incoming, LinkError, Received, lock};
+use crate::wire::{HEADER_LEN, Header};
 use offer::{give_arena, offer, take, take_arena};
+use reader::{Partial, Place, Rx};
 use ringwire_shm::{Consumer, MappedRing, Producer, RING_HEADER};
 use std::io;
 use std::os::fd::AsFd;
@@ -220,71 +222,6 @@ fn shared(
     })
 }
 
-/// Where reading the ring is inside a frame.
-enum Partial {
-    /// `n` bytes of the header so far.
-    Head(usize, [u8; HEADER_LEN]),
-    /// The header checked; `skip` pad bytes left, then the payload into
-    /// `buf` (`got` bytes so far), then `trail` zeros. No `buf`: the
-    /// payload goes straight to a [`Place`]'s destination, whose thread
-    /// holds the reader until the frame is whole or `detach`ed.
-    Body {
-        header: Header,
-        skip: usize,
-        buf: Option<AlignedBuf>,
-        got: usize,
-        trail: usize,
-    },
-}
-
-struct Rx {
-    ring: Consumer<MappedRing>,
-    frame: Partial,
-    scratch: [u8; 64],
-}
-
-impl Rx {
-    /// Whether a frame is part way into a placement's destination.
-    fn placing(&self) -> bool {
-        matches!(self.frame, Partial::Body { buf: None, .. })
-    }
-
-    /// Moves a frame part way into `dest` to a buffer of its own, so the
-    /// reader can be let go (its waiter stops: abort, deadline, failure).
-    fn detach(&mut self, dest: &[u8], fabric: &dyn Fabric) {
-        if let Partial::Body {
-            header,
-            buf: slot @ None,
-            got,
-            ..
-        } = &mut self.frame
-        {
-            let mut buf = fabric.inboxes().buffer();
-            buf.prepare(header.payload_len_usize());
-            buf.bytes_mut()[..*got].copy_from_slice(&dest[..*got]);
-            *slot = Some(buf);
-        }
-    }
-}
-
-/// A copy receive whose frame, if it is next in the ring, is read straight
-/// into `dest`: one copy, as the engine's placed receives (decision 0010).
-struct Place<'a> {
-    key: (u64, u64, u32, u32),
-    dest: &'a mut [u8],
-    /// The frame's header once its whole payload is in `dest`.
-    placed: Option<Header>,
-}
-
-impl Place<'_> {
-    fn takes(&self, h: &Header) -> bool {
-        self.placed.is_none()
-            && h.kind == FrameKind::Data
-            && (h.comm_id, h.seq, h.step, h.chunk) == self.key
-            && h.payload_len_usize() == self.dest.len()
-    }
-}
-
 /// What the link's senders and readers share.
 struct Shared {
     peer: usize,
@@ -384,114 +321,14 @@ impl Shared {
 
     /// `drain`, reading the frame `place` takes into its destination (and
     /// stopping there) if it comes.
-    fn drain_into(&self, rx: &mut Rx, fabric: &dyn Fabric, mut place: Option<&mut Place>) -> bool {
-        let mut any = false;
-        while !self.dead.load(Ordering::Relaxed) {
-            if matches!(rx.frame, Partial::Head(0, _)) && fabric.inboxes().paused(self.peer) {
-                break;
+    fn drain_into(&self, rx: &mut Rx, fabric: &dyn Fabric, place: Option<&mut Place>) -> bool {
+        let any = match rx.read(self.peer, fabric, place, &self.dead) {
+            Ok(any) => any,
+            Err(failure) => {
+                self.fail(fabric, failure);
+                return true;
             }
-            let Rx {
-                ring,
-                frame,
-                scratch,
-            } = rx;
-            let progressed = match frame {
-                Partial::Head(n, head) => {
-                    let got = ring.pop(&mut head[*n..]);
-                    *n += got;
-                    if *n == HEADER_LEN {
-                        match fabric.header(self.peer, &head[..]) {
-                            Ok(header) => {
-                                let buf = match place.as_deref() {
-                                    Some(p) if p.takes(&header) => None,
-                                    _ => {
-                                        let mut buf = fabric.inboxes().buffer();
-                                        buf.prepare(header.payload_len_usize());
-                                        Some(buf)
-                                    }
-                                };
-                                *frame = Partial::Body {
-                                    skip: usize::from(header.pad),
-                                    trail: header.trail_len(),
-                                    header,
-                                    buf,
-                                    got: 0,
-                                };
-                            }
-                            Err(failure) => {
-                                self.fail(fabric, failure);
-                                return true;
-                            }
-                        }
-                    }
-                    got > 0
-                }
-                Partial::Body {
-                    header,
-                    skip,
-                    buf,
-                    got,
-                    trail,
-                } => {
-                    let mut moved = 0;
-                    if *skip > 0 {
-                        let n = ring.pop(&mut scratch[..*skip]);
-                        *skip -= n;
-                        moved += n;
-                    }
-                    if *skip == 0 {
-                        let want = header.payload_len_usize();
-                        if *got < want {
-                            let into = match (buf.as_mut(), place.as_deref_mut()) {
-                                (Some(buf), _) => &mut buf.bytes_mut()[*got..want],
-                                (None, Some(p)) => &mut p.dest[*got..want],
-                                (None, None) => {
-                                    // The placing thread let go of the
-                                    // reader without detaching: a bug, and
-                                    // the stream cannot be resumed.
-                                    let detail =
-                                        "a frame part way into a placement lost its destination"
-                                            .into();
-                                    self.fail(fabric, LinkFailure::Internal { detail });
-                                    return true;
-                                }
-                            };
-                            let n = ring.pop(into);
-                            *got += n;
-                            moved += n;
-                        }
-                        if *got == want && *trail > 0 {
-                            let n = ring.pop(&mut scratch[..*trail]);
-                            *trail -= n;
-                            moved += n;
-                        }
-                    }
-                    if *skip == 0 && *got == header.payload_len_usize() && *trail == 0 {
-                        let Partial::Body { header, buf, .. } =
-                            std::mem::replace(frame, Partial::Head(0, [0; HEADER_LEN]))
-                        else {
-                            unreachable!("just matched");
-                        };
-                        match (buf, place.as_deref_mut()) {
-                            (Some(buf), _) => fabric.arrived(self.peer, header, buf, true),
-                            (None, Some(p)) => {
-                                p.placed = Some(header);
-                                any = true;
-                                break;
-                            }
-                            (None, None) => unreachable!("failed above"),
-                        }
-                        true
-                    } else {
-                        moved > 0
-                    }
-                }
-            };
-            if !progressed {
-                break;
-            }
-            any = true;
-        }
+        };
         if any && rx.ring.producer_sleeping() {
             self.ring(SPACE);
         }

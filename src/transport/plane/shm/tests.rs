@@ -4,6 +4,7 @@ use super::offer::segment_len;
 use super::*;
 use crate::dtype::DType;
 use crate::error::link::Loss;
+use crate::transport::AlignedBuf;
 use crate::transport::dispatch::check_header;
 use crate::transport::inbox::Inboxes;
 use crate::wire::OpKind;

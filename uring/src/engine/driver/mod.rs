@@ -111,18 +111,6 @@ fn lane_tag(kind: u64, link: usize, conn: usize) -> u64 {
     kind | ((conn as u64) << 8) | ((link as u64) << 16)
 }
 
-/// Runs `f` on a thread made for it. io_uring ties a ring to the task that
-/// creates it, and when the ring goes away it interrupts that task (a
-/// blocking socket read with a timeout then fails with EINTR, rustls gives
-/// up a handshake): a thread that has exited by then is not disturbed.
-pub(crate) fn on_a_passing_thread<T: Send>(f: impl FnOnce() -> T + Send) -> T {
-    std::thread::scope(|s| {
-        s.spawn(f)
-            .join()
-            .unwrap_or_else(|p| std::panic::resume_unwind(p))
-    })
-}
-
 pub(crate) struct Driver {
     ring: IoUring,
     links: Vec<Option<Box<LinkIo>>>,
@@ -208,7 +196,7 @@ impl Driver {
         // Cooperative task running: completions run when a driver next
         // enters the kernel instead of interrupting a thread that is busy
         // reducing (measured against the default in decision 0007).
-        let ring = on_a_passing_thread(move || {
+        let ring = crate::probe::on_a_passing_thread(move || {
             IoUring::builder()
                 .setup_coop_taskrun()
                 .setup_cqsize(entries * 2)
