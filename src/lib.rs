@@ -137,3 +137,32 @@ pub use rendezvous::Builder;
 pub use security::{Security, SecurityError, TlsConfig, TlsMode};
 pub use stats::{EngineThreadStats, LaneStats, Stats};
 pub use wire::{FrameKind, OpKind, WireError};
+
+/// The README's and the guide's examples, compiled (and the ones not
+/// marked `no_run` run) as doctests, so the docs a user copies from stay
+/// true.
+#[cfg(doctest)]
+mod docs_examples {
+    #[doc = include_str!("../README.md")]
+    struct Readme;
+    #[doc = include_str!("../docs/guide/01-launching.md")]
+    struct Launching;
+    #[doc = include_str!("../docs/guide/02-collectives.md")]
+    struct Collectives;
+    #[doc = include_str!("../docs/guide/03-training.md")]
+    struct Training;
+    #[doc = include_str!("../docs/guide/04-gpus.md")]
+    struct Gpus;
+    #[doc = include_str!("../docs/guide/05-across-hosts.md")]
+    struct AcrossHosts;
+    #[doc = include_str!("../docs/guide/06-failures.md")]
+    struct Failures;
+    #[doc = include_str!("../docs/guide/07-security.md")]
+    struct Security;
+    #[doc = include_str!("../docs/guide/08-observing.md")]
+    struct Observing;
+    #[doc = include_str!("../docs/guide/09-tuning.md")]
+    struct Tuning;
+    #[doc = include_str!("../docs/guide/10-benchmarking.md")]
+    struct Benchmarking;
+}

@@ -160,7 +160,7 @@ impl Communicator {
     }
 
     /// What carries this rank's link to `peer` (a rank of this
-    /// communicator): `"unix"` for a rank on the same host (see
+    /// communicator): `"shm"` or `"unix"` for a rank on the same host (see
     /// [`crate::LocalLinks`]), `"tcp"` otherwise; `None` until the link is
     /// made (on first use) or after it failed.
     pub fn link_kind(&self, peer: usize) -> Option<&'static str> {
@@ -421,7 +421,7 @@ impl Communicator {
     /// `output` is not touched: pass an empty buffer (or one of the root's
     /// length, so every rank can run the same code). The root receives
     /// from every other rank directly; with 3+ ranks and blocks of
-    /// [`GATHER_IN_TURN_BYTES`](crate::GATHER_IN_TURN_BYTES) or more it
+    /// 128 KiB or more it
     /// asks each in turn, so a rank's op then completes only once the root
     /// has reached it (decision 0023).
     pub fn gather<T: Element, B: CollectiveBuffer<T>, O: CollectiveBuffer<T>>(

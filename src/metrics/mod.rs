@@ -31,7 +31,7 @@
 //! - `ringwire_held_ahead_bytes`, `ringwire_held_ahead_peak_bytes`,
 //!   `ringwire_inboxes`: gauges of the rank's transport (over every
 //!   communicator of the process, as `Stats` says);
-//! - `ringwire_link_info` by `peer` and `kind` (`unix`, `tcp`): 1 for each
+//! - `ringwire_link_info` by `peer` and `kind` (`shm`, `unix`, `tcp`): 1 for each
 //!   peer this rank has a link with (absent until the link is made).
 
 mod server;

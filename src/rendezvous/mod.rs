@@ -84,7 +84,8 @@ impl Builder {
     }
 
     /// A builder filled from the launch environment (RINGWIRE_*, torchrun,
-    /// Open MPI, Slurm or PMI variables; see the README).
+    /// Open MPI, Slurm or PMI variables; `docs/reference/configuration.md`
+    /// lists them).
     pub fn from_env() -> Result<Builder, Error> {
         Builder::from_lookup(&|var| std::env::var_os(var).map(|v| v.to_string_lossy().into_owned()))
     }
