@@ -104,7 +104,7 @@ mod arena;
 mod buffer;
 mod clock;
 mod comm;
-mod config;
+internal_module!(config);
 mod error;
 mod exec;
 mod locks;

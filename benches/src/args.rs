@@ -79,7 +79,8 @@ pub(crate) struct Args {
     pub(crate) json: Option<String>,
     pub(crate) csv: Option<String>,
     pub(crate) plot: Option<String>,
-    pub(crate) timeout: Duration,
+    /// `--timeout`; `None`: not given (see [`Args::op_timeout`]).
+    pub(crate) timeout: Option<Duration>,
     /// Test hook: corrupt this rank's checked result so #wrong is non-zero.
     pub(crate) inject_wrong: bool,
     /// Call the blocking slice forms (`all_reduce_slice`, ...), as MPI's
@@ -105,6 +106,7 @@ ops: all_reduce broadcast reduce all_gather reduce_scatter all_to_all gather sca
      (or `ringwire-bench core-round-trip`: print the core-to-core round trip and exit;
      `ringwire-bench memcpy-bandwidth`: one core's copy rate at 1, 16 and 64 MiB)
 
+  -h, --help         print this help and exit
   --ranks N          start N local rank processes (else join via RANK, WORLD_SIZE,
                      MASTER_ADDR, MASTER_PORT or the Open MPI / Slurm / PMI variables)
   -b, --minbytes S   smallest size (default 8); suffixes K, M, G
@@ -139,7 +141,7 @@ ops: all_reduce broadcast reduce all_gather reduce_scatter all_to_all gather sca
       --json FILE    write the rows as JSON
       --csv FILE     write the rows as CSV
       --plot FILE    write busbw against size as SVG
-      --timeout S    per-op timeout in seconds (default 120)
+      --timeout S    per-op timeout in seconds (default: RINGWIRE_TIMEOUT, else 120)
       --tls          mutual TLS on every link and the store; with --ranks, a throwaway
                      CA and certificates are generated (else RINGWIRE_TLS_CA/CERT/KEY)
       --secret S     job secret on every link and the store (or RINGWIRE_SECRET)
@@ -154,6 +156,23 @@ ops: all_reduce broadcast reduce all_gather reduce_scatter all_to_all gather sca
                      options then only choose the CPU communicator NCCL starts from
                      (the first of them); --link-limit and --buffer-offset are refused
 ";
+
+/// The bench's op timeout where neither `--timeout` nor RINGWIRE_TIMEOUT
+/// says: longer than the library's minute, for large sizes on slow hosts.
+pub(crate) const DEFAULT_TIMEOUT: Duration = Duration::from_secs(120);
+
+impl Args {
+    /// The timeout the bench sets on its communicators: `--timeout`, else
+    /// [`DEFAULT_TIMEOUT`] unless RINGWIRE_TIMEOUT is set, which the
+    /// library then reads (and refuses, naming it, if it is not a number).
+    pub(crate) fn op_timeout(&self) -> Option<Duration> {
+        self.timeout.or_else(|| {
+            std::env::var_os("RINGWIRE_TIMEOUT")
+                .is_none()
+                .then_some(DEFAULT_TIMEOUT)
+        })
+    }
+}
 
 /// `--device cuda` in a build without CUDA support.
 pub(crate) const CUDA_FEATURE_MISSING: &str = "--device cuda: this ringwire-bench was built \
@@ -202,7 +221,7 @@ pub(crate) fn parse(args: &[String]) -> Result<Args, String> {
         json: None,
         csv: None,
         plot: None,
-        timeout: Duration::from_secs(120),
+        timeout: None,
         inject_wrong: false,
         blocking: false,
         tls: false,
@@ -311,7 +330,7 @@ pub(crate) fn parse(args: &[String]) -> Result<Args, String> {
                 let secs: f64 = v
                     .parse()
                     .map_err(|_| format!("--timeout: {v:?} is not a number"))?;
-                a.timeout = Duration::from_secs_f64(secs.max(0.001));
+                a.timeout = Some(Duration::from_secs_f64(secs.max(0.001)));
             }
             "--inject-wrong" => a.inject_wrong = true,
             "--tls" => a.tls = true,
@@ -446,6 +465,57 @@ pub(crate) fn sizes(a: &Args) -> Vec<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Flags the parser takes that `--help` leaves out on purpose.
+    const HIDDEN: &[&str] = &[
+        // A test hook: corrupts this rank's result so #wrong is non-zero.
+        "--inject-wrong",
+    ];
+
+    /// The flag literals (`"-b"`, `"--minbytes"`) of this file's code.
+    fn parser_flags() -> Vec<String> {
+        let source = include_str!("args.rs");
+        let code = &source[..source.find("#[cfg(test)]").expect("the tests")];
+        code.split('"')
+            .skip(1)
+            .step_by(2)
+            .filter(|lit| {
+                let name = lit.trim_start_matches('-');
+                lit.starts_with('-')
+                    && !name.is_empty()
+                    && name.chars().all(|c| c.is_ascii_lowercase() || c == '-')
+            })
+            .map(str::to_string)
+            .collect()
+    }
+
+    #[test]
+    fn help_lists_every_flag_the_parser_takes_and_no_other() {
+        let flags = parser_flags();
+        assert!(flags.len() > 30, "{flags:?}");
+        // The flags of the option lines: `  -b, --minbytes S   ...`.
+        let listed: Vec<&str> = USAGE
+            .lines()
+            .filter(|l| l.trim_start().starts_with('-'))
+            .flat_map(|l| {
+                l.split_whitespace()
+                    .map(|w| w.trim_end_matches(','))
+                    .take_while(|w| w.starts_with('-'))
+            })
+            .collect();
+        for flag in &flags {
+            assert!(
+                listed.contains(&flag.as_str()) || HIDDEN.contains(&flag.as_str()),
+                "the parser takes {flag}, which --help does not list"
+            );
+        }
+        for flag in &listed {
+            assert!(
+                flags.iter().any(|f| f == flag),
+                "--help lists {flag}, which the parser does not take"
+            );
+        }
+    }
 
     fn args(v: &[&str]) -> Result<Args, String> {
         parse(&v.iter().map(|s| s.to_string()).collect::<Vec<_>>())

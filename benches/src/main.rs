@@ -417,10 +417,12 @@ fn run_rank(a: &Args) -> Result<bool, String> {
     for (i, (name, kind, local_links)) in variants.iter().enumerate() {
         let mut b = ringwire::Builder::from_env()
             .map_err(|e| e.to_string())?
-            .timeout(a.timeout)
             .transport(*kind)
             .local_links(*local_links)
             .job(format!("bench-{name}"));
+        if let Some(timeout) = a.op_timeout() {
+            b = b.timeout(timeout);
+        }
         if let Some(s) = &a.secret {
             b = b.secret(s.clone());
         }

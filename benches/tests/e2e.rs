@@ -487,3 +487,55 @@ fn core_round_trip_prints_the_probe_alone() {
         .unwrap_or_else(|| panic!("no round trip in {out:?}"));
     assert!(ns > 0, "{out}");
 }
+
+/// The bench with `args` and the variable `var` set to `value`.
+fn bench_with(var: &str, value: &str, args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_ringwire-bench"))
+        .args(args)
+        .env(var, value)
+        .output()
+        .expect("run ringwire-bench");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn ringwire_timeout_is_read_and_an_overriding_flag_says_so() {
+    let run = [
+        "all_reduce",
+        "--ranks",
+        "2",
+        "-b",
+        "8",
+        "-e",
+        "8",
+        "-n",
+        "1",
+        "-w",
+        "0",
+    ];
+    // Without --timeout the bench leaves RINGWIRE_TIMEOUT to the library,
+    // which refuses a value it cannot read, naming it.
+    let (ok, out, err) = bench_with("RINGWIRE_TIMEOUT", "soon", &run);
+    assert!(!ok, "{out}\n{err}");
+    assert!(err.contains("RINGWIRE_TIMEOUT=soon"), "{err}");
+    let (ok, out, err) = bench_with("RINGWIRE_TIMEOUT", "30", &run);
+    assert!(ok, "{out}\n{err}");
+    assert!(
+        !err.contains("RINGWIRE_TIMEOUT"),
+        "nothing overrides it: {err}"
+    );
+    // --timeout wins over the variable, and every rank says so at start.
+    let mut flagged = run.to_vec();
+    flagged.extend(["--timeout", "7"]);
+    let (ok, out, err) = bench_with("RINGWIRE_TIMEOUT", "30", &flagged);
+    assert!(ok, "{out}\n{err}");
+    let said = err
+        .lines()
+        .filter(|l| l.contains("RINGWIRE_TIMEOUT=30 is set, but Builder::timeout gave 7 s"))
+        .count();
+    assert!(said >= 2, "each rank names the overridden variable: {err}");
+}

@@ -13,7 +13,7 @@ mod launchers;
 
 use std::net::TcpListener;
 use std::path::PathBuf;
-use std::process::{Command, Output, Stdio};
+use std::process::{Output, Stdio};
 
 const GUIDE: &str = "docs/guide/01-launching.md";
 const BENCH_IN_GUIDE: &str = "./target/release/ringwire-bench";

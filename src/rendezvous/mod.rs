@@ -14,7 +14,7 @@
 mod join;
 
 use crate::comm::Communicator;
-use crate::config::{DEFAULT_TCP_LANES, LocalLinks, Overrides, TransportKind, TwoLevel};
+use crate::config::{self, DEFAULT_TCP_LANES, LocalLinks, Overrides, TransportKind, TwoLevel};
 use crate::env;
 use crate::env::{ElasticAttempt, StoreKind};
 use crate::error::Error;
@@ -429,6 +429,66 @@ impl Builder {
     }
 
     /// The security settings: the builder's, else the environment's.
+    /// A sentence for each `RINGWIRE_*` variable set in `lookup` that a
+    /// builder call overrides, so a setting the user made is never ignored
+    /// without a word (logged as a warning at start).
+    fn overridden(&self, lookup: &dyn Fn(&str) -> Option<String>) -> Vec<String> {
+        let mut notes = self.overrides.overridden(lookup);
+        let differs = |var: &'static str, ours: Option<&str>| {
+            let ours = ours?;
+            let theirs = lookup(var)?;
+            (theirs.trim() != ours).then(|| config::overridden_note(lookup, var, ours))?
+        };
+        let host_store = self.host_store.map(|h| if h { "1" } else { "0" });
+        let store_switch = lookup("RINGWIRE_HOST_STORE")
+            .and_then(|v| env::parse_switch(&v))
+            .map(|h| if h { "1" } else { "0" });
+        if host_store.is_some() && store_switch.is_some_and(|s| Some(s) != host_store) {
+            notes.extend(config::overridden_note(
+                lookup,
+                "RINGWIRE_HOST_STORE",
+                host_store.unwrap_or(""),
+            ));
+        }
+        notes.extend(differs("RINGWIRE_JOB_ID", self.job.as_deref()));
+        notes.extend(differs("RINGWIRE_HOST_ID", self.host_id.as_deref()));
+        if let Some(StoreAddr::HostPort(host, port)) = &self.store {
+            let port = port.to_string();
+            for (var, ours) in [
+                ("RINGWIRE_MASTER_ADDR", host.as_str()),
+                ("RINGWIRE_MASTER_PORT", port.as_str()),
+            ] {
+                notes.extend(differs(var, Some(ours)));
+            }
+            if lookup("RINGWIRE_MASTER_ADDR").is_none() {
+                notes.extend(differs("MASTER_ADDR", Some(host)));
+            }
+            if lookup("RINGWIRE_MASTER_PORT").is_none() {
+                notes.extend(differs("MASTER_PORT", Some(&port)));
+            }
+        }
+        if self.secret.is_some() {
+            for var in ["RINGWIRE_SECRET", "RINGWIRE_SECRET_FILE"] {
+                notes.extend(config::overridden_note(
+                    lookup,
+                    var,
+                    "its own secret (or none)",
+                ));
+            }
+        }
+        if self.tls.is_some() {
+            for var in [
+                "RINGWIRE_TLS",
+                "RINGWIRE_TLS_CA",
+                "RINGWIRE_TLS_CERT",
+                "RINGWIRE_TLS_KEY",
+            ] {
+                notes.extend(config::overridden_note(lookup, var, "its own TLS setting"));
+            }
+        }
+        notes
+    }
+
     fn resolve_security(&self) -> Result<Security, Error> {
         let env = |v: &str| std::env::var(v).ok();
         let bad = |e: security::SecurityError| Error::Rendezvous(e.0);
@@ -457,7 +517,11 @@ impl Builder {
     }
 
     fn build_blocking(self) -> Result<Communicator, Error> {
-        let tunables = self.overrides.resolve(&|var| std::env::var(var).ok())?;
+        let lookup = |var: &str| std::env::var(var).ok();
+        for note in self.overridden(&lookup) {
+            tracing::warn!("{note}");
+        }
+        let tunables = self.overrides.resolve(&lookup)?;
         let size = self.world_size.ok_or_else(|| {
             Error::Rendezvous(
                 "world size not set: call Builder::world_size or set WORLD_SIZE".into(),
@@ -535,5 +599,40 @@ mod tests {
             }
             other => panic!("expected an invalid-setting error, got {other:?}"),
         }
+    }
+
+    #[test]
+    fn a_builder_call_that_overrides_a_set_variable_is_named() {
+        let vars = |pairs: &[(&str, &str)]| {
+            let pairs: Vec<(String, String)> = pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect();
+            move |var: &str| pairs.iter().find(|(k, _)| k == var).map(|(_, v)| v.clone())
+        };
+        let b = Builder::new().timeout(Duration::from_secs(120)).job("mine");
+        // Nothing set: nothing to say.
+        assert!(b.overridden(&vars(&[])).is_empty());
+        let notes = b.overridden(&vars(&[
+            ("RINGWIRE_TIMEOUT", "5"),
+            ("RINGWIRE_SPIN_US", "40"),
+            ("RINGWIRE_JOB_ID", "theirs"),
+        ]));
+        assert_eq!(notes.len(), 2, "{notes:?}");
+        assert!(notes[0].contains("RINGWIRE_TIMEOUT=5") && notes[0].contains("Builder::timeout"));
+        assert!(notes[0].contains("120 s"), "{}", notes[0]);
+        assert!(notes[1].contains("RINGWIRE_JOB_ID=theirs") && notes[1].contains("mine"));
+        // An invalid value is otherwise never read: the note says so.
+        let notes = b.overridden(&vars(&[("RINGWIRE_TIMEOUT", "soon")]));
+        assert!(notes[0].contains("invalid") && notes[0].contains("RINGWIRE_TIMEOUT=soon"));
+        // The same job id overrides nothing; a secret is never shown.
+        assert!(
+            b.overridden(&vars(&[("RINGWIRE_JOB_ID", "mine")]))
+                .is_empty()
+        );
+        let b = Builder::new().secret("s3cret");
+        let notes = b.overridden(&vars(&[("RINGWIRE_SECRET", "other-secret")]));
+        assert_eq!(notes.len(), 1);
+        assert!(!notes[0].contains("other-secret") && notes[0].contains("(hidden)"));
     }
 }

@@ -51,7 +51,7 @@ fn open_on_this_rank(a: &Args, cpu: &Communicator) -> Result<Option<Gpu>, String
     let build = |device: &Device, lib: Arc<NcclLibrary>| {
         GpuCommunicator::builder(cpu, device)
             .library(lib)
-            .timeout(a.timeout)
+            .timeout(a.op_timeout().unwrap_or_else(|| cpu.timeout()))
             .build()
             .map_err(|e| format!("cannot make the GPU communicator: {e}"))
     };

@@ -6,6 +6,8 @@
 //! has no builder call: [`METRICS_ADDR_VAR`] (`RINGWIRE_METRICS_ADDR`),
 //! read once, when the process's first communicator starts.
 
+internal_module!(settings);
+
 use crate::env::{EnvError, parse_switch};
 use crate::error::Error;
 use crate::wire;
@@ -397,7 +399,60 @@ fn env_seconds(
     env_parsed(lookup, var, seconds, "a positive number of seconds")
 }
 
+/// A sentence for a variable set in `lookup` that a builder call
+/// overrides: its value, the builder method and the value that wins. `None`
+/// when the variable is unset (or blank).
+pub(crate) fn overridden_note(
+    lookup: &dyn Fn(&str) -> Option<String>,
+    var: &'static str,
+    wins: &str,
+) -> Option<String> {
+    let theirs = lookup(var).filter(|v| !v.trim().is_empty())?;
+    let by = settings::find(var).and_then(|s| s.builder).unwrap_or("a Builder call");
+    // A secret is never written to the log.
+    let shown = if var == "RINGWIRE_SECRET" { "(hidden)" } else { theirs.as_str() };
+    let mut note = format!("{var}={shown} is set, but {by} gave {wins}, which wins");
+    // The variable's value is otherwise never read: say if it is invalid.
+    let alone = |v: &str| (v == var).then(|| theirs.clone());
+    if let Err(e) = Overrides::default().resolve(&alone) {
+        note.push_str(&format!(" (and the variable is invalid: {e})"));
+    }
+    Some(note)
+}
+
 impl Overrides {
+    /// A sentence for each `RINGWIRE_*` variable set in `lookup` that a
+    /// builder call overrides (see [`overridden_note`]).
+    pub(crate) fn overridden(&self, lookup: &dyn Fn(&str) -> Option<String>) -> Vec<String> {
+        let secs = |d: Option<Duration>| d.map(|d| format!("{} s", d.as_secs_f64()));
+        let shown = |v: Option<String>| v;
+        let set: [(&'static str, Option<String>); 17] = [
+            ("RINGWIRE_TIMEOUT", secs(self.timeout)),
+            ("RINGWIRE_CONNECT_TIMEOUT", secs(self.connect_timeout)),
+            ("RINGWIRE_CHUNK_BYTES", self.chunk_bytes.map(|b| b.to_string())),
+            ("RINGWIRE_SMALL_MESSAGE_BYTES", self.small_message_bytes.map(|b| b.to_string())),
+            ("RINGWIRE_SOCKET_BUFFER_BYTES", self.socket_buffer.map(|b| b.to_string())),
+            ("RINGWIRE_TRANSPORT", shown(self.transport.map(|t| format!("{t:?}")))),
+            ("RINGWIRE_LOCAL_LINKS", shown(self.local_links.map(|l| format!("{l:?}")))),
+            ("RINGWIRE_TWO_LEVEL", self.two_level.map(|t| t.name().to_string())),
+            ("RINGWIRE_INTER_HOST_GBPS", self.inter_host_gbps.map(|g| format!("{g} Gb/s"))),
+            ("RINGWIRE_TCP_LANES", self.tcp_lanes.map(|l| l.to_string())),
+            ("RINGWIRE_ENGINE_THREADS", self.engine_threads.map(|n| n.to_string())),
+            ("RINGWIRE_HEARTBEAT_TIMEOUT", secs(self.heartbeat_timeout)),
+            ("RINGWIRE_RUN_AHEAD_BYTES", self.run_ahead_bytes.map(|b| b.to_string())),
+            (
+                "RINGWIRE_RUN_AHEAD_TOTAL_BYTES",
+                self.run_ahead_total_bytes.map(|b| b.to_string()),
+            ),
+            ("RINGWIRE_SPIN_US", self.spin.map(|s| format!("{} us", s.as_micros()))),
+            ("RINGWIRE_FLIGHT_RECORDER_OPS", self.flight_recorder_ops.map(|n| n.to_string())),
+            ("RINGWIRE_DEBUG", self.debug_checks.map(|d| if d { "detail" } else { "off" }.into())),
+        ];
+        set.into_iter()
+            .filter_map(|(var, ours)| overridden_note(lookup, var, &ours?))
+            .collect()
+    }
+
     /// Fills the unset fields from `RINGWIRE_*` variables, then defaults.
     pub(crate) fn resolve(
         &self,
