@@ -220,8 +220,26 @@ where
 /// The result of a collective that is still running. Await it, [`wait`] for
 /// it from a plain thread, or poll [`is_completed`].
 ///
+/// The op runs whether or not anyone waits: dropping the handle detaches it
+/// (its buffer is freed when it ends), so every rank stays in step. Its
+/// timeout is the communicator's (see [`Communicator::with_timeout`]).
+///
+/// ```no_run
+/// # use ringwire::{Communicator, ReduceOp};
+/// # async fn step(comm: &Communicator, grads: Vec<f32>) -> Result<Vec<f32>, ringwire::Error> {
+/// let pending = comm.all_reduce(grads, ReduceOp::Avg);
+/// while !pending.is_completed() {
+///     // ... compute something else ...
+/// #   break;
+/// }
+/// let grads = pending.await?; // or pending.wait()? from a plain thread
+/// # Ok(grads)
+/// # }
+/// ```
+///
 /// [`wait`]: PendingCollective::wait
 /// [`is_completed`]: PendingCollective::is_completed
+/// [`Communicator::with_timeout`]: crate::Communicator::with_timeout
 #[must_use = "a collective runs anyway, but its result (and buffer) is lost unless awaited"]
 pub struct PendingCollective<R> {
     cell: Option<Arc<dyn HoldsSlot<R>>>,

@@ -90,13 +90,14 @@ pub struct HierarchicalBuilder<'a> {
 }
 
 impl HierarchicalBuilder<'_> {
-    /// This rank's host (default: [`host_id`]).
+    /// This rank's host (default: `RINGWIRE_HOST_ID`, else the kernel's
+    /// host name).
     pub fn host(mut self, host: impl Into<String>) -> Self {
         self.host = Some(host.into());
         self
     }
 
-    /// Bytes per staged chunk (default [`DEFAULT_CHUNK_BYTES`], at least 4 KiB).
+    /// Bytes per staged chunk (default 4 MiB, at least 4 KiB).
     pub fn chunk_bytes(mut self, bytes: usize) -> Self {
         self.chunk_bytes = bytes;
         self

@@ -302,6 +302,33 @@ impl Drop for Inner {
 /// Cheap to clone (clones share the group and its op order); `Send + Sync`.
 /// Every rank must call the same collectives in the same order with matching
 /// arguments; a rank that does not gets an error naming both sides.
+///
+/// Each collective comes in two forms: owned buffers go in and come back
+/// through a [`PendingCollective`], so computation can overlap, and a
+/// blocking form runs on borrowed slices.
+///
+/// ```no_run
+/// use ringwire::{Communicator, ReduceOp};
+///
+/// # fn main() -> Result<(), ringwire::Error> {
+/// let comm = Communicator::from_env().wait()?; // torchrun, mpirun, srun, ...
+///
+/// // Owned: starts now, returns at once.
+/// let pending = comm.all_reduce(vec![1.0f32; 1024], ReduceOp::Sum);
+/// let sums = pending.wait()?; // every element is the world size
+/// assert_eq!(sums[0], comm.world_size() as f32);
+///
+/// // Blocking, in place.
+/// let mut weights = vec![0.0f32; 16];
+/// comm.broadcast_slice(&mut weights, 0)?;
+///
+/// // A sub-group of the even and one of the odd ranks, like MPI_Comm_split.
+/// let half = comm.split(Some((comm.rank() % 2) as u32), 0)?.expect("every rank has a colour");
+/// let (_, gathered) = half.all_gather(vec![comm.rank() as u8], vec![0u8; half.world_size()]).wait()?;
+/// # let _ = gathered;
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Clone)]
 pub struct Communicator {
     pub(super) inner: Arc<Inner>,

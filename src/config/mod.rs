@@ -3,7 +3,7 @@
 //! the default.
 //!
 //! One variable belongs to the process rather than to a communicator and
-//! has no builder call: [`METRICS_ADDR_VAR`] (`RINGWIRE_METRICS_ADDR`),
+//! has no builder call: `RINGWIRE_METRICS_ADDR`,
 //! read once, when the process's first communicator starts.
 
 internal_module!(settings);

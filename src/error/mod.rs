@@ -38,6 +38,30 @@ impl fmt::Display for OpContext {
 }
 
 /// Everything that can go wrong in ringwire.
+///
+/// An error of an op names the op, its sequence number and the peer; a
+/// lost peer's error carries why as a type, for programs that react to one
+/// kind of failure and not another:
+///
+/// ```no_run
+/// use ringwire::{Communicator, Error, LinkFailure, ReduceOp};
+///
+/// # fn main() -> Result<(), Error> {
+/// let comm = Communicator::from_env().wait()?;
+/// match comm.all_reduce(vec![1.0f32; 8], ReduceOp::Sum).wait() {
+///     Ok(sums) => println!("{sums:?}"),
+///     Err(Error::PeerLost { peer, cause: LinkFailure::HeartbeatTimeout { silent }, .. }) => {
+///         eprintln!("rank {peer} went silent for {silent:?} (stopped or partitioned)");
+///     }
+///     Err(e) if e.is_fatal() => {
+///         eprintln!("the communicator failed: {e}"); // every later op fails at once
+///         comm.dump_flight_record();
+///     }
+///     Err(e) => return Err(e),
+/// }
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {

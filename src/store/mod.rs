@@ -2,12 +2,12 @@
 //! find each other before any collective runs (like torch's `TCPStore`).
 //!
 //! Rank 0 (or a standalone `ringwire-store` process) runs a [`StoreServer`];
-//! every rank connects a [`StoreClient`] and publishes and looks up addresses,
+//! every rank connects a `StoreClient` and publishes and looks up addresses,
 //! counters and barrier keys. `get` and `wait` block on the server until keys
 //! appear, so ranks that start at different times still meet. Under torchrun,
 //! whose agent already hosts a PyTorch `TCPStore` on MASTER_PORT, every rank
-//! is instead a [`TcpStoreClient`] of that store. Rendezvous sees either
-//! through the one [`Store`] interface.
+//! is instead a `TcpStoreClient` of that store. Rendezvous sees either
+//! through the one `Store` interface.
 //!
 //! Public here: [`StoreServer`], to host a store in a process of your own
 //! (the `ringwire-store` binary is one), and [`StoreError`]. Inside:
@@ -38,7 +38,7 @@ internal_use!(tcpstore::TcpStoreClient);
 
 internal_item! {
 /// What rendezvous asks of a store, whichever serves it: ringwire's own
-/// ([`StoreClient`]) or PyTorch's ([`TcpStoreClient`]). Calls from several
+/// (`StoreClient`) or PyTorch's (`TcpStoreClient`). Calls from several
 /// threads are serialised on one connection.
 pub trait Store: Send + Sync + Debug {
     /// The address of the store.

@@ -88,6 +88,24 @@ impl Shared {
 impl StoreServer {
     /// Listens on exactly `addr` (port 0 picks a free port) and starts serving.
     ///
+    /// A store of its own lets every rank be a client (`RINGWIRE_HOST_STORE=0`,
+    /// or [`Builder::host_store`](crate::Builder::host_store)):
+    ///
+    /// ```no_run
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let store = ringwire::store::StoreServer::bind("127.0.0.1:0".parse()?)?;
+    /// let comm = ringwire::Communicator::builder()
+    ///     .rank(0)
+    ///     .world_size(1)
+    ///     .store_addr(store.local_addr())
+    ///     .host_store(false)
+    ///     .build()
+    ///     .wait()?;
+    /// # let _ = comm;
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
     /// Only the given address is bound: an unspecified address (`0.0.0.0` or
     /// `::`) is bound only if given, and an IPv6 address is bound with
     /// `IPV6_V6ONLY`, so `[::]` does not also take IPv4.

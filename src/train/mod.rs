@@ -16,6 +16,32 @@
 //! A framework adapter walks its parameters in a fixed order into a
 //! [`Layout`] and copies gradients in and out (see `adapters/` and
 //! `examples/ddp.rs`).
+//!
+//! ```no_run
+//! use ringwire::train::{GradReducer, Layout, ReducerConfig};
+//! use ringwire::{Communicator, DType};
+//!
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let comm = Communicator::from_env().wait()?;
+//! let mut layout = Layout::new(); // every parameter, in definition order
+//! let w1 = layout.push("layer1.weight", 64 * 128, DType::F32);
+//! let b1 = layout.push("layer1.bias", 128, DType::F32);
+//! // Checks that every rank registered the same parameters.
+//! let mut ddp = GradReducer::new(&comm, layout, ReducerConfig::default())?;
+//! for _step in 0..10 {
+//!     // Backward, last layer first: write each gradient into bucket
+//!     // memory and mark it ready; a full bucket is all-reduced at once.
+//!     ddp.grad_mut::<f32>(b1)?.fill(0.5);
+//!     ddp.mark_ready(b1)?;
+//!     ddp.grad_mut::<f32>(w1)?.fill(0.25);
+//!     ddp.mark_ready(w1)?;
+//!     ddp.finish()?; // waits: averaged gradients in place
+//!     let _g = ddp.grad::<f32>(w1)?; // ... the optimizer step ...
+//!     ddp.zero_grads();
+//! }
+//! # Ok(())
+//! # }
+//! ```
 
 mod check;
 mod grads;

@@ -13,9 +13,9 @@ use super::kind::FrameKind;
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum WireError {
-    /// Fewer bytes than the frame needs. From [`decode_frame`](super::decode_frame),
-    /// `needed` is the whole frame's length: a streaming reader can read up to
-    /// it and try again.
+    /// Fewer bytes than the frame needs. From the frame decoder, `needed` is
+    /// the whole frame's length: a streaming reader can read up to it and try
+    /// again.
     #[error("truncated frame: need {needed} bytes, got {got}")]
     Truncated {
         /// Bytes the frame (or its header) needs.
@@ -24,7 +24,7 @@ pub enum WireError {
         got: usize,
     },
 
-    /// The first four bytes are not [`MAGIC`](super::MAGIC).
+    /// The first four bytes are not ringwire's magic, `RGWR`.
     #[error(
         "frame header: bad magic {} (expected \"RGWR\"): this is not a ringwire peer",
         Magic(.0)
