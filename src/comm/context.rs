@@ -304,7 +304,7 @@ impl Drop for Inner {
 /// arguments; a rank that does not gets an error naming both sides.
 ///
 /// Each collective comes in two forms: owned buffers go in and come back
-/// through a [`PendingCollective`], so computation can overlap, and a
+/// through a [`PendingCollective`](crate::PendingCollective), so computation can overlap, and a
 /// blocking form runs on borrowed slices.
 ///
 /// ```no_run

@@ -32,13 +32,21 @@ use ringwire::{Communicator, DType};
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
+    /// The reducer failed (a layout that differs across ranks, a failed
+    /// collective, ...).
     #[error(transparent)]
     Train(#[from] TrainError),
+    /// A candle call failed.
     #[error("candle: {0}")]
     Candle(#[from] candle_core::Error),
     /// A variable of a type the reducer does not average.
     #[error("variable {name:?} has type {dtype:?}: only f32 variables are averaged")]
-    Unsupported { name: String, dtype: CandleDType },
+    Unsupported {
+        /// The variable's name in the `VarMap`.
+        name: String,
+        /// Its type.
+        dtype: CandleDType,
+    },
 }
 
 /// A candle model's variables, averaged across the ranks of a communicator.
