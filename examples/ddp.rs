@@ -412,7 +412,7 @@ impl GradSink for Local {
 fn run_rank(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
     let comm = Communicator::from_env().wait()?;
     let (rank, world) = (comm.rank(), comm.world_size());
-    if args.batch % world != 0 {
+    if !args.batch.is_multiple_of(world) {
         return Err(format!(
             "--batch {} does not split evenly over {world} ranks",
             args.batch

@@ -121,12 +121,11 @@ pub fn resolve(host: &str, port: u16) -> Result<Vec<SocketAddr>, NetError> {
     if let Ok(ip) = bare.parse::<IpAddr>() {
         return Ok(vec![SocketAddr::new(ip, port)]);
     }
-    if let Some((ip, zone)) = bare.split_once('%') {
-        if let Ok(ip) = ip.parse::<Ipv6Addr>() {
+    if let Some((ip, zone)) = bare.split_once('%')
+        && let Ok(ip) = ip.parse::<Ipv6Addr>() {
             let scope = zone_index(host, zone)?;
             return Ok(vec![SocketAddr::V6(SocketAddrV6::new(ip, port, 0, scope))]);
         }
-    }
     let resolved = (bare, port)
         .to_socket_addrs()
         .map_err(|source| NetError::Resolve {

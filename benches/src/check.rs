@@ -106,10 +106,8 @@ impl Check {
             ranks,
             input_len,
         } = *self;
-        if corrupt {
-            if let Some(first) = result.first_mut() {
-                *first = T::from_f64(first.to_f64() + 1.0);
-            }
+        if corrupt && let Some(first) = result.first_mut() {
+            *first = T::from_f64(first.to_f64() + 1.0);
         }
         let result: &[T] = result;
         // All-to-all: block j of rank r's input goes to rank j; all-gather:

@@ -445,10 +445,11 @@ fn run_rank(a: &Args) -> Result<bool, String> {
     if gpu.is_some() {
         comms[0].0 = "nccl".into();
     }
-    if let [op] = a.ops[..] {
-        if op.point_to_point() && world < 2 {
-            return Err(format!("{} needs at least 2 ranks", op.name()));
-        }
+    if let [op] = a.ops[..]
+        && op.point_to_point()
+        && world < 2
+    {
+        return Err(format!("{} needs at least 2 ranks", op.name()));
     }
     if a.ops.iter().any(|op| op.rooted()) && a.root >= world {
         return Err(format!(

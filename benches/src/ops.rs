@@ -131,10 +131,10 @@ impl<T: Element> Runner<T> {
 
     /// Runs the op once and waits for it.
     pub(crate) fn iterate(&mut self, comm: &Communicator) -> Result<(), ringwire::Error> {
-        if self.blocking {
-            if let Some(done) = self.iterate_blocking(comm) {
-                return done;
-            }
+        if self.blocking
+            && let Some(done) = self.iterate_blocking(comm)
+        {
+            return done;
         }
         let input = std::mem::take(&mut self.input);
         let output = std::mem::take(&mut self.output);

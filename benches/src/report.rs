@@ -328,7 +328,7 @@ pub(crate) fn csv(rows: &[Row]) -> String {
 /// `n` bytes as "4 MiB", "512 KiB" or "100 B" (exact units only).
 pub(crate) fn human_bytes(n: usize) -> String {
     for (unit, div) in [("GiB", 1usize << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)] {
-        if n >= div && n % div == 0 {
+        if n >= div && n.is_multiple_of(div) {
             return format!("{} {unit}", n / div);
         }
     }

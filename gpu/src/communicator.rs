@@ -456,7 +456,7 @@ impl GpuCommunicator {
             .and_then(|()| self.check_memory(output.memory(), "output"))
             .and_then(|()| self.check_len(output.len(), input.len(), "output", "input"))
             .and_then(|()| {
-                if input.len() % size == 0 {
+                if input.len().is_multiple_of(size) {
                     Ok(())
                 } else {
                     Err(format!(

@@ -78,7 +78,7 @@ impl Mapping {
     /// constants, so that is a bug of this crate.
     pub fn atomic(&self, off: usize) -> &AtomicU64 {
         assert!(
-            off % 8 == 0 && off.checked_add(8).is_some_and(|end| end <= self.len),
+            off.is_multiple_of(8) && off.checked_add(8).is_some_and(|end| end <= self.len),
             "atomic word at {off} of a {}-byte mapping",
             self.len
         );

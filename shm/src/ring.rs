@@ -200,7 +200,9 @@ impl MappedRing {
         capacity: usize,
     ) -> MappedRing {
         assert!(
-            base % 128 == 0 && capacity > 0 && base + RING_HEADER + capacity <= mapping.len(),
+            base.is_multiple_of(128)
+                && capacity > 0
+                && base + RING_HEADER + capacity <= mapping.len(),
             "a ring of {capacity} bytes at {base} of a {}-byte mapping",
             mapping.len()
         );

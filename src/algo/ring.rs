@@ -175,8 +175,8 @@ fn wavefront(
                     action: prev.action,
                 });
             }
-            if g < count {
-                if let Some(range) = nth_chunk(&ring(g).send, chunk, c) {
+            if g < count
+                && let Some(range) = nth_chunk(&ring(g).send, chunk, c) {
                     out.push(Step::Send {
                         peer: right,
                         range,
@@ -184,7 +184,6 @@ fn wavefront(
                         chunk: c as u32,
                     });
                 }
-            }
         }
     }
 }

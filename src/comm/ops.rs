@@ -495,7 +495,7 @@ pub(super) struct AllToAll;
 impl<T: Element> InToOut<T> for AllToAll {
     fn plan(&self, at: Member, n: usize, out: usize) -> Result<OpPlan, Error> {
         let size = at.size;
-        if n % size != 0 || out != n {
+        if !n.is_multiple_of(size) || out != n {
             return Err(invalid(
                 OpKind::AllToAll,
                 format!(

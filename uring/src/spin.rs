@@ -66,10 +66,10 @@ fn cores_in(set: &CpuSet) -> Vec<usize> {
 pub fn poll_yield() {
     let before = Instant::now();
     std::thread::yield_now();
-    if before.elapsed() >= SHARED_CORE {
-        if let Some(home) = HOME.get() {
-            let _ = move_home(home);
-        }
+    if before.elapsed() >= SHARED_CORE
+        && let Some(home) = HOME.get()
+    {
+        let _ = move_home(home);
     }
 }
 

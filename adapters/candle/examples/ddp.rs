@@ -168,7 +168,7 @@ fn slice(
 fn run_rank() -> Result<(), Box<dyn std::error::Error>> {
     let comm = Communicator::from_env().wait()?;
     let (rank, world) = (comm.rank(), comm.world_size());
-    if GLOBAL_BATCH % world != 0 {
+    if !GLOBAL_BATCH.is_multiple_of(world) {
         return Err(format!("{world} ranks do not split a batch of {GLOBAL_BATCH}").into());
     }
     let per_rank = GLOBAL_BATCH / world;

@@ -94,7 +94,10 @@ pub fn pieces(data: &[u8]) {
             }
             assert!(cut <= piece, "lane {i}: {cut} of a {piece}-byte piece");
             assert!(cut >= lanes::MIN_SLOW_PIECE.min(piece), "lane {i}: {cut}");
-            assert!(cut == piece || cut % (4 << 10) == 0, "lane {i}: {cut}");
+            assert!(
+                cut == piece || cut.is_multiple_of(4 << 10),
+                "lane {i}: {cut}"
+            );
         }
     }
 }

@@ -794,17 +794,18 @@ impl FrameEngine {
                 Ok(outcome) => return sent(Some(outcome)).expect("an outcome"),
                 Err(generation) => generation,
             };
-            if stopped.is_none() && !stalled {
-                if let Some(s) = stop() {
-                    stopped = Some(s);
-                    // The withdrawal needs a turn: `give_up` (often just
-                    // after `stop_by`) must not shut the link meanwhile.
-                    give_up = give_up.max(Instant::now() + WITHDRAWAL_GRACE);
-                    let mut st = lock(&self.state);
-                    st.queued.withdrawals.push(id);
-                    self.poke_if_driving(&st);
-                    continue;
-                }
+            if stopped.is_none()
+                && !stalled
+                && let Some(s) = stop()
+            {
+                stopped = Some(s);
+                // The withdrawal needs a turn: `give_up` (often just
+                // after `stop_by`) must not shut the link meanwhile.
+                give_up = give_up.max(Instant::now() + WITHDRAWAL_GRACE);
+                let mut st = lock(&self.state);
+                st.queued.withdrawals.push(id);
+                self.poke_if_driving(&st);
+                continue;
             }
             let now = Instant::now();
             let until = if stalled {
@@ -886,14 +887,14 @@ impl FrameEngine {
                     generation
                 }
             };
-            if stopped.is_none() {
-                if let Some(s) = stop() {
-                    stopped = Some(s);
-                    let mut st = lock(&self.state);
-                    st.queued.withdrawals.push(id);
-                    self.poke_if_driving(&st);
-                    continue;
-                }
+            if stopped.is_none()
+                && let Some(s) = stop()
+            {
+                stopped = Some(s);
+                let mut st = lock(&self.state);
+                st.queued.withdrawals.push(id);
+                self.poke_if_driving(&st);
+                continue;
             }
             let until = if stopped.is_some() {
                 Instant::now() + MAX_TURN

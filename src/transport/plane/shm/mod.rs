@@ -119,10 +119,10 @@ impl ShmLinks {
             return;
         };
         for link in all.iter().filter_map(Weak::upgrade) {
-            if link.rx_has_bytes() {
-                if let Ok(mut rx) = link.rx.try_lock() {
-                    link.drain(&mut rx, fabric);
-                }
+            if link.rx_has_bytes()
+                && let Ok(mut rx) = link.rx.try_lock()
+            {
+                link.drain(&mut rx, fabric);
             }
         }
     }

@@ -116,15 +116,14 @@ impl Driver {
             .collect();
         // Links are made once; a replaced one with entries in flight is
         // leaked rather than freed under the kernel.
-        if let Some(old) = self.links[link].take() {
-            if old.recv_in_flight
+        if let Some(old) = self.links[link].take()
+            && (old.recv_in_flight
                 || old.send_in_flight
                 || old.lanes_sending()
                 || old.lanes_receiving()
-                || old.send_lanes.iter().any(|l| l.slots.owed())
-            {
-                std::mem::forget(old);
-            }
+                || old.send_lanes.iter().any(|l| l.slots.owed()))
+        {
+            std::mem::forget(old);
         }
         self.links[link] = Some(Box::new(LinkIo {
             socket,
