@@ -87,6 +87,7 @@ pub mod metrics;
 pub mod store;
 pub mod train;
 
+internal_module!(agree);
 internal_module!(algo);
 internal_module!(dtype);
 internal_module!(env);
