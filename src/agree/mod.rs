@@ -6,6 +6,8 @@
 //!
 //! - `protocol`: one member's agreement as a pure state machine (messages
 //!   in, messages out; single-decree Paxos with majority quorums).
+//! - `codec`: its messages as bytes (decoding total and canonical, fuzzed
+//!   by the `agree` target).
 //! - `sim` (tests): a deterministic simulator that crashes members at
 //!   every step, delays and partitions links, and checks agreement,
 //!   validity and termination on every run, and that a broken protocol
@@ -17,6 +19,7 @@
 // Used by the tests until the transport carries it.
 #![cfg_attr(not(feature = "internals"), allow(dead_code))]
 
+internal_module!(codec);
 internal_module!(protocol);
 #[cfg(test)]
 mod sim;

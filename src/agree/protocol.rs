@@ -28,6 +28,12 @@ pub struct Ballot {
     pub rank: u32,
 }
 
+/// The highest round a ballot may have. Rounds grow by one each time a
+/// leader tries again, so a real agreement stays far below; a message
+/// with a higher one (a corrupt or hostile peer) is dropped, so no
+/// arithmetic on rounds can overflow.
+pub const MAX_ROUND: u32 = 1 << 30;
+
 /// What an agreement decides: the members that go on, in rank order, and
 /// the AND of their inputs.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -86,6 +92,24 @@ pub type Accepted = (Ballot, Decision);
 /// A member's promise as a leader keeps it: what it accepted before, and
 /// its input.
 type Promised = (Option<Accepted>, u64);
+
+impl Message {
+    /// The highest round any ballot of the message names.
+    fn highest_round(&self) -> u32 {
+        match self {
+            Message::Prepare { ballot }
+            | Message::Nack { promised: ballot }
+            | Message::Accepted { ballot }
+            | Message::Accept { ballot, .. } => ballot.round,
+            Message::Promise {
+                ballot, accepted, ..
+            } => ballot
+                .round
+                .max(accepted.as_ref().map_or(0, |(b, _)| b.round)),
+            Message::Decide { .. } => 0,
+        }
+    }
+}
 
 /// Where a leader is.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -218,6 +242,9 @@ impl Agreement {
         if from >= self.size || from == self.me || self.suspected[from] {
             return;
         }
+        if message.highest_round() > MAX_ROUND {
+            return;
+        }
         if let Some(decision) = &self.decided {
             // Chosen: whoever asks learns it.
             if matches!(message, Message::Prepare { .. } | Message::Accept { .. }) {
@@ -266,6 +293,11 @@ impl Agreement {
 
     fn prepare(&mut self) {
         let round = self.highest_round.max(self.promised.round) + 1;
+        if round > MAX_ROUND {
+            // Unreachable from real peers (their rounds are checked on
+            // arrival): stay idle rather than wrap.
+            return;
+        }
         self.highest_round = round;
         let ballot = Ballot {
             round,

@@ -145,6 +145,18 @@ pub enum WireError {
         max: usize,
     },
 
+    /// A count differs from the one both sides must share (the members of
+    /// an agreement's decision against the communicator's size).
+    #[error("{field}: {got}, expected {expected} (a corrupt frame, or ranks of different jobs)")]
+    CountMismatch {
+        /// What was counted.
+        field: &'static str,
+        /// The count the peer sent.
+        got: u32,
+        /// The count this side has.
+        expected: u32,
+    },
+
     /// A text field is not UTF-8.
     #[error("{field}: not valid UTF-8")]
     InvalidUtf8 {
