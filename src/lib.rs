@@ -49,7 +49,7 @@ macro_rules! internal_module {
         $(#[$attr])*
         #[cfg(not(feature = "internals"))]
         #[allow(unreachable_pub)]
-        mod $name;
+        pub(crate) mod $name;
     };
 }
 
@@ -119,7 +119,7 @@ mod transport;
 mod world;
 
 pub use buffer::{Buffer, CollectiveBuffer};
-pub use comm::Communicator;
+pub use comm::{Agreed, Communicator};
 pub use config::{
     DEFAULT_CHUNK_BYTES, DEFAULT_HEARTBEAT_TIMEOUT, DEFAULT_INTER_HOST_GBPS,
     DEFAULT_SMALL_MESSAGE_BYTES, DEFAULT_SPIN, DEFAULT_TIMEOUT, LocalLinks, TransportKind,

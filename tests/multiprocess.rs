@@ -245,6 +245,22 @@ fn child_rank() {
                     Ok(b) => buf = b,
                     Err(e) => {
                         println!("CHILD-LOOP-ERR {} {e}", unix_ms());
+                        if std::env::var_os("RINGWIRE_TEST_RECOVER").is_some() {
+                            // The survivors go on without the lost rank.
+                            let shrunk = comm.shrink().wait().expect("shrink");
+                            let sums = shrunk
+                                .all_reduce(vec![1.0f32; 1024], ringwire::ReduceOp::Sum)
+                                .wait()
+                                .expect("an all-reduce on the shrunk communicator");
+                            println!(
+                                "CHILD-RECOVERED {} {} {} {}",
+                                unix_ms(),
+                                shrunk.rank(),
+                                shrunk.world_size(),
+                                sums[0]
+                            );
+                            return;
+                        }
                         // Stay linked a moment: a survivor that exited at
                         // once could fail another, still in a send to it,
                         // with its own end ("lost rank 2: broken pipe")
@@ -520,6 +536,45 @@ fn processes_kill_9_one_of_four_fails_every_other_rank() {
         );
         assert!(took < 60_000, "rank {rank} waited for its op timeout");
     }
+}
+
+/// Issue 45: rank 2 of four killed mid-loop; each survivor sees its op fail
+/// naming rank 2, shrinks with the others to a communicator of three (old
+/// order, renumbered) and runs an all-reduce there whose result is right.
+#[test]
+fn processes_kill_9_one_of_four_the_survivors_shrink_and_go_on() {
+    let env = [
+        ("RINGWIRE_TEST_MODE", "loop".to_string()),
+        ("RINGWIRE_TEST_RECOVER", "1".to_string()),
+        ("RINGWIRE_TIMEOUT", "60".into()),
+    ];
+    let killed_at = unix_ms();
+    let survivors = kill_9_rank_2_of_4(&env, Duration::from_millis(1500));
+    let mut ranks = Vec::new();
+    for (rank, _, _, stdout) in &survivors {
+        let line = stdout
+            .lines()
+            .find_map(|l| l.strip_prefix("CHILD-RECOVERED "))
+            .unwrap_or_else(|| panic!("rank {rank} did not go on:\n{stdout}"));
+        let fields: Vec<&str> = line.split(' ').collect();
+        let (at, new_rank, size, sum): (u128, usize, usize, f32) = (
+            fields[0].parse().unwrap(),
+            fields[1].parse().unwrap(),
+            fields[2].parse().unwrap(),
+            fields[3].parse().unwrap(),
+        );
+        assert_eq!((size, sum), (3, 3.0), "rank {rank}: {line}");
+        // Old order: 0, 1, 3 are 0, 1, 2 now.
+        assert_eq!(new_rank, if *rank == 3 { 2 } else { *rank });
+        eprintln!(
+            "rank {rank} (now {new_rank} of 3) finished its first op on the shrunk communicator \
+             {} ms after the kill",
+            at.saturating_sub(killed_at + 1500)
+        );
+        ranks.push(new_rank);
+    }
+    ranks.sort();
+    assert_eq!(ranks, [0, 1, 2]);
 }
 
 /// In `kill_9_rank_2_of_4`'s env: this process holds copies of rank 2's

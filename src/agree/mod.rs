@@ -16,9 +16,6 @@
 //! Not yet wired to the transport: revoking a communicator, carrying these
 //! messages on its links and `Communicator::shrink`/`agree` come next.
 
-// Used by the tests until the transport carries it.
-#![cfg_attr(not(feature = "internals"), allow(dead_code))]
-
 internal_module!(codec);
 internal_module!(protocol);
 #[cfg(test)]

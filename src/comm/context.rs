@@ -278,6 +278,8 @@ pub(super) struct Inner {
     pub(super) metrics: Arc<crate::metrics::Source>,
     pub(super) recorder: Arc<FlightRecorder>,
     pub(super) splits: Mutex<u64>,
+    /// Agreements (`agree`, `shrink`) run on this communicator so far.
+    pub(super) recoveries: Mutex<u64>,
     pub(super) executor: Mutex<Option<JoinHandle<()>>>,
 }
 

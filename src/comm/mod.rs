@@ -22,6 +22,7 @@ mod execute;
 mod forms;
 mod levels;
 mod ops;
+mod recovery;
 
 use crate::algo;
 use crate::buffer::{Buffer, CollectiveBuffer};
@@ -38,6 +39,7 @@ use crate::{Element, ReduceOp};
 pub use context::Communicator;
 use context::{Executor, Inner, Queue, mix};
 use execute::{EXECUTOR_SPIN, P2p};
+pub use recovery::Agreed;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -121,6 +123,7 @@ impl Communicator {
                 metrics,
                 recorder,
                 splits: Mutex::new(0),
+                recoveries: Mutex::new(0),
                 executor: Mutex::new(Some(handle)),
             }),
             timeout,

@@ -189,6 +189,52 @@ pub enum Error {
         source: std::io::Error,
     },
 
+    /// An agreement (`agree`, `shrink`) could not decide on this rank: it
+    /// reaches fewer members than the quorum, so it may be on the minority
+    /// side of a partition, and it must not go on apart from the majority.
+    #[error(
+        "cut off from the majority: this rank reaches {reachable} of {size} members (lost: \
+         {lost:?}), and deciding without the others needs {needed}; the members that hold a \
+         majority may go on without this rank"
+    )]
+    QuorumLost {
+        /// Members this rank still reaches, itself included.
+        reachable: usize,
+        /// The quorum a decision needs.
+        needed: usize,
+        /// The communicator's size.
+        size: usize,
+        /// The members it can no longer reach (ranks of the communicator).
+        lost: Vec<usize>,
+    },
+
+    /// The other members decided without this rank (they took it for
+    /// lost: it was slow, or its links failed during the agreement).
+    #[error(
+        "rank {rank} was left out: the others agreed to go on as ranks {members:?} (it was \
+         taken for lost); rejoin as a new process"
+    )]
+    Excluded {
+        /// This rank, of the communicator the agreement ran on.
+        rank: usize,
+        /// The members that go on.
+        members: Vec<usize>,
+    },
+
+    /// An agreement did not decide within the communicator's timeout.
+    #[error(
+        "agreement #{instance} did not decide within {waited:?} (members not heard from or \
+         lost: {suspected:?}); raise the timeout, or check that every live member called it"
+    )]
+    AgreementTimeout {
+        /// Which agreement of the communicator (1 for the first).
+        instance: u64,
+        /// How long it ran.
+        waited: Duration,
+        /// The members this rank suspected at the end.
+        suspected: Vec<usize>,
+    },
+
     /// The result of this `PendingCollective` was already taken.
     #[error("the result of this PendingCollective was already taken")]
     ResultTaken,
@@ -227,6 +273,9 @@ impl Error {
             Error::Io { .. } => "io",
             Error::ResultTaken => "result_taken",
             Error::ShutDown(_) => "shut_down",
+            Error::QuorumLost { .. } => "quorum_lost",
+            Error::Excluded { .. } => "excluded",
+            Error::AgreementTimeout { .. } => "agreement_timeout",
         }
     }
 

@@ -1,0 +1,339 @@
+//! Going on after a lost rank (issue 45, decision 0039): `revoke`,
+//! `lost_ranks`, and the two ops the survivors run together, `agree` and
+//! `shrink`, both one run of the agreement of `crate::agree` over the
+//! members' links.
+//!
+//! An agreement's messages travel as data frames of a communicator of
+//! their own (its id derived from this one's and the instance), so the
+//! transport carries them as any op's frames and a revoked communicator's
+//! abort does not touch them. A thread per peer sends to it and another
+//! receives from it, so a peer that is slow to answer, or whose link is
+//! still being made, holds no one else; a link that fails (or a message
+//! that does not decode) makes its peer suspected.
+
+use super::context::{Communicator, mix};
+use crate::DType;
+use crate::agree::codec;
+use crate::agree::protocol::{Agreement, Decision, Message};
+use crate::error::Error;
+use crate::locks::lock;
+use crate::pending::{PendingCollective, pending};
+use crate::transport::LinkError;
+use crate::wire::{Header, OpKind};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+/// Salts of the communicator ids an agreement and a shrunk communicator
+/// get, so neither meets an id of `split` or of the two levels.
+const AGREE_SALT: u64 = 0x4147_5245_4545_3435; // "AGREEE45"
+const SHRINK_SALT: u64 = 0x5348_5249_4e4b_3435; // "SHRINK45"
+
+/// How long a receiving thread waits per turn before it looks whether the
+/// agreement is over.
+const RECEIVE_TURN: Duration = Duration::from_millis(20);
+
+/// What [`Communicator::agree`] decides: the AND of the members' values,
+/// and the members (ranks of the communicator it ran on, ascending).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Agreed {
+    /// The bitwise AND of every member's value.
+    pub value: u64,
+    /// The members that took part: every rank of the communicator that was
+    /// alive and reachable, at least a quorum of them.
+    pub members: Vec<usize>,
+}
+
+/// What a peer's threads tell the agreement.
+enum Event {
+    Message(usize, Message),
+    Suspect(usize),
+}
+
+impl Communicator {
+    /// Marks this communicator failed on every member, as a lost rank does:
+    /// their running and later ops end with [`Error::Aborted`] naming this
+    /// rank. The links among the members stay up: [`Communicator::shrink`]
+    /// then makes a communicator of the members that are left (as
+    /// `MPIX_Comm_revoke`).
+    pub fn revoke(&self) {
+        self.abort("revoked the communicator");
+    }
+
+    /// The ranks of this communicator whose links have failed (a closed
+    /// connection, silence past the heartbeat timeout, a bad frame), in
+    /// rank order. A rank this one never linked with is not listed until a
+    /// link to it is tried.
+    pub fn lost_ranks(&self) -> Vec<usize> {
+        let transport = &self.inner.world.transport;
+        (0..self.inner.size)
+            .filter(|&r| r != self.inner.rank)
+            .filter(|&r| transport.link_failure(self.inner.members[r]).is_some())
+            .collect()
+    }
+
+    /// Agrees on `value` with every live member: the result is the bitwise
+    /// AND of the values of the members that took part, and those members
+    /// (as `MPIX_Comm_agree`). Every member that gets a result gets the
+    /// same one, even when members fail during it; it needs a majority of
+    /// this communicator's members alive and reachable (see
+    /// [`Communicator::agree_with_quorum`]).
+    ///
+    /// Collective over the live members, and it works on a communicator
+    /// that failed or was revoked: what a program uses to decide "every
+    /// live rank finished step k". Fails with [`Error::QuorumLost`] on a
+    /// member cut off from the majority, and [`Error::Excluded`] on one the
+    /// others decided without (taken for dead).
+    pub fn agree(&self, value: u64) -> PendingCollective<Agreed> {
+        self.agree_with_quorum(value, Agreement::majority(self.inner.size))
+    }
+
+    /// [`Communicator::agree`] deciding with `quorum` members: a majority or
+    /// more keeps every result the same even when a partition or a hung
+    /// rank makes live members suspect each other; fewer lets fewer
+    /// survivors go on, but only where that cannot happen (one host).
+    pub fn agree_with_quorum(&self, value: u64, quorum: usize) -> PendingCollective<Agreed> {
+        let comm = self.clone();
+        spawn_recovery("ringwire-agree", move || {
+            let decision = comm.run_agreement(value, quorum)?;
+            Ok(Agreed {
+                value: decision.value,
+                members: decision.members,
+            })
+        })
+    }
+
+    /// A communicator of the members that are left, in the same order and
+    /// renumbered from 0, with an id of its own (as `MPIX_Comm_shrink`);
+    /// the members agree on who is left as [`Communicator::agree`] does,
+    /// with the same guarantees and errors. Use it once an op failed with a
+    /// lost rank ([`Error::PeerLost`] or [`Error::Aborted`]), or after
+    /// [`Communicator::revoke`]; with every member alive it returns them
+    /// all.
+    pub fn shrink(&self) -> PendingCollective<Communicator> {
+        self.shrink_with_quorum(Agreement::majority(self.inner.size))
+    }
+
+    /// [`Communicator::shrink`] deciding with `quorum` members (see
+    /// [`Communicator::agree_with_quorum`]).
+    pub fn shrink_with_quorum(&self, quorum: usize) -> PendingCollective<Communicator> {
+        let comm = self.clone();
+        spawn_recovery("ringwire-shrink", move || {
+            let instance = comm.next_recovery();
+            let decision = comm.run_agreement_instance(u64::MAX, quorum, instance)?;
+            let rank = decision
+                .members
+                .iter()
+                .position(|&m| m == comm.inner.rank)
+                .expect("run_agreement returns only decisions that include this rank");
+            let members: Vec<usize> = decision
+                .members
+                .iter()
+                .map(|&m| comm.inner.members[m])
+                .collect();
+            let comm_id = mix(mix(comm.inner.comm_id, SHRINK_SALT), instance);
+            Communicator::start_group(
+                comm.inner.world.clone(),
+                comm.inner.tunables.clone(),
+                rank,
+                comm_id,
+                Arc::new(members),
+                true,
+            )
+            .map(|mut c| {
+                c.timeout = comm.timeout;
+                c
+            })
+        })
+    }
+
+    /// The next agreement's number on this communicator: every member
+    /// counts its own calls, and they call in the same order.
+    fn next_recovery(&self) -> u64 {
+        let mut n = lock(&self.inner.recoveries);
+        *n += 1;
+        *n
+    }
+
+    fn run_agreement(&self, value: u64, quorum: usize) -> Result<Decision, Error> {
+        let instance = self.next_recovery();
+        self.run_agreement_instance(value, quorum, instance)
+    }
+
+    /// Runs agreement `instance` to its decision, which includes this rank.
+    fn run_agreement_instance(
+        &self,
+        value: u64,
+        quorum: usize,
+        instance: u64,
+    ) -> Result<Decision, Error> {
+        let size = self.inner.size;
+        if !(1..=size).contains(&quorum) {
+            return Err(Error::InvalidArgument {
+                op: OpKind::None,
+                detail: format!("a quorum of {quorum} of {size} members (1 to {size})"),
+            });
+        }
+        let me = self.inner.rank;
+        let world = self.inner.world.clone();
+        let transport = &world.transport;
+        let members = self.inner.members.clone();
+        let comm_id = mix(mix(self.inner.comm_id, AGREE_SALT), instance);
+        // Every frame of the agreement is "op 0" of its communicator, begun
+        // now: none counts as run ahead (decision 0019).
+        transport.begin(comm_id, 0, None);
+        let deadline = Instant::now() + self.timeout;
+        let mut agreement = Agreement::new(me, size, quorum, value);
+        let (events_tx, events) = mpsc::channel::<Event>();
+        let stop = Arc::new(AtomicBool::new(false));
+        let mut senders: Vec<Option<mpsc::Sender<Message>>> = vec![None; size];
+        for peer in (0..size).filter(|&p| p != me) {
+            let world_peer = members[peer];
+            if transport.link_failure(world_peer).is_some() {
+                agreement.suspect(peer);
+                continue;
+            }
+            let (tx, rx) = mpsc::channel::<Message>();
+            senders[peer] = Some(tx);
+            let (w, e) = (world.clone(), events_tx.clone());
+            spawn_peer_thread("ringwire-agree-send", move || {
+                let t = &w.transport;
+                for message in rx {
+                    let bytes = codec::encode(&message, size);
+                    let header = Header::data(comm_id, 0, OpKind::None, DType::U8)
+                        .with_payload_len(bytes.len() as u32);
+                    if t.send(world_peer, &header, &bytes, deadline).is_err() {
+                        let _ = e.send(Event::Suspect(peer));
+                        return;
+                    }
+                }
+            });
+            let (w, e, stop) = (world.clone(), events_tx.clone(), stop.clone());
+            spawn_peer_thread("ringwire-agree-recv", move || {
+                let t = &w.transport;
+                while !stop.load(Ordering::Relaxed) {
+                    // Receiving would make the link (dial, or wait for the
+                    // peer's dial) under a short deadline, and take that
+                    // running out for a failure: the first message either
+                    // way makes it, so wait for it to be up.
+                    if t.link_kind(world_peer).is_none() {
+                        if t.link_failure(world_peer).is_some() {
+                            let _ = e.send(Event::Suspect(peer));
+                            return;
+                        }
+                        if Instant::now() >= deadline {
+                            return;
+                        }
+                        std::thread::sleep(RECEIVE_TURN);
+                        continue;
+                    }
+                    let turn = (Instant::now() + RECEIVE_TURN).min(deadline);
+                    match t.recv(comm_id, world_peer, turn) {
+                        Ok(incoming) => {
+                            let bytes = incoming.payload.bytes();
+                            let decoded = match bytes.len() <= codec::MAX_PAYLOAD {
+                                true => codec::decode(bytes, size).ok(),
+                                false => None,
+                            };
+                            t.recycle(incoming.payload);
+                            let event = match decoded {
+                                Some(message) => Event::Message(peer, message),
+                                // Bytes that are not a message: the peer is
+                                // broken, and counts as lost.
+                                None => Event::Suspect(peer),
+                            };
+                            let lost = matches!(event, Event::Suspect(_));
+                            if e.send(event).is_err() || lost {
+                                return;
+                            }
+                        }
+                        Err(LinkError::Timeout) if Instant::now() < deadline => {}
+                        Err(LinkError::Timeout) => return,
+                        Err(_) => {
+                            let _ = e.send(Event::Suspect(peer));
+                            return;
+                        }
+                    }
+                }
+            });
+        }
+        drop(events_tx);
+        let outcome = loop {
+            while let Some((to, message)) = agreement.next_message() {
+                if let Some(tx) = &senders[to] {
+                    let _ = tx.send(message);
+                }
+            }
+            if let Some(decision) = agreement.decision() {
+                break Ok(decision.clone());
+            }
+            if agreement.quorum_lost() {
+                break Err(Error::QuorumLost {
+                    reachable: agreement.reachable(),
+                    needed: quorum,
+                    size,
+                    lost: agreement.suspected().collect(),
+                });
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                break Err(Error::AgreementTimeout {
+                    instance,
+                    waited: self.timeout,
+                    suspected: agreement.suspected().collect(),
+                });
+            }
+            match events.recv_timeout((deadline - now).min(RECEIVE_TURN)) {
+                Ok(Event::Message(from, message)) => agreement.receive(from, message),
+                Ok(Event::Suspect(peer)) => agreement.suspect(peer),
+                Err(_) => {
+                    // Links failed under no thread of ours (heartbeats).
+                    for peer in (0..size).filter(|&p| p != me) {
+                        if transport.link_failure(members[peer]).is_some() {
+                            agreement.suspect(peer);
+                        }
+                    }
+                }
+            }
+        };
+        // The decision goes on to every member still reachable (it was put
+        // in the outbox on deciding); the senders finish on their own.
+        while let Some((to, message)) = agreement.next_message() {
+            if let Some(tx) = &senders[to] {
+                let _ = tx.send(message);
+            }
+        }
+        drop(senders);
+        stop.store(true, Ordering::Relaxed);
+        let decision = outcome?;
+        if !decision.members.contains(&me) {
+            return Err(Error::Excluded {
+                rank: me,
+                members: decision.members,
+            });
+        }
+        Ok(decision)
+    }
+}
+
+/// Runs `work` on a thread of its own and hands its result to the handle.
+fn spawn_recovery<R: Send + 'static>(
+    name: &str,
+    work: impl FnOnce() -> Result<R, Error> + Send + 'static,
+) -> PendingCollective<R> {
+    let (handle, completer) = pending(OpKind::None);
+    let spawned = std::thread::Builder::new()
+        .name(name.into())
+        .spawn(move || completer.complete(work()));
+    match spawned {
+        Ok(_) => handle,
+        Err(e) => PendingCollective::ready(Err(Error::io("starting a recovery thread", e))),
+    }
+}
+
+fn spawn_peer_thread(name: &str, work: impl FnOnce() + Send + 'static) {
+    // A thread that cannot start leaves its peer silent: the agreement then
+    // suspects it at the timeout at worst.
+    let _ = std::thread::Builder::new().name(name.into()).spawn(work);
+}
