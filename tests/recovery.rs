@@ -134,3 +134,21 @@ fn a_rank_cut_off_from_the_majority_says_so() {
     let shrunk = alone.shrink_with_quorum(1).wait().unwrap();
     assert_eq!((shrunk.rank(), shrunk.world_size()), (0, 1));
 }
+
+/// Every other test of this file, again on the portable transport.
+#[test]
+fn on_the_portable_transport_too() {
+    common::rerun_on_portable("on_the_portable_transport_too");
+}
+
+/// Every other test of this file, again with local ranks linked over TCP.
+#[test]
+fn over_tcp_local_links_too() {
+    common::rerun_over_tcp_local_links("over_tcp_local_links_too");
+}
+
+/// Every other test of this file, again with local ranks on Unix sockets.
+#[test]
+fn over_unix_links_too() {
+    common::rerun_over_unix_links("over_unix_links_too");
+}
