@@ -102,6 +102,24 @@ fn survivors_of_a_lost_rank_shrink_and_go_on() {
 }
 
 #[test]
+fn a_lost_lowest_rank_that_no_one_linked_with_is_left_out() {
+    // No op ran: no links. Rank 0 goes; the others would wait for its dial
+    // (the lower rank dials) until the timeout, and its probe tells them
+    // at once that its process is gone.
+    let mut comms = group(4);
+    drop(comms.remove(0));
+    let shrunk = on_all(&comms, |c| c.shrink().wait());
+    for (i, s) in shrunk.iter().enumerate() {
+        let s = s
+            .as_ref()
+            .unwrap_or_else(|e| panic!("old rank {}: {e}", i + 1));
+        assert_eq!((s.rank(), s.world_size()), (i, 3));
+    }
+    let shrunk: Vec<Communicator> = shrunk.into_iter().map(Result::unwrap).collect();
+    on_all(&shrunk, |s| s.barrier().wait().unwrap());
+}
+
+#[test]
 fn a_revoked_communicator_fails_every_op_and_shrinks_to_everyone() {
     let comms = group(3);
     on_all(&comms, |c| c.barrier().wait().unwrap());

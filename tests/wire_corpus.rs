@@ -265,7 +265,7 @@ fn seeds() -> Vec<(&'static str, &'static str, Vec<u8>)> {
         ),
         // Lanes (decisions 0018, 0034): a main connection asking for four
         // each way, a lane, an unknown channel, an ack taking more than
-        // MAX_LANES.
+        // MAX_LANES; a probe (decision 0039).
         (
             "handshake",
             "valid_hello_main_with_lanes.bin",
@@ -299,7 +299,17 @@ fn seeds() -> Vec<(&'static str, &'static str, Vec<u8>)> {
         (
             "handshake",
             "hello_unknown_channel.bin",
-            with(hello_payload, 4, &[5]),
+            with(hello_payload, 4, &[6]),
+        ),
+        (
+            "handshake",
+            "valid_hello_probe.bin",
+            Hello {
+                channel: Channel::Probe,
+                ..hello_auth.clone()
+            }
+            .encode()
+            .unwrap(),
         ),
         (
             "handshake",

@@ -16,6 +16,7 @@ use crate::DType;
 use crate::agree::codec;
 use crate::agree::protocol::{Agreement, Decision, Message};
 use crate::error::Error;
+use crate::error::link::LinkFailure;
 use crate::locks::lock;
 use crate::pending::{PendingCollective, pending};
 use crate::transport::LinkError;
@@ -33,6 +34,14 @@ const SHRINK_SALT: u64 = 0x5348_5249_4e4b_3435; // "SHRINK45"
 /// How long a receiving thread waits per turn before it looks whether the
 /// agreement is over.
 const RECEIVE_TURN: Duration = Duration::from_millis(20);
+
+/// A lower rank not linked after this long is asked whether it lives
+/// (`Transport::probe`), and again as often while it stays unlinked.
+const PROBE_EVERY: Duration = Duration::from_millis(100);
+
+/// How long one probe may take (a dead host shows only by the connect
+/// timing out; a dead process on a live host refuses at once).
+const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// What [`Communicator::agree`] decides: the AND of the members' values,
 /// and the members (ranks of the communicator it ran on, ascending).
@@ -210,8 +219,10 @@ impl Communicator {
                 }
             });
             let (w, e, stop) = (world.clone(), events_tx.clone(), stop.clone());
+            let world_me = members[me];
             spawn_peer_thread("ringwire-agree-recv", move || {
                 let t = &w.transport;
+                let mut next_probe = Instant::now() + PROBE_EVERY;
                 while !stop.load(Ordering::Relaxed) {
                     // Receiving would make the link (dial, or wait for the
                     // peer's dial) under a short deadline, and take that
@@ -224,6 +235,20 @@ impl Communicator {
                         }
                         if Instant::now() >= deadline {
                             return;
+                        }
+                        // A lower rank makes the link; one that has not
+                        // may be gone (a process that died refuses at
+                        // once), or merely not need it yet.
+                        if world_peer < world_me && Instant::now() >= next_probe {
+                            let until = (Instant::now() + PROBE_TIMEOUT).min(deadline);
+                            if let Err(LinkError::Connect { failure, .. }) =
+                                t.probe(world_peer, until)
+                                && matches!(failure, LinkFailure::Io { .. } | LinkFailure::Closed)
+                            {
+                                let _ = e.send(Event::Suspect(peer));
+                                return;
+                            }
+                            next_probe = Instant::now() + PROBE_EVERY;
                         }
                         std::thread::sleep(RECEIVE_TURN);
                         continue;

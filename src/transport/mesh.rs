@@ -613,4 +613,8 @@ impl Transport for Mesh {
     fn link_failure(&self, peer: usize) -> Option<LinkError> {
         self.hub.peers.failure(peer).map(LinkError::Lost)
     }
+
+    fn probe(&self, peer: usize, deadline: Instant) -> Result<(), LinkError> {
+        self.hub.linker.probe(peer, deadline)
+    }
 }

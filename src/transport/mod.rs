@@ -309,4 +309,12 @@ pub(crate) trait Transport: Send + Sync {
         let _ = peer;
         None
     }
+    /// Whether `peer`'s process is alive, asked without making a link (one
+    /// connection attempt and a probe handshake, within `deadline`): what
+    /// a rank waiting for a lower rank's dial uses to tell "not yet" from
+    /// "gone" (decision 0039).
+    fn probe(&self, peer: usize, deadline: Instant) -> Result<(), LinkError> {
+        let _ = (peer, deadline);
+        Ok(())
+    }
 }

@@ -88,6 +88,11 @@ pub enum Channel {
     /// it before the link carries frames (`ringwire_shm`); otherwise it is
     /// a plain main connection.
     MainWithShm,
+    /// Not a link: a rank asks whether this one's process is alive (the
+    /// agreement of survivors asks a lower rank it never linked with,
+    /// decision 0039). Any rank may send it; it is answered, checked like
+    /// any hello (job, secret, TLS), and closed.
+    Probe,
 }
 
 impl Channel {
@@ -98,6 +103,7 @@ impl Channel {
             Channel::LaneFromDialer(i) => (2, i),
             Channel::LaneToDialer(i) => (3, i),
             Channel::MainWithShm => (4, 0),
+            Channel::Probe => (5, 0),
         };
         kind | (n << 3)
     }
@@ -110,6 +116,7 @@ impl Channel {
             (2, 0..MAX_LANES) => Channel::LaneFromDialer(n),
             (3, 0..MAX_LANES) => Channel::LaneToDialer(n),
             (4, 0) => Channel::MainWithShm,
+            (5, 0) => Channel::Probe,
             _ => {
                 return Err(WireError::UnknownField {
                     field: "hello.channel",
@@ -480,6 +487,7 @@ mod tests {
             (Channel::LaneToDialer(0), 3),
             (Channel::LaneToDialer(7), 3 | 7 << 3),
             (Channel::MainWithShm, 4),
+            (Channel::Probe, 5),
         ] {
             let bytes = Hello { channel, ..hello() }.encode().unwrap();
             assert_eq!(bytes[4], byte, "{channel:?}");
@@ -487,7 +495,7 @@ mod tests {
         }
         // No lanes asked for, or more than MAX_LANES; a lane index past
         // it; a number on a channel that takes none; an unknown kind.
-        for byte in [1, 1 | 9 << 3, 2 | 8 << 3, 1 << 3, 4 | 1 << 3, 5] {
+        for byte in [1, 1 | 9 << 3, 2 | 8 << 3, 1 << 3, 4 | 1 << 3, 5 | 1 << 3, 6] {
             let mut bytes = hello().encode().unwrap();
             bytes[4] = byte;
             assert_eq!(
@@ -615,12 +623,12 @@ mod tests {
             })
         );
         let mut unknown_channel = valid.clone();
-        unknown_channel[4] = 5;
+        unknown_channel[4] = 6;
         assert_eq!(
             Hello::decode(&unknown_channel),
             Err(WireError::UnknownField {
                 field: "hello.channel",
-                value: 5
+                value: 6
             })
         );
         // A huge length is refused before anything is allocated for it.

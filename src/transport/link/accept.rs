@@ -196,6 +196,9 @@ impl Linker {
                                         hello.auth.len()
                                     ),
                                 ))
+                            } else if hello.channel == Channel::Probe {
+                                // Any rank may ask whether this one lives.
+                                Ok(peer)
                             } else if peer > self.me {
                                 unexpected(format!(
                                     "rank {peer} dialed rank {}, but only lower ranks dial",
@@ -374,6 +377,8 @@ pub(crate) fn accept_loop<A: Accepted>(s: &Arc<A>, accept: impl Fn() -> io::Resu
                     _ => hello,
                 };
                 match hello {
+                    // Answered: dropping the stream closes it.
+                    Ok(Ok((_, Channel::Probe, _))) => {}
                     Ok(Ok((peer, channel, _))) if channel.is_lane() => {
                         linker.file_lane(peer, channel, stream);
                     }

@@ -37,6 +37,12 @@ impl Linker {
 
     /// A connection to `peer`, retried with backoff until `deadline`.
     fn connect(&self, peer: usize, deadline: Instant) -> Result<Conn, LinkError> {
+        self.connect_with(peer, deadline, true)
+    }
+
+    /// A connection to `peer` within `deadline`, retried with backoff if
+    /// `retry` (a peer that is still starting refuses for a while).
+    fn connect_with(&self, peer: usize, deadline: Instant, retry: bool) -> Result<Conn, LinkError> {
         let addr = self.addrs[peer];
         let (local, shown) = self.dial_address(peer);
         let mut backoff = Duration::from_millis(10);
@@ -54,7 +60,9 @@ impl Linker {
                 Ok(s) => return Ok(s),
                 // Out of descriptors is not a peer that is still starting:
                 // say so now rather than at the deadline.
-                Err(e) if Instant::now() + backoff < deadline && !open_files::ran_out(&e) => {
+                Err(e)
+                    if retry && Instant::now() + backoff < deadline && !open_files::ran_out(&e) =>
+                {
                     tracing::debug!(peer, addr = %shown, error = %e, "connect failed, retrying");
                     std::thread::sleep(backoff);
                     backoff = (backoff * 2).min(Duration::from_millis(500));
@@ -120,6 +128,23 @@ impl Linker {
             halves,
             lanes,
         })
+    }
+
+    /// Whether `peer`'s process is alive, without making a link: one
+    /// connection attempt (no retry: a member that joined once and refuses
+    /// now is gone), and a handshake as a [`Channel::Probe`], which the
+    /// peer answers (after the job's secret and TLS checks) and closes.
+    pub(crate) fn probe(&self, peer: usize, deadline: Instant) -> Result<(), LinkError> {
+        let (_, shown) = self.dial_address(peer);
+        let conn = self.connect_with(peer, deadline, false)?;
+        let who = format!("rank {peer} ({shown})");
+        self.dial_handshake(peer, &conn, &who, Channel::Probe)
+            .map(drop)
+            .map_err(|failure| LinkError::Connect {
+                addr: shown,
+                detail: words(&failure),
+                failure,
+            })
     }
 
     /// The dialing side of a handshake on `stream` (TLS if configured,
