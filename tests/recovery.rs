@@ -81,6 +81,7 @@ fn survivors_of_a_lost_rank_shrink_and_go_on() {
     for (i, s) in shrunk.iter().enumerate() {
         // Old order, renumbered: 0, 1, 3 become 0, 1, 2.
         assert_eq!((s.rank(), s.world_size()), (i, world - 1));
+        assert_eq!(s.world_ranks(), [0, 1, 3]);
     }
     let sums = on_all(&shrunk, |s| {
         s.all_reduce(vec![(s.rank() + 1) as f64; 333], ReduceOp::Sum)
@@ -114,6 +115,7 @@ fn a_lost_lowest_rank_that_no_one_linked_with_is_left_out() {
             .as_ref()
             .unwrap_or_else(|e| panic!("old rank {}: {e}", i + 1));
         assert_eq!((s.rank(), s.world_size()), (i, 3));
+        assert_eq!(s.world_ranks(), [1, 2, 3]);
     }
     let shrunk: Vec<Communicator> = shrunk.into_iter().map(Result::unwrap).collect();
     on_all(&shrunk, |s| s.barrier().wait().unwrap());

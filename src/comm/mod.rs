@@ -140,6 +140,16 @@ impl Communicator {
         self.inner.size
     }
 
+    /// The members' ranks in the job's first communicator (the one the
+    /// builder made), in this communicator's rank order: entry `r` is
+    /// where rank `r` of this one started, so after
+    /// [`Communicator::split`] or [`Communicator::shrink`] a program sees
+    /// which of the job's ranks are left (as torch.distributed's
+    /// `get_process_group_ranks`).
+    pub fn world_ranks(&self) -> Vec<usize> {
+        self.inner.members.to_vec()
+    }
+
     /// This process's rank among the job's processes on its host, for
     /// picking a device or a core: from the launcher when it gives both
     /// the local rank and the local world size (torchrun's `LOCAL_RANK`

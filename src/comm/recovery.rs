@@ -35,6 +35,10 @@ const SHRINK_SALT: u64 = 0x5348_5249_4e4b_3435; // "SHRINK45"
 /// agreement is over.
 const RECEIVE_TURN: Duration = Duration::from_millis(20);
 
+/// How long a sending thread waits per turn for a lower rank's dial
+/// before it looks whether the agreement is over.
+const SEND_TURN: Duration = Duration::from_millis(100);
+
 /// A lower rank not linked after this long is asked whether it lives
 /// (`Transport::probe`), and again as often while it stays unlinked.
 const PROBE_EVERY: Duration = Duration::from_millis(100);
@@ -197,6 +201,8 @@ impl Communicator {
         let (events_tx, events) = mpsc::channel::<Event>();
         let stop = Arc::new(AtomicBool::new(false));
         let mut senders: Vec<Option<mpsc::Sender<Message>>> = vec![None; size];
+        // Each sender says here when it has handed its last message over.
+        let (sent_tx, sent) = mpsc::channel::<usize>();
         for peer in (0..size).filter(|&p| p != me) {
             let world_peer = members[peer];
             if transport.link_failure(world_peer).is_some() {
@@ -205,18 +211,37 @@ impl Communicator {
             }
             let (tx, rx) = mpsc::channel::<Message>();
             senders[peer] = Some(tx);
-            let (w, e) = (world.clone(), events_tx.clone());
+            let (w, e, sent_tx) = (world.clone(), events_tx.clone(), sent_tx.clone());
+            let stop_sending = stop.clone();
             spawn_peer_thread("ringwire-agree-send", move || {
                 let t = &w.transport;
-                for message in rx {
+                'messages: for message in rx {
                     let bytes = codec::encode(&message, size);
                     let header = Header::data(comm_id, 0, OpKind::None, DType::U8)
                         .with_payload_len(bytes.len() as u32);
-                    if t.send(world_peer, &header, &bytes, deadline).is_err() {
-                        let _ = e.send(Event::Suspect(peer));
-                        return;
+                    // In turns, so a thread waiting for a lower rank's dial
+                    // (one that may be dead) ends soon after the agreement
+                    // does, and lets the transport go.
+                    loop {
+                        let turn = (Instant::now() + SEND_TURN).min(deadline);
+                        match t.send(world_peer, &header, &bytes, turn) {
+                            Ok(()) => break,
+                            Err(LinkError::Connect {
+                                failure: LinkFailure::NotDialed,
+                                ..
+                            }) if Instant::now() < deadline => {
+                                if stop_sending.load(Ordering::Relaxed) {
+                                    break 'messages;
+                                }
+                            }
+                            Err(_) => {
+                                let _ = e.send(Event::Suspect(peer));
+                                break 'messages;
+                            }
+                        }
                     }
                 }
+                let _ = sent_tx.send(peer);
             });
             let (w, e, stop) = (world.clone(), events_tx.clone(), stop.clone());
             let world_me = members[me];
@@ -330,8 +355,26 @@ impl Communicator {
             }
         }
         drop(senders);
+        drop(sent_tx);
         stop.store(true, Ordering::Relaxed);
         let decision = outcome?;
+        // The decision reaches the other members before this one returns:
+        // a member that learned it from this one and exits at once must
+        // not leave the rest to decide again without it (at two members,
+        // without a quorum).
+        let mut waiting: Vec<usize> = decision
+            .members
+            .iter()
+            .copied()
+            .filter(|&m| m != me && transport.link_failure(members[m]).is_none())
+            .collect();
+        while !waiting.is_empty() {
+            let now = Instant::now();
+            match sent.recv_timeout(deadline.saturating_duration_since(now)) {
+                Ok(peer) => waiting.retain(|&m| m != peer),
+                Err(_) => break,
+            }
+        }
         if !decision.members.contains(&me) {
             return Err(Error::Excluded {
                 rank: me,
