@@ -47,9 +47,10 @@ enum Hurt {
     Stop { after: Duration },
     /// SIGKILL to itself `delay` after it starts the `agree` of `step`.
     DieInAgree { step: u64, delay: Duration },
-    /// SIGKILL to itself `delay` after it starts its first `shrink` (if it
-    /// runs one).
-    DieInShrink { delay: Duration },
+    /// Fails `step` on purpose (revokes, and says no in the agreement),
+    /// and SIGKILL to itself `delay` after it starts the `shrink` that
+    /// follows.
+    DieInShrink { step: u64, delay: Duration },
 }
 
 impl Hurt {
@@ -57,7 +58,9 @@ impl Hurt {
     fn env(&self) -> Option<String> {
         match *self {
             Hurt::DieInAgree { step, delay } => Some(format!("agree:{step}:{}", delay.as_micros())),
-            Hurt::DieInShrink { delay } => Some(format!("shrink:0:{}", delay.as_micros())),
+            Hurt::DieInShrink { step, delay } => {
+                Some(format!("shrink:{step}:{}", delay.as_micros()))
+            }
             _ => None,
         }
     }
@@ -80,9 +83,9 @@ impl Plan {
         let mut rng = Rng::new(seed);
         let world = 4 + rng.below(5) as usize;
         let run_for = Duration::from_millis(1500);
-        // Steps take a few ms: a rank that dies in an agreement does so
-        // in the first hundred.
-        let steps = 100;
+        // Steps take a few ms: a rank that dies in an agreement or a
+        // shrink does so in the first thirty.
+        let steps = 30;
         let local_links = if rng.below(2) == 0 { "shm" } else { "tcp" };
         // A majority of every membership must stay: one rank of 4 or 5,
         // up to two of 6 to 8.
@@ -108,7 +111,10 @@ impl Plan {
                     step: rng.below(steps),
                     delay,
                 },
-                _ => Hurt::DieInShrink { delay },
+                _ => Hurt::DieInShrink {
+                    step: rng.below(steps),
+                    delay,
+                },
             };
             hurt.push((rank, how));
         }
@@ -212,6 +218,14 @@ fn run_trial(plan: &Plan) -> (Verdict, usize) {
         ringwire::store::StoreServer::bind("127.0.0.1:0".parse().unwrap()).expect("bind store");
     let port = store.local_addr().port();
     let (lines_tx, lines) = mpsc::channel::<(usize, Option<String>)>();
+    // A stopped rank is found by the heartbeat: a short one where a rank
+    // is stopped, the default (10 s) elsewhere, so that a rank slowed by
+    // 8 processes on 2 cores is not taken for lost.
+    let stops = plan
+        .hurt
+        .iter()
+        .any(|(_, h)| matches!(h, Hurt::Stop { .. }));
+    let heartbeat_s = if stops { 3 } else { 10 };
     let mut children: Vec<Child> = (0..plan.world)
         .map(|rank| {
             let mut cmd = Command::new(std::env::current_exe().unwrap());
@@ -233,7 +247,7 @@ fn run_trial(plan: &Plan) -> (Verdict, usize) {
             .env("RINGWIRE_HOST_STORE", "0")
             .env("RINGWIRE_LOCAL_LINKS", plan.local_links)
             .env("RINGWIRE_TIMEOUT", OP_TIMEOUT_S.to_string())
-            .env("RINGWIRE_HEARTBEAT_TIMEOUT", "2")
+            .env("RINGWIRE_HEARTBEAT_TIMEOUT", heartbeat_s.to_string())
             .env("CHAOS_TRIAL_SEED", plan.seed.to_string())
             .env("CHAOS_RUN_MS", plan.run_for.as_millis().to_string())
             .env_remove("RINGWIRE_TRANSPORT")
@@ -419,9 +433,12 @@ fn judge(runs: &[RankRun], verdict: &mut Verdict) -> usize {
     first_history.flatten().map_or(0, Vec::len)
 }
 
-/// What a rank does to itself (`CHAOS_DIE`): when, and how long after.
+/// What a rank does to itself (`CHAOS_DIE`): die in the agreement of
+/// `step`, or fail `step` and die in the shrink after it; `delay` after
+/// that starts.
 struct Die {
-    in_agree_of_step: Option<u64>,
+    in_shrink: bool,
+    step: u64,
     delay: Duration,
 }
 
@@ -604,7 +621,8 @@ fn chaos_rank() {
     let die = std::env::var("CHAOS_DIE").ok().map(|d| {
         let parts: Vec<&str> = d.split(':').collect();
         Die {
-            in_agree_of_step: (parts[0] == "agree").then(|| parts[1].parse().unwrap()),
+            in_shrink: parts[0] == "shrink",
+            step: parts[1].parse().unwrap(),
             delay: Duration::from_micros(parts[2].parse().unwrap()),
         }
     });
@@ -619,10 +637,17 @@ fn chaos_rank() {
     let started = Instant::now();
     let mut comm = world.clone();
     let mut sub: Option<Communicator> = None;
-    let mut shrinks = 0;
     let mut finished = true;
     for step in 0.. {
-        let ok = match run_step(&comm, &mut sub, seed, step) {
+        let fail_on_purpose = die.as_ref().is_some_and(|d| d.in_shrink && d.step == step);
+        let ran = match fail_on_purpose {
+            true => Err(StepError::Failed(ringwire::Error::InvalidArgument {
+                op: ringwire::OpKind::None,
+                detail: "failed on purpose, to die in the shrink".into(),
+            })),
+            false => run_step(&comm, &mut sub, seed, step),
+        };
+        let ok = match ran {
             Ok(()) => true,
             Err(StepError::Wrong(what)) => {
                 say(format!("CHAOS-WRONG step {step}: {what}"));
@@ -640,7 +665,8 @@ fn chaos_rank() {
             }
         };
         if let Some(d) = &die
-            && d.in_agree_of_step == Some(step)
+            && !d.in_shrink
+            && d.step == step
         {
             die_after(d.delay);
         }
@@ -662,15 +688,11 @@ fn chaos_rank() {
             }
             break;
         }
-        if let Some(d) = &die
-            && d.in_agree_of_step.is_none()
-            && shrinks == 0
-        {
-            die_after(d.delay);
+        if fail_on_purpose {
+            die_after(die.as_ref().expect("dies").delay);
         }
         match comm.shrink().wait() {
             Ok(shrunk) => {
-                shrinks += 1;
                 comm = shrunk;
                 sub = None;
                 say(format!("CHAOS-SHRUNK {step} {:?}", comm.world_ranks()));

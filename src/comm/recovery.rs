@@ -226,10 +226,11 @@ impl Communicator {
                         let turn = (Instant::now() + SEND_TURN).min(deadline);
                         match t.send(world_peer, &header, &bytes, turn) {
                             Ok(()) => break,
-                            Err(LinkError::Connect {
-                                failure: LinkFailure::NotDialed,
-                                ..
-                            }) if Instant::now() < deadline => {
+                            // Not dialed yet, or a dial that ran out of its
+                            // turn (a loaded host): not a sign of death.
+                            Err(LinkError::Connect { failure, .. })
+                                if Instant::now() < deadline && !says_gone(&failure) =>
+                            {
                                 if stop_sending.load(Ordering::Relaxed) {
                                     break 'messages;
                                 }
@@ -268,7 +269,7 @@ impl Communicator {
                             let until = (Instant::now() + PROBE_TIMEOUT).min(deadline);
                             if let Err(LinkError::Connect { failure, .. }) =
                                 t.probe(world_peer, until)
-                                && matches!(failure, LinkFailure::Io { .. } | LinkFailure::Closed)
+                                && says_gone(&failure)
                             {
                                 let _ = e.send(Event::Suspect(peer));
                                 return;
@@ -382,6 +383,28 @@ impl Communicator {
             });
         }
         Ok(decision)
+    }
+}
+
+/// Whether a failed connection attempt says the peer's process is gone:
+/// nothing listens at its address any more (refused, or its socket file
+/// gone), or it reset or closed the connection. A timeout or a refused
+/// handshake says no such thing (a loaded host answers late).
+fn says_gone(failure: &LinkFailure) -> bool {
+    use rustix::io::Errno;
+    match failure {
+        LinkFailure::Closed => true,
+        LinkFailure::Io {
+            errno: Some(errno), ..
+        } => [
+            Errno::CONNREFUSED,
+            Errno::CONNRESET,
+            Errno::NOENT,
+            Errno::PIPE,
+        ]
+        .iter()
+        .any(|e| e.raw_os_error() == *errno),
+        _ => false,
     }
 }
 
