@@ -228,49 +228,21 @@ fn run_trial(plan: &Plan) -> (Verdict, usize) {
     let heartbeat_s = if stops { 3 } else { 10 };
     let mut children: Vec<Child> = (0..plan.world)
         .map(|rank| {
-            let mut cmd = Command::new(std::env::current_exe().unwrap());
-            cmd.args([
-                "--exact",
-                "chaos_rank",
-                "--include-ignored",
-                "--nocapture",
-                "--test-threads",
-                "1",
-            ])
-            .env(CHILD_VAR, "1")
-            .env("RANK", rank.to_string())
-            .env("WORLD_SIZE", plan.world.to_string())
-            .env("LOCAL_RANK", rank.to_string())
-            .env("LOCAL_WORLD_SIZE", plan.world.to_string())
-            .env("MASTER_ADDR", "127.0.0.1")
-            .env("MASTER_PORT", port.to_string())
-            .env("RINGWIRE_HOST_STORE", "0")
-            .env("RINGWIRE_LOCAL_LINKS", plan.local_links)
-            .env("RINGWIRE_TIMEOUT", OP_TIMEOUT_S.to_string())
-            .env("RINGWIRE_HEARTBEAT_TIMEOUT", heartbeat_s.to_string())
-            .env("CHAOS_TRIAL_SEED", plan.seed.to_string())
-            .env("CHAOS_RUN_MS", plan.run_for.as_millis().to_string())
-            .env_remove("RINGWIRE_TRANSPORT")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null());
+            let mut env = vec![
+                ("RINGWIRE_LOCAL_LINKS", plan.local_links.to_string()),
+                ("RINGWIRE_HEARTBEAT_TIMEOUT", heartbeat_s.to_string()),
+                ("CHAOS_TRIAL_SEED", plan.seed.to_string()),
+                ("CHAOS_RUN_MS", plan.run_for.as_millis().to_string()),
+            ];
             if let Some(die) = plan
                 .hurt
                 .iter()
                 .find(|(r, _)| *r == rank)
                 .and_then(|(_, h)| h.env())
             {
-                cmd.env("CHAOS_DIE", die);
+                env.push(("CHAOS_DIE", die));
             }
-            let mut child = cmd.spawn().expect("spawn a rank");
-            let out = child.stdout.take().unwrap();
-            let tx = lines_tx.clone();
-            std::thread::spawn(move || {
-                for line in BufReader::new(out).lines().map_while(Result::ok) {
-                    let _ = tx.send((rank, Some(line)));
-                }
-                let _ = tx.send((rank, None));
-            });
-            child
+            spawn_rank(rank, plan.world, port, &env, &lines_tx)
         })
         .collect();
     drop(lines_tx);
@@ -309,11 +281,7 @@ fn run_trial(plan: &Plan) -> (Verdict, usize) {
             }
         }
         match lines.recv_timeout(Duration::from_millis(5)) {
-            Ok((rank, Some(mut line))) => {
-                // The test harness may print before a rank's first line.
-                if let Some(at) = line.find("CHAOS-") {
-                    line.drain(..at);
-                }
+            Ok((rank, Some(line))) => {
                 if line == "CHAOS-READY" {
                     ready += 1;
                     if ready == plan.world {
@@ -361,6 +329,63 @@ fn run_trial(plan: &Plan) -> (Verdict, usize) {
     }
     let shrinks = judge(&runs, &mut verdict);
     (verdict, shrinks)
+}
+
+/// Starts `rank` of `world` (this binary's `chaos_rank`) against the store
+/// at `port`, with `env`; its stdout's lines go to `lines` (`None` at its
+/// end).
+fn spawn_rank(
+    rank: usize,
+    world: usize,
+    port: u16,
+    env: &[(&str, String)],
+    lines: &mpsc::Sender<(usize, Option<String>)>,
+) -> Child {
+    let mut cmd = Command::new(std::env::current_exe().unwrap());
+    cmd.args([
+        "--exact",
+        "chaos_rank",
+        "--include-ignored",
+        "--nocapture",
+        "--test-threads",
+        "1",
+    ])
+    .env(CHILD_VAR, "1")
+    .env("RANK", rank.to_string())
+    .env("WORLD_SIZE", world.to_string())
+    .env("LOCAL_RANK", rank.to_string())
+    .env("LOCAL_WORLD_SIZE", world.to_string())
+    .env("MASTER_ADDR", "127.0.0.1")
+    .env("MASTER_PORT", port.to_string())
+    .env("RINGWIRE_HOST_STORE", "0")
+    .env("RINGWIRE_TIMEOUT", OP_TIMEOUT_S.to_string())
+    .env_remove("RINGWIRE_TRANSPORT")
+    .stdout(Stdio::piped())
+    .stderr(match std::env::var_os("CHAOS_STDERR") {
+        // A folder for each rank's stderr (with RINGWIRE_TEST_LOG, its log).
+        Some(dir) => Stdio::from(
+            std::fs::File::create(std::path::Path::new(&dir).join(format!("rank-{rank}.err")))
+                .expect("a file in CHAOS_STDERR"),
+        ),
+        None => Stdio::null(),
+    });
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let mut child = cmd.spawn().expect("spawn a rank");
+    let out = child.stdout.take().unwrap();
+    let tx = lines.clone();
+    std::thread::spawn(move || {
+        for mut line in BufReader::new(out).lines().map_while(Result::ok) {
+            // The test harness may print before a rank's first line.
+            if let Some(at) = line.find("CHAOS-") {
+                line.drain(..at);
+            }
+            let _ = tx.send((rank, Some(line)));
+        }
+        let _ = tx.send((rank, None));
+    });
+    child
 }
 
 /// Checks the ranks' reports against each other and against who died.
@@ -615,6 +640,9 @@ fn chaos_rank() {
     if std::env::var_os(CHILD_VAR).is_none() {
         return;
     }
+    if let Ok(len) = std::env::var("CHAOS_MEASURE_LEN") {
+        return measure_rank(len.parse().unwrap());
+    }
     let var = |k: &str| std::env::var(k).unwrap_or_else(|_| panic!("{k} is not set"));
     let seed: u64 = var("CHAOS_TRIAL_SEED").parse().unwrap();
     let run_for = Duration::from_millis(var("CHAOS_RUN_MS").parse().unwrap());
@@ -631,6 +659,7 @@ fn chaos_rank() {
         let _ = writeln!(out, "{line}");
         let _ = out.flush();
     };
+    common::init_logging();
     let descriptors_before = open_descriptors();
     let world = Communicator::from_env().wait().expect("join");
     say("CHAOS-READY".into());
@@ -729,4 +758,121 @@ fn chaos_rank() {
         std::thread::sleep(Duration::from_millis(50));
     }
     say("CHAOS-END".into());
+}
+
+fn unix_us() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_micros()
+}
+
+/// The kill-to-first-op benchmark (issue 45; `benches/recovery.sh` runs it,
+/// `cargo test` does not): `RECOVERY_WORLD` ranks (4) over
+/// `RECOVERY_LINKS` (`shm`) all-reduce `RECOVERY_LEN` f32 (262144, 1 MiB)
+/// in a loop; rank `world - 2` gets `RECOVERY_SIGNAL` (`kill`: SIGKILL,
+/// `stop`: SIGSTOP) 1 s after all are up; each survivor's op fails, it
+/// shrinks, runs one all-reduce on the shrunk communicator (checked), and
+/// says when that ended. Prints, per run of `RECOVERY_RUNS` (5), the time
+/// from the signal to the last survivor's first op, and their median.
+#[test]
+#[ignore = "a benchmark: benches/recovery.sh runs it"]
+fn kill_to_first_op() {
+    let var = |k: &str, d: &str| std::env::var(k).unwrap_or_else(|_| d.to_string());
+    let world: usize = var("RECOVERY_WORLD", "4").parse().unwrap();
+    let links = var("RECOVERY_LINKS", "shm");
+    let len = var("RECOVERY_LEN", "262144");
+    let signal = match var("RECOVERY_SIGNAL", "kill").as_str() {
+        "kill" => nix::sys::signal::Signal::SIGKILL,
+        "stop" => nix::sys::signal::Signal::SIGSTOP,
+        other => panic!("RECOVERY_SIGNAL={other}: kill or stop"),
+    };
+    let heartbeat = var("RECOVERY_HEARTBEAT_S", "10");
+    let runs: usize = var("RECOVERY_RUNS", "5").parse().unwrap();
+    let victim = world - 2;
+    let mut took = Vec::new();
+    for run in 0..runs {
+        let store =
+            ringwire::store::StoreServer::bind("127.0.0.1:0".parse().unwrap()).expect("bind store");
+        let (tx, lines) = mpsc::channel();
+        let env = [
+            ("RINGWIRE_LOCAL_LINKS", links.clone()),
+            ("RINGWIRE_HEARTBEAT_TIMEOUT", heartbeat.clone()),
+            ("CHAOS_MEASURE_LEN", len.clone()),
+        ];
+        let mut children: Vec<Child> = (0..world)
+            .map(|rank| spawn_rank(rank, world, store.local_addr().port(), &env, &tx))
+            .collect();
+        drop(tx);
+        let mut said: Vec<(usize, String)> = Vec::new();
+        let mut ready = 0;
+        let mut signalled_at = None;
+        let deadline = Instant::now() + TRIAL_LIMIT;
+        let recovered = |said: &[(usize, String)]| {
+            said.iter()
+                .filter(|(_, l)| l.starts_with("CHAOS-RECOVERED "))
+                .count()
+        };
+        while recovered(&said) < world - 1 && Instant::now() < deadline {
+            let Ok((rank, Some(line))) = lines.recv_timeout(Duration::from_millis(100)) else {
+                continue;
+            };
+            if line == "CHAOS-READY" {
+                ready += 1;
+                if ready == world {
+                    std::thread::sleep(Duration::from_secs(1));
+                    signalled_at = Some(unix_us());
+                    let pid = nix::unistd::Pid::from_raw(children[victim].id() as i32);
+                    nix::sys::signal::kill(pid, signal).expect("signal the victim");
+                }
+            }
+            said.push((rank, line));
+        }
+        for child in &mut children {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        let at = signalled_at.expect("the ranks came up");
+        let done: Vec<u128> = said
+            .iter()
+            .filter_map(|(_, l)| l.strip_prefix("CHAOS-RECOVERED ")?.parse().ok())
+            .collect();
+        assert_eq!(
+            done.len(),
+            world - 1,
+            "run {run}: not every survivor went on: {said:?}"
+        );
+        let ms = (done.iter().max().unwrap() - at) as f64 / 1000.0;
+        eprintln!(
+            "run {run}: {world} ranks, {links}, {signal:?}: {ms:.1} ms from the signal to the last survivor's first op"
+        );
+        took.push(ms);
+    }
+    took.sort_by(f64::total_cmp);
+    eprintln!(
+        "RECOVERY world={world} links={links} signal={signal:?} len={len} median_ms={:.1} min_ms={:.1} max_ms={:.1}",
+        took[took.len() / 2],
+        took[0],
+        took[took.len() - 1]
+    );
+}
+
+/// `kill_to_first_op`'s rank: all-reduces until one fails, then shrinks
+/// and runs one on the shrunk communicator.
+fn measure_rank(len: usize) {
+    let comm = Communicator::from_env().wait().expect("join");
+    println!("CHAOS-READY");
+    let mut buf = vec![1.0f32; len];
+    while let Ok(mut b) = comm.all_reduce(buf, ReduceOp::Sum).wait() {
+        b.fill(1.0);
+        buf = b;
+    }
+    let shrunk = comm.shrink().wait().expect("shrink");
+    let sum = shrunk
+        .all_reduce(vec![1.0f32; len], ReduceOp::Sum)
+        .wait()
+        .expect("an all-reduce on the shrunk communicator");
+    let n = shrunk.world_size() as f32;
+    assert!(sum.iter().all(|&x| x == n), "{}", sum[0]);
+    println!("CHAOS-RECOVERED {}", unix_us());
 }

@@ -66,6 +66,7 @@ fn mpirun_child() {
     match part.as_str() {
         "collectives" => collectives(&cfg),
         "taken" => port_taken(&cfg),
+        "survive" => survive(&cfg),
         other => panic!("{CHILD}={other}: no such part"),
     }
 }
@@ -132,13 +133,54 @@ fn port_taken(cfg: &env::LaunchConfig) {
     }
 }
 
+/// Issue 45: rank 2 kills itself (SIGKILL) after a few all-reduces; the
+/// others see theirs fail, shrink to three and run a correct all-reduce
+/// there, which only works if mpirun left them running.
+fn survive(cfg: &env::LaunchConfig) {
+    let rank = cfg.rank;
+    let comm = Communicator::from_env()
+        .wait()
+        .unwrap_or_else(|e| panic!("rank {rank}: Communicator::from_env: {e}"));
+    for op in 0.. {
+        if rank == 2 && op == 5 {
+            let _ =
+                nix::sys::signal::kill(nix::unistd::Pid::this(), nix::sys::signal::Signal::SIGKILL);
+        }
+        if let Err(e) = comm.all_reduce(vec![1.0f32; 1000], ReduceOp::Sum).wait() {
+            println!("rank {rank}: op {op} failed: {e}");
+            break;
+        }
+        assert!(op < 100_000, "rank {rank}: no op failed");
+    }
+    let shrunk = comm
+        .shrink()
+        .wait()
+        .unwrap_or_else(|e| panic!("rank {rank}: shrink: {e}"));
+    let sum = shrunk
+        .all_reduce(vec![1.0f32; 1000], ReduceOp::Sum)
+        .wait()
+        .unwrap_or_else(|e| panic!("rank {rank}: all_reduce on the shrunk communicator: {e}"));
+    assert!(sum.iter().all(|&x| x == 3.0), "rank {rank}: {}", sum[0]);
+    println!(
+        "rank {rank} went on as {} of {}: ok",
+        shrunk.rank(),
+        shrunk.world_size()
+    );
+}
+
 /// `mpirun -np <np>` of `mpirun_child`, running `part`, with no MASTER_*.
 fn mpirun(np: usize, part: &str, vars: &[(&str, String)]) -> Option<Command> {
+    mpirun_with(&[], np, part, vars)
+}
+
+/// [`mpirun`] with `flags` of mpirun's own.
+fn mpirun_with(flags: &[&str], np: usize, part: &str, vars: &[(&str, String)]) -> Option<Command> {
     let mpirun = common::launchers::mpirun()?;
     let mut cmd = Command::new(mpirun);
     // Root in containers; more ranks than this machine's 2 cores; Open
     // MPI ends the job itself if it hangs.
     cmd.args(["--allow-run-as-root", "--oversubscribe", "--timeout", "60"])
+        .args(flags)
         .args(["-np", &np.to_string()])
         .args(["-x", &format!("{CHILD}={part}")]);
     for (var, value) in vars {
@@ -383,5 +425,24 @@ fn a_taken_derived_port_is_named_in_the_error() {
         "set MASTER_PORT".to_owned(),
     ] {
         assert!(line.contains(&part), "{part:?} not in {line}");
+    }
+}
+
+/// Issue 45 under a real launcher: Open MPI 4's mpirun ends the whole job
+/// when a rank dies, unless told `--enable-recovery` (Open MPI 5:
+/// `--with-ft ulfm`); with it, the three survivors of a SIGKILL shrink and
+/// go on. mpirun's status is 0 in that mode whatever the ranks do, so the
+/// ranks' own lines are the verdict.
+#[test]
+fn survivors_of_a_killed_rank_go_on_under_mpirun_enable_recovery() {
+    let Some(cmd) = mpirun_with(&["--enable-recovery"], 4, "survive", &[]) else {
+        return;
+    };
+    let (_, text) = Job::start(cmd).finish(Duration::from_secs(90));
+    for (rank, now) in [(0, 0), (1, 1), (3, 2)] {
+        assert!(
+            text.contains(&format!("rank {rank} went on as {now} of 3: ok")),
+            "rank {rank} did not go on:\n{text}"
+        );
     }
 }

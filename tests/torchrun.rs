@@ -302,6 +302,117 @@ fn each_rank_of_a_host_serves_metrics_at_its_own_port() {
 }
 
 /// What a child started by the tests above does; nothing in a plain run.
+/// Issue 45: torchrun's agent stops every worker of its group when one
+/// fails (and restarts them all, given restarts), so survivors need an
+/// agent each: one per rank (`--nproc-per-node 1`), static rendezvous,
+/// `--max-restarts 0`. Rank 2 of 3 kills itself; the other two shrink and
+/// run a correct all-reduce. (Their agents then wait in torchrun's exit
+/// barrier for the dead rank's agent, 300 s: the test ends them.)
+#[test]
+fn survivors_of_a_killed_rank_go_on_with_an_agent_per_rank() {
+    use std::io::BufRead;
+    let Some(torchrun_path) = common::launchers::torchrun() else {
+        return;
+    };
+    let port = free_port().to_string();
+    let exe = std::env::current_exe().unwrap();
+    let (tx, lines) = std::sync::mpsc::channel::<String>();
+    let mut agents: Vec<std::process::Child> = (0..3)
+        .map(|node| {
+            let mut agent = torchrun(
+                &torchrun_path,
+                &[
+                    "--nnodes",
+                    "3",
+                    "--node-rank",
+                    &node.to_string(),
+                    "--master-addr",
+                    "127.0.0.1",
+                    "--master-port",
+                    &port,
+                    "--nproc-per-node",
+                    "1",
+                    "--max-restarts",
+                    "0",
+                    "--no-python",
+                    exe.to_str().unwrap(),
+                    "child",
+                    "--exact",
+                    "--nocapture",
+                    "--test-threads=1",
+                ],
+            )
+            .env(CHILD_VAR, "survive")
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+            for out in [
+                Box::new(agent.stdout.take().unwrap()) as Box<dyn std::io::Read + Send>,
+                Box::new(agent.stderr.take().unwrap()),
+            ] {
+                let tx = tx.clone();
+                std::thread::spawn(move || {
+                    for line in std::io::BufReader::new(out).lines().map_while(Result::ok) {
+                        let _ = tx.send(line);
+                    }
+                });
+            }
+            agent
+        })
+        .collect();
+    drop(tx);
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    let mut said = Vec::new();
+    let went_on = |said: &[String], rank: usize| {
+        said.iter()
+            .any(|l| l.contains(&format!("rank {rank} went on as {rank} of 2: ok")))
+    };
+    while !(went_on(&said, 0) && went_on(&said, 1)) {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        match lines.recv_timeout(left) {
+            Ok(line) => said.push(line),
+            Err(_) => break,
+        }
+    }
+    for agent in &mut agents {
+        let _ = agent.kill();
+        let _ = agent.wait();
+    }
+    let all = said.join("\n");
+    assert!(went_on(&said, 0) && went_on(&said, 1), "{all}");
+}
+
+/// The `survive` scenario: rank 2 of 3 dies by SIGKILL after a few
+/// all-reduces; the others shrink and go on.
+fn survive() -> std::process::ExitCode {
+    let comm = Communicator::from_env().wait().expect("join");
+    let rank = comm.rank();
+    for op in 0.. {
+        if rank == 2 && op == 5 {
+            let _ =
+                nix::sys::signal::kill(nix::unistd::Pid::this(), nix::sys::signal::Signal::SIGKILL);
+        }
+        if let Err(e) = comm.all_reduce(vec![1.0f32; 1000], ReduceOp::Sum).wait() {
+            println!("rank {rank}: op {op} failed: {e}");
+            break;
+        }
+        assert!(op < 100_000, "rank {rank}: no op failed");
+    }
+    let shrunk = comm.shrink().wait().expect("shrink");
+    let sum = shrunk
+        .all_reduce(vec![1.0f32; 1000], ReduceOp::Sum)
+        .wait()
+        .expect("an all-reduce on the shrunk communicator");
+    assert!(sum.iter().all(|&x| x == 2.0), "rank {rank}: {}", sum[0]);
+    println!(
+        "rank {rank} went on as {} of {}: ok",
+        shrunk.rank(),
+        shrunk.world_size()
+    );
+    std::process::ExitCode::SUCCESS
+}
+
 #[test]
 fn child() {
     let Ok(scenario) = std::env::var(CHILD_VAR) else {
@@ -311,6 +422,7 @@ fn child() {
         "fail-first-attempt" => fail_first_attempt(),
         "mismatch" => ringwire::error_file::main(mismatch),
         "metrics-port" => ringwire::error_file::main(metrics_port),
+        "survive" => survive(),
         "record-error" => {
             ringwire::error_file::report(
                 &"op \"all_reduce\" #7 failed: \"quoted\", back\\slash, tab\tend",

@@ -39,7 +39,7 @@ const RECEIVE_TURN: Duration = Duration::from_millis(20);
 /// before it looks whether the agreement is over.
 const SEND_TURN: Duration = Duration::from_millis(100);
 
-/// A lower rank not linked after this long is asked whether it lives
+/// A member not linked after this long is asked whether it lives
 /// (`Transport::probe`), and again as often while it stays unlinked.
 const PROBE_EVERY: Duration = Duration::from_millis(100);
 
@@ -197,6 +197,7 @@ impl Communicator {
         // now: none counts as run ahead (decision 0019).
         transport.begin(comm_id, 0, None);
         let deadline = Instant::now() + self.timeout;
+        let silent_limit = self.inner.tunables.heartbeat_timeout;
         let mut agreement = Agreement::new(me, size, quorum, value);
         let (events_tx, events) = mpsc::channel::<Event>();
         let stop = Arc::new(AtomicBool::new(false));
@@ -245,10 +246,10 @@ impl Communicator {
                 let _ = sent_tx.send(peer);
             });
             let (w, e, stop) = (world.clone(), events_tx.clone(), stop.clone());
-            let world_me = members[me];
             spawn_peer_thread("ringwire-agree-recv", move || {
                 let t = &w.transport;
                 let mut next_probe = Instant::now() + PROBE_EVERY;
+                let mut unanswered_since: Option<Instant> = None;
                 while !stop.load(Ordering::Relaxed) {
                     // Receiving would make the link (dial, or wait for the
                     // peer's dial) under a short deadline, and take that
@@ -262,17 +263,27 @@ impl Communicator {
                         if Instant::now() >= deadline {
                             return;
                         }
-                        // A lower rank makes the link; one that has not
-                        // may be gone (a process that died refuses at
-                        // once), or merely not need it yet.
-                        if world_peer < world_me && Instant::now() >= next_probe {
-                            let until = (Instant::now() + PROBE_TIMEOUT).min(deadline);
-                            if let Err(LinkError::Connect { failure, .. }) =
-                                t.probe(world_peer, until)
-                                && says_gone(&failure)
-                            {
-                                let _ = e.send(Event::Suspect(peer));
-                                return;
+                        // A peer not linked yet may be gone (a process
+                        // that died refuses at once), stopped or hung (it
+                        // never answers: after the heartbeat timeout it
+                        // counts as lost, as a silent link does), or
+                        // merely slow to link.
+                        if Instant::now() >= next_probe {
+                            let asked = Instant::now();
+                            let until = (asked + PROBE_TIMEOUT.min(silent_limit)).min(deadline);
+                            match t.probe(world_peer, until) {
+                                Ok(()) => unanswered_since = None,
+                                Err(LinkError::Connect { failure, .. }) if says_gone(&failure) => {
+                                    let _ = e.send(Event::Suspect(peer));
+                                    return;
+                                }
+                                Err(_) => {
+                                    let since = *unanswered_since.get_or_insert(asked);
+                                    if since.elapsed() >= silent_limit {
+                                        let _ = e.send(Event::Suspect(peer));
+                                        return;
+                                    }
+                                }
                             }
                             next_probe = Instant::now() + PROBE_EVERY;
                         }

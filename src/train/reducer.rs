@@ -218,6 +218,35 @@ impl GradReducer {
         self.place = place;
     }
 
+    /// Goes on on `comm`, the communicator [`Communicator::shrink`] made
+    /// after a step failed with a lost rank: the same layout and bucket
+    /// order, every gradient zeroed (the failed step's were not reduced on
+    /// every rank alike: redo the step), and from then on the average over
+    /// `comm`'s members. Collective over `comm`; checks the layout there as
+    /// [`GradReducer::new`] does.
+    pub fn recover(&mut self, comm: &Communicator) -> Result<(), TrainError> {
+        // Buckets still in an all-reduce on the failed communicator end
+        // now (it failed); their memory comes back or is made anew.
+        self.drain();
+        self.weight = None;
+        super::check::same_layout(comm, &self.layout)?;
+        self.comm = comm.clone();
+        let order: Vec<ParamId> = self
+            .buckets
+            .iter()
+            .flat_map(|b| b.params.iter().copied())
+            .collect();
+        self.buckets.clear();
+        self.build(&order);
+        self.ready.fill(false);
+        self.launched = 0;
+        self.no_sync = false;
+        if let Some(observed) = self.observed.as_mut() {
+            observed.clear();
+        }
+        Ok(())
+    }
+
     /// The layout this reducer was made with.
     pub fn layout(&self) -> &Layout {
         &self.layout
@@ -471,8 +500,17 @@ impl GradReducer {
                 }
             }
         }
+        // A failed all-reduce (a lost rank) leaves every bucket here again,
+        // its memory back or made anew, so the reducer can go on
+        // (`recover`) or be dropped.
         let total = match self.weight.take() {
-            Some((_, all)) => Some(all.wait()?[0]),
+            Some((_, all)) => match all.wait() {
+                Ok(total) => Some(total[0]),
+                Err(e) => {
+                    self.drain();
+                    return Err(e.into());
+                }
+            },
             None => None,
         };
         let ranks = self.comm.world_size() as f64;
@@ -481,14 +519,32 @@ impl GradReducer {
             let grads = match state {
                 State::Idle(g) => g,
                 State::Reducing(pending) => {
-                    let mut g = pending.wait()?;
+                    let mut g = match pending.wait() {
+                        Ok(g) => g,
+                        Err(e) => {
+                            let bucket = &mut self.buckets[b];
+                            let len = bucket_len(bucket, &self.layout);
+                            bucket.state = State::Idle(
+                                Grads::zeroed(bucket.dtype, len).expect("a float type"),
+                            );
+                            self.drain();
+                            return Err(e.into());
+                        }
+                    };
                     if let Some(total) = total {
                         g.scale(1.0 / total);
                     }
                     g
                 }
                 State::Wire(Grads::F32(mut g), pending) => {
-                    let wire = pending.wait()?;
+                    let wire = match pending.wait() {
+                        Ok(wire) => wire,
+                        Err(e) => {
+                            self.buckets[b].state = State::Idle(Grads::F32(g));
+                            self.drain();
+                            return Err(e.into());
+                        }
+                    };
                     let divide = total.unwrap_or(ranks) as f32;
                     match &wire {
                         Grads::Bf16(w) => g

@@ -99,13 +99,13 @@ impl Linker {
             Channel::Main
         };
         let (halves, taken) = self
-            .dial_handshake(peer, &conn, &who, channel)
+            .dial_handshake(peer, &conn, &who, channel, self.config.handshake_timeout)
             .map_err(|f| refused(f, ""))?;
         let lanes = match channel {
             Channel::MainWithLanes(asked) if taken > 0 => {
                 let open = |channel| -> Result<Conn, LinkError> {
                     let lane = self.connect(peer, deadline)?;
-                    self.dial_handshake(peer, &lane, &who, channel)
+                    self.dial_handshake(peer, &lane, &who, channel, self.config.handshake_timeout)
                         .map_err(|f| refused(f, "opening a lane: "))?;
                     Ok(lane)
                 };
@@ -138,7 +138,15 @@ impl Linker {
         let (_, shown) = self.dial_address(peer);
         let conn = self.connect_with(peer, deadline, false)?;
         let who = format!("rank {peer} ({shown})");
-        self.dial_handshake(peer, &conn, &who, Channel::Probe)
+        // A stopped process's kernel still accepts the connection: only
+        // the handshake's silence shows it, within the deadline.
+        let left = deadline.saturating_duration_since(Instant::now());
+        let timeout = self
+            .config
+            .handshake_timeout
+            .min(left)
+            .max(Duration::from_millis(1));
+        self.dial_handshake(peer, &conn, &who, Channel::Probe, timeout)
             .map(drop)
             .map_err(|failure| LinkError::Connect {
                 addr: shown,
@@ -157,13 +165,12 @@ impl Linker {
         stream: &Conn,
         who: &str,
         channel: Channel,
+        timeout: Duration,
     ) -> Result<(Halves, u8), LinkFailure> {
         let addr = self.addrs[peer];
         let hs = |e: io::Error| handshake_error(&e, who);
         self.configure(stream).map_err(hs)?;
-        stream
-            .set_read_timeout(Some(self.config.handshake_timeout))
-            .map_err(hs)?;
+        stream.set_read_timeout(Some(timeout)).map_err(hs)?;
         let sec = &self.config.security;
         let mine = sec.flags();
         let (mut reader, mut writer) = match (&sec.tls, &stream) {
