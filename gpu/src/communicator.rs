@@ -177,6 +177,23 @@ impl GpuCommunicator {
             .map(Some)
     }
 
+    /// Goes on after a lost rank (issue 45): `cpu` is the communicator
+    /// [`Communicator::shrink`] made from this one's CPU communicator. This
+    /// NCCL communicator is aborted (on a helper thread, under a deadline:
+    /// an op stuck on the lost rank does not hold it), and a new one is
+    /// made over `cpu`'s members, with a unique id of its own sent over
+    /// `cpu`, on the same device, library, timeout and compute stream.
+    /// Every member of `cpu` calls it.
+    pub fn shrink(&self, cpu: &Communicator) -> Result<GpuCommunicator, GpuError> {
+        self.shared
+            .abort("shrunk: a new communicator goes on without the lost ranks");
+        GpuCommunicator::builder(cpu, &self.shared.device)
+            .library(self.shared.lib.clone())
+            .timeout(self.shared.timeout)
+            .compute_stream(self.shared.compute.clone())
+            .build()
+    }
+
     fn invalid<R: Send + 'static>(&self, op: GpuOp, detail: String) -> PendingCollective<R> {
         let seq = self
             .shared

@@ -373,3 +373,44 @@ fn no_cuda_here_is_an_error_not_a_panic() {
         }
     }
 }
+
+/// Issue 45: rank 2 of 3 goes (its CPU and GPU communicators dropped); the
+/// others' CPU op fails naming it, they shrink the CPU communicator, and
+/// `GpuCommunicator::shrink` aborts the old NCCL communicator and makes one
+/// of the two left, whose all-reduce is right; the old one stays failed.
+#[test]
+fn survivors_shrink_the_gpu_communicator_after_a_lost_rank() {
+    let (_store, mut cpu) = cpu_group(3, Duration::from_secs(30));
+    let mut gpus = on_all(&cpu, |c| build(c, Duration::from_secs(30)).expect("init"));
+    on_all(&gpus, |g| {
+        g.all_reduce(HostBuffer::new(vec![1f32; 64]), ReduceOp::Sum)
+            .wait()
+            .expect("an op with everyone")
+    });
+    drop(gpus.pop());
+    drop(cpu.pop());
+    let pairs: Vec<_> = cpu.iter().zip(gpus.iter()).collect();
+    let sums = on_all(&pairs, |(c, g)| {
+        let failed = c.all_reduce(vec![1f32; 64], ReduceOp::Sum).wait();
+        assert!(failed.is_err(), "rank {}: an op without rank 2", c.rank());
+        let shrunk = c.shrink().wait().expect("shrink");
+        let smaller = g
+            .shrink(&shrunk)
+            .expect("a GPU communicator of the two left");
+        assert_eq!((smaller.rank(), smaller.world_size()), (c.rank(), 2));
+        let sum = smaller
+            .all_reduce(
+                HostBuffer::new(vec![(c.rank() + 1) as f32; 1000]),
+                ReduceOp::Sum,
+            )
+            .wait()
+            .expect("an all-reduce of the two")
+            .into_vec();
+        let old = g.barrier().wait();
+        assert!(old.is_err(), "the old communicator stays failed");
+        sum
+    });
+    for sum in sums {
+        assert!(sum.iter().all(|&x| x == 3.0), "{}", sum[0]);
+    }
+}

@@ -248,7 +248,9 @@ impl Communicator {
             let (w, e, stop) = (world.clone(), events_tx.clone(), stop.clone());
             spawn_peer_thread("ringwire-agree-recv", move || {
                 let t = &w.transport;
-                let mut next_probe = Instant::now() + PROBE_EVERY;
+                // The first probe at once: a dead member refuses it in
+                // microseconds, where a dial to it retries for a while.
+                let mut next_probe = Instant::now();
                 let mut unanswered_since: Option<Instant> = None;
                 while !stop.load(Ordering::Relaxed) {
                     // Receiving would make the link (dial, or wait for the

@@ -251,13 +251,27 @@ impl Hub {
         peer: usize,
         deadline: Instant,
     ) -> Result<Arc<Link>, LinkError> {
-        let made = self.linker.dial(peer, deadline).and_then(|link| {
-            self.start_link(peer, link).map_err(|e| LinkError::Connect {
-                addr: self.linker.addr(peer).to_string(),
-                detail: e.to_string(),
-                failure: LinkFailure::of_io(&e, false),
-            })
-        });
+        self.dial_claimed_with(peer, deadline, true)
+    }
+
+    /// [`Hub::dial_claimed`], retrying a refused connection only if
+    /// `retry`.
+    fn dial_claimed_with(
+        self: &Arc<Self>,
+        peer: usize,
+        deadline: Instant,
+        retry: bool,
+    ) -> Result<Arc<Link>, LinkError> {
+        let made = self
+            .linker
+            .dial_with(peer, deadline, retry)
+            .and_then(|link| {
+                self.start_link(peer, link).map_err(|e| LinkError::Connect {
+                    addr: self.linker.addr(peer).to_string(),
+                    detail: e.to_string(),
+                    failure: LinkFailure::of_io(&e, false),
+                })
+            });
         match made {
             Ok(link) if self.register(peer, &link) => Ok(link),
             Ok(_) => Err(LinkError::Lost(Loss::new(
@@ -317,11 +331,13 @@ impl Hub {
             if !self.peers.claim_absent(peer) {
                 continue;
             }
-            // A member that is up accepts at once; one that refuses is
-            // usually dead (often why the communicator was aborted), and
-            // retrying it would hold up telling the others.
+            // A member that is up accepts at once (it has listened since
+            // it joined); one that refuses is dead (often why the
+            // communicator was aborted), and retrying it would hold up
+            // telling the others, and this rank's own error (about 100 ms
+            // over TCP before, from the kill to the survivors' errors).
             let soon = (Instant::now() + TELL_DIAL).min(deadline);
-            if let Err(e) = self.dial_claimed(peer, soon) {
+            if let Err(e) = self.dial_claimed_with(peer, soon, false) {
                 tracing::debug!(rank = self.me, peer, error = ?e, "could not reach a rank to tell it of an abort");
             }
         }

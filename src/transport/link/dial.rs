@@ -81,14 +81,21 @@ impl Linker {
 
     /// Dials `peer` (a higher rank) and runs the handshake, with its lanes
     /// where the link's plane takes them and the acceptor agrees.
-    pub(crate) fn dial(&self, peer: usize, deadline: Instant) -> Result<Established, LinkError> {
+    /// A refused connection is retried until `deadline` only if `retry` (a
+    /// peer known to have listened once and refusing now is gone).
+    pub(crate) fn dial_with(
+        &self,
+        peer: usize,
+        deadline: Instant,
+        retry: bool,
+    ) -> Result<Established, LinkError> {
         let (_, shown) = self.dial_address(peer);
         let refused = |failure: LinkFailure, prefix: &str| LinkError::Connect {
             addr: shown.clone(),
             detail: format!("{prefix}{}", words(&failure)),
             failure,
         };
-        let conn = self.connect(peer, deadline)?;
+        let conn = self.connect_with(peer, deadline, retry)?;
         let who = format!("rank {peer} ({shown})");
         let plane = self.plane(conn.kind());
         let channel = if plane == PlaneKind::Shm {
