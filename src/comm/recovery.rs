@@ -441,3 +441,45 @@ fn spawn_peer_thread(name: &str, work: impl FnOnce() + Send + 'static) {
     // suspects it at the timeout at worst.
     let _ = std::thread::Builder::new().name(name.into()).spawn(work);
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io;
+
+    /// The failure a real connection attempt to `addr` gives.
+    fn dial(addr: std::net::SocketAddr) -> LinkFailure {
+        let e = std::net::TcpStream::connect(addr).expect_err("nothing listens there");
+        LinkFailure::of_io(&e, false)
+    }
+
+    #[test]
+    fn only_signs_of_death_suspect_a_member() {
+        // Nothing listens on a port just let go: refused, the process gone.
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap();
+        assert!(says_gone(&dial(port)));
+        assert!(says_gone(&LinkFailure::Closed));
+        let reset = LinkFailure::of_io(
+            &io::Error::from_raw_os_error(rustix::io::Errno::CONNRESET.raw_os_error()),
+            false,
+        );
+        assert!(says_gone(&reset));
+        // A loaded host answering late, or a peer refusing this job's
+        // hello, is not dead.
+        let late = LinkFailure::of_io(
+            &io::Error::from_raw_os_error(rustix::io::Errno::AGAIN.raw_os_error()),
+            false,
+        );
+        assert!(!says_gone(&late));
+        assert!(!says_gone(&LinkFailure::NotDialed));
+        assert!(!says_gone(&LinkFailure::Handshake {
+            reason: "timed out".into()
+        }));
+        assert!(!says_gone(&LinkFailure::Refused {
+            reason: "another job".into()
+        }));
+    }
+}
