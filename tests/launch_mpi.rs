@@ -141,31 +141,8 @@ fn survive(cfg: &env::LaunchConfig) {
     let comm = Communicator::from_env()
         .wait()
         .unwrap_or_else(|e| panic!("rank {rank}: Communicator::from_env: {e}"));
-    for op in 0.. {
-        if rank == 2 && op == 5 {
-            let _ =
-                nix::sys::signal::kill(nix::unistd::Pid::this(), nix::sys::signal::Signal::SIGKILL);
-        }
-        if let Err(e) = comm.all_reduce(vec![1.0f32; 1000], ReduceOp::Sum).wait() {
-            println!("rank {rank}: op {op} failed: {e}");
-            break;
-        }
-        assert!(op < 100_000, "rank {rank}: no op failed");
-    }
-    let shrunk = comm
-        .shrink()
-        .wait()
-        .unwrap_or_else(|e| panic!("rank {rank}: shrink: {e}"));
-    let sum = shrunk
-        .all_reduce(vec![1.0f32; 1000], ReduceOp::Sum)
-        .wait()
-        .unwrap_or_else(|e| panic!("rank {rank}: all_reduce on the shrunk communicator: {e}"));
-    assert!(sum.iter().all(|&x| x == 3.0), "rank {rank}: {}", sum[0]);
-    println!(
-        "rank {rank} went on as {} of {}: ok",
-        shrunk.rank(),
-        shrunk.world_size()
-    );
+    let (now, size) = common::lose_rank_2_and_go_on(&comm);
+    println!("rank {rank} went on as {now} of {size}: ok");
 }
 
 /// `mpirun -np <np>` of `mpirun_child`, running `part`, with no MASTER_*.

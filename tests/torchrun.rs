@@ -68,6 +68,13 @@ fn torchrun(torchrun: &Path, args: &[&str]) -> Command {
 
 /// torchrun running this test binary's `child` test, doing `scenario`.
 fn torchrun_child(torchrun_path: &Path, launch: &[&str], scenario: &str) -> Output {
+    child_command(torchrun_path, launch, scenario)
+        .output()
+        .expect("run torchrun")
+}
+
+/// The command of [`torchrun_child`], to start.
+fn child_command(torchrun_path: &Path, launch: &[&str], scenario: &str) -> Command {
     let exe = std::env::current_exe().unwrap();
     let mut args = launch.to_vec();
     args.extend([
@@ -78,10 +85,9 @@ fn torchrun_child(torchrun_path: &Path, launch: &[&str], scenario: &str) -> Outp
         "--nocapture",
         "--test-threads=1",
     ]);
-    torchrun(torchrun_path, &args)
-        .env(CHILD_VAR, scenario)
-        .output()
-        .expect("run torchrun")
+    let mut cmd = torchrun(torchrun_path, &args);
+    cmd.env(CHILD_VAR, scenario);
+    cmd
 }
 
 fn text(out: &Output) -> String {
@@ -315,38 +321,29 @@ fn survivors_of_a_killed_rank_go_on_with_an_agent_per_rank() {
         return;
     };
     let port = free_port().to_string();
-    let exe = std::env::current_exe().unwrap();
     let (tx, lines) = std::sync::mpsc::channel::<String>();
     let mut agents: Vec<std::process::Child> = (0..3)
         .map(|node| {
-            let mut agent = torchrun(
-                &torchrun_path,
-                &[
-                    "--nnodes",
-                    "3",
-                    "--node-rank",
-                    &node.to_string(),
-                    "--master-addr",
-                    "127.0.0.1",
-                    "--master-port",
-                    &port,
-                    "--nproc-per-node",
-                    "1",
-                    "--max-restarts",
-                    "0",
-                    "--no-python",
-                    exe.to_str().unwrap(),
-                    "child",
-                    "--exact",
-                    "--nocapture",
-                    "--test-threads=1",
-                ],
-            )
-            .env(CHILD_VAR, "survive")
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
+            let node = node.to_string();
+            let launch = [
+                "--nnodes",
+                "3",
+                "--node-rank",
+                &node,
+                "--master-addr",
+                "127.0.0.1",
+                "--master-port",
+                &port,
+                "--nproc-per-node",
+                "1",
+                "--max-restarts",
+                "0",
+            ];
+            let mut agent = child_command(&torchrun_path, &launch, "survive")
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .unwrap();
             for out in [
                 Box::new(agent.stdout.take().unwrap()) as Box<dyn std::io::Read + Send>,
                 Box::new(agent.stderr.take().unwrap()),
@@ -387,29 +384,8 @@ fn survivors_of_a_killed_rank_go_on_with_an_agent_per_rank() {
 /// all-reduces; the others shrink and go on.
 fn survive() -> std::process::ExitCode {
     let comm = Communicator::from_env().wait().expect("join");
-    let rank = comm.rank();
-    for op in 0.. {
-        if rank == 2 && op == 5 {
-            let _ =
-                nix::sys::signal::kill(nix::unistd::Pid::this(), nix::sys::signal::Signal::SIGKILL);
-        }
-        if let Err(e) = comm.all_reduce(vec![1.0f32; 1000], ReduceOp::Sum).wait() {
-            println!("rank {rank}: op {op} failed: {e}");
-            break;
-        }
-        assert!(op < 100_000, "rank {rank}: no op failed");
-    }
-    let shrunk = comm.shrink().wait().expect("shrink");
-    let sum = shrunk
-        .all_reduce(vec![1.0f32; 1000], ReduceOp::Sum)
-        .wait()
-        .expect("an all-reduce on the shrunk communicator");
-    assert!(sum.iter().all(|&x| x == 2.0), "rank {rank}: {}", sum[0]);
-    println!(
-        "rank {rank} went on as {} of {}: ok",
-        shrunk.rank(),
-        shrunk.world_size()
-    );
+    let (now, size) = common::lose_rank_2_and_go_on(&comm);
+    println!("rank {} went on as {now} of {size}: ok", comm.rank());
     std::process::ExitCode::SUCCESS
 }
 

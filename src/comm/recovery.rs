@@ -21,6 +21,7 @@ use crate::locks::lock;
 use crate::pending::{PendingCollective, pending};
 use crate::transport::LinkError;
 use crate::wire::{Header, OpKind};
+use crate::world::World;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
@@ -210,130 +211,35 @@ impl Communicator {
                 agreement.suspect(peer);
                 continue;
             }
-            let (tx, rx) = mpsc::channel::<Message>();
+            let (tx, outbox) = mpsc::channel::<Message>();
             senders[peer] = Some(tx);
-            let (w, e, sent_tx) = (world.clone(), events_tx.clone(), sent_tx.clone());
-            let stop_sending = stop.clone();
+            let link = Arc::new(PeerLink {
+                world: world.clone(),
+                peer,
+                world_peer,
+                size,
+                comm_id,
+                deadline,
+                silent_limit,
+                events: events_tx.clone(),
+                stop: stop.clone(),
+            });
+            let (to, sent_tx) = (link.clone(), sent_tx.clone());
             spawn_peer_thread("ringwire-agree-send", move || {
-                let t = &w.transport;
-                'messages: for message in rx {
-                    let bytes = codec::encode(&message, size);
-                    let header = Header::data(comm_id, 0, OpKind::None, DType::U8)
-                        .with_payload_len(bytes.len() as u32);
-                    // In turns, so a thread waiting for a lower rank's dial
-                    // (one that may be dead) ends soon after the agreement
-                    // does, and lets the transport go.
-                    loop {
-                        let turn = (Instant::now() + SEND_TURN).min(deadline);
-                        match t.send(world_peer, &header, &bytes, turn) {
-                            Ok(()) => break,
-                            // Not dialed yet, or a dial that ran out of its
-                            // turn (a loaded host): not a sign of death.
-                            Err(LinkError::Connect { failure, .. })
-                                if Instant::now() < deadline && !says_gone(&failure) =>
-                            {
-                                if stop_sending.load(Ordering::Relaxed) {
-                                    break 'messages;
-                                }
-                            }
-                            Err(_) => {
-                                let _ = e.send(Event::Suspect(peer));
-                                break 'messages;
-                            }
-                        }
-                    }
-                }
+                to.send_all(outbox);
                 let _ = sent_tx.send(peer);
             });
-            let (w, e, stop) = (world.clone(), events_tx.clone(), stop.clone());
-            spawn_peer_thread("ringwire-agree-recv", move || {
-                let t = &w.transport;
-                // The first probe at once: a dead member refuses it in
-                // microseconds, where a dial to it retries for a while.
-                let mut next_probe = Instant::now();
-                let mut unanswered_since: Option<Instant> = None;
-                while !stop.load(Ordering::Relaxed) {
-                    // Receiving would make the link (dial, or wait for the
-                    // peer's dial) under a short deadline, and take that
-                    // running out for a failure: the first message either
-                    // way makes it, so wait for it to be up.
-                    if t.link_kind(world_peer).is_none() {
-                        if t.link_failure(world_peer).is_some() {
-                            let _ = e.send(Event::Suspect(peer));
-                            return;
-                        }
-                        if Instant::now() >= deadline {
-                            return;
-                        }
-                        // A peer not linked yet may be gone (a process
-                        // that died refuses at once), stopped or hung (it
-                        // never answers: after the heartbeat timeout it
-                        // counts as lost, as a silent link does), or
-                        // merely slow to link.
-                        if Instant::now() >= next_probe {
-                            let asked = Instant::now();
-                            let until = (asked + PROBE_TIMEOUT.min(silent_limit)).min(deadline);
-                            match t.probe(world_peer, until) {
-                                Ok(()) => unanswered_since = None,
-                                Err(LinkError::Connect { failure, .. }) if says_gone(&failure) => {
-                                    let _ = e.send(Event::Suspect(peer));
-                                    return;
-                                }
-                                Err(_) => {
-                                    let since = *unanswered_since.get_or_insert(asked);
-                                    if since.elapsed() >= silent_limit {
-                                        let _ = e.send(Event::Suspect(peer));
-                                        return;
-                                    }
-                                }
-                            }
-                            next_probe = Instant::now() + PROBE_EVERY;
-                        }
-                        std::thread::sleep(RECEIVE_TURN);
-                        continue;
-                    }
-                    let turn = (Instant::now() + RECEIVE_TURN).min(deadline);
-                    match t.recv(comm_id, world_peer, turn) {
-                        Ok(incoming) => {
-                            let bytes = incoming.payload.bytes();
-                            let decoded = match bytes.len() <= codec::MAX_PAYLOAD {
-                                true => codec::decode(bytes, size).ok(),
-                                false => None,
-                            };
-                            t.recycle(incoming.payload);
-                            let event = match decoded {
-                                Some(message) => Event::Message(peer, message),
-                                // Bytes that are not a message: the peer is
-                                // broken, and counts as lost.
-                                None => Event::Suspect(peer),
-                            };
-                            let lost = matches!(event, Event::Suspect(_));
-                            if e.send(event).is_err() || lost {
-                                return;
-                            }
-                        }
-                        Err(LinkError::Timeout) if Instant::now() < deadline => {}
-                        Err(LinkError::Timeout) => return,
-                        Err(_) => {
-                            let _ = e.send(Event::Suspect(peer));
-                            return;
-                        }
-                    }
-                }
-            });
+            spawn_peer_thread("ringwire-agree-recv", move || link.receive_all());
         }
         drop(events_tx);
         let outcome = loop {
-            while let Some((to, message)) = agreement.next_message() {
-                if let Some(tx) = &senders[to] {
-                    let _ = tx.send(message);
-                }
-            }
+            post(&mut agreement, &senders);
             if let Some(decision) = agreement.decision() {
                 break Ok(decision.clone());
             }
             if agreement.quorum_lost() {
                 break Err(Error::QuorumLost {
+                    rank: me,
                     reachable: agreement.reachable(),
                     needed: quorum,
                     size,
@@ -343,6 +249,7 @@ impl Communicator {
             let now = Instant::now();
             if now >= deadline {
                 break Err(Error::AgreementTimeout {
+                    rank: me,
                     instance,
                     waited: self.timeout,
                     suspected: agreement.suspected().collect(),
@@ -362,12 +269,8 @@ impl Communicator {
             }
         };
         // The decision goes on to every member still reachable (it was put
-        // in the outbox on deciding); the senders finish on their own.
-        while let Some((to, message)) = agreement.next_message() {
-            if let Some(tx) = &senders[to] {
-                let _ = tx.send(message);
-            }
-        }
+        // in the outbox on deciding).
+        post(&mut agreement, &senders);
         drop(senders);
         drop(sent_tx);
         stop.store(true, Ordering::Relaxed);
@@ -396,6 +299,144 @@ impl Communicator {
             });
         }
         Ok(decision)
+    }
+}
+
+/// Hands what the agreement puts out to each addressee's sending thread.
+fn post(agreement: &mut Agreement, senders: &[Option<mpsc::Sender<Message>>]) {
+    while let Some((to, message)) = agreement.next_message() {
+        if let Some(tx) = &senders[to] {
+            let _ = tx.send(message);
+        }
+    }
+}
+
+/// One peer as an agreement's two threads for it see it.
+struct PeerLink {
+    world: Arc<World>,
+    /// Its rank in the communicator, and in the world transport.
+    peer: usize,
+    world_peer: usize,
+    /// The communicator's size (what messages are coded for).
+    size: usize,
+    /// The agreement's own communicator id.
+    comm_id: u64,
+    deadline: Instant,
+    /// How long an unlinked peer may leave probes unanswered.
+    silent_limit: Duration,
+    events: mpsc::Sender<Event>,
+    /// Set once the agreement is over.
+    stop: Arc<AtomicBool>,
+}
+
+impl PeerLink {
+    fn suspect(&self) {
+        let _ = self.events.send(Event::Suspect(self.peer));
+    }
+
+    /// Sends each message of `outbox` until it closes; a peer that cannot
+    /// be reached for a sign of death is suspected.
+    fn send_all(&self, outbox: mpsc::Receiver<Message>) {
+        let t = &self.world.transport;
+        for message in outbox {
+            let bytes = codec::encode(&message, self.size);
+            let header = Header::data(self.comm_id, 0, OpKind::None, DType::U8)
+                .with_payload_len(bytes.len() as u32);
+            // In turns, so a thread waiting for a lower rank's dial (one
+            // that may be dead) ends soon after the agreement does, and
+            // lets the transport go.
+            loop {
+                let turn = (Instant::now() + SEND_TURN).min(self.deadline);
+                match t.send(self.world_peer, &header, &bytes, turn) {
+                    Ok(()) => break,
+                    // Not dialed yet, or a dial that ran out of its turn (a
+                    // loaded host): not a sign of death.
+                    Err(LinkError::Connect { failure, .. })
+                        if Instant::now() < self.deadline && !says_gone(&failure) =>
+                    {
+                        if self.stop.load(Ordering::Relaxed) {
+                            return;
+                        }
+                    }
+                    Err(_) => return self.suspect(),
+                }
+            }
+        }
+    }
+
+    /// Receives the peer's messages into the agreement's events until it
+    /// is over; a failed link, bytes that are not a message, or (while
+    /// unlinked) a probe that says the process is gone or silence for the
+    /// heartbeat timeout make the peer suspected.
+    fn receive_all(&self) {
+        let t = &self.world.transport;
+        // The first probe at once: a dead member refuses it in
+        // microseconds, where a dial to it retries for a while.
+        let mut next_probe = Instant::now();
+        let mut unanswered_since: Option<Instant> = None;
+        while !self.stop.load(Ordering::Relaxed) {
+            // Receiving would make the link (dial, or wait for the peer's
+            // dial) under a short deadline, and take that running out for
+            // a failure: the first message either way makes it, so wait
+            // for it to be up.
+            if t.link_kind(self.world_peer).is_none() {
+                if t.link_failure(self.world_peer).is_some() {
+                    return self.suspect();
+                }
+                if Instant::now() >= self.deadline {
+                    return;
+                }
+                // A peer not linked yet may be gone (a process that died
+                // refuses at once), stopped or hung (it never answers:
+                // after the heartbeat timeout it counts as lost, as a
+                // silent link does), or merely slow to link.
+                if Instant::now() >= next_probe {
+                    let asked = Instant::now();
+                    let until = (asked + PROBE_TIMEOUT.min(self.silent_limit)).min(self.deadline);
+                    match t.probe(self.world_peer, until) {
+                        Ok(()) => unanswered_since = None,
+                        Err(LinkError::Connect { failure, .. }) if says_gone(&failure) => {
+                            return self.suspect();
+                        }
+                        Err(_) => {
+                            let since = *unanswered_since.get_or_insert(asked);
+                            if since.elapsed() >= self.silent_limit {
+                                return self.suspect();
+                            }
+                        }
+                    }
+                    next_probe = Instant::now() + PROBE_EVERY;
+                }
+                std::thread::sleep(RECEIVE_TURN);
+                continue;
+            }
+            let turn = (Instant::now() + RECEIVE_TURN).min(self.deadline);
+            match t.recv(self.comm_id, self.world_peer, turn) {
+                Ok(incoming) => {
+                    let bytes = incoming.payload.bytes();
+                    let decoded = match bytes.len() <= codec::MAX_PAYLOAD {
+                        true => codec::decode(bytes, self.size).ok(),
+                        false => None,
+                    };
+                    t.recycle(incoming.payload);
+                    // Bytes that are not a message: the peer is broken, and
+                    // counts as lost.
+                    let Some(message) = decoded else {
+                        return self.suspect();
+                    };
+                    if self
+                        .events
+                        .send(Event::Message(self.peer, message))
+                        .is_err()
+                    {
+                        return;
+                    }
+                }
+                Err(LinkError::Timeout) if Instant::now() < self.deadline => {}
+                Err(LinkError::Timeout) => return,
+                Err(_) => return self.suspect(),
+            }
+        }
     }
 }
 

@@ -193,11 +193,14 @@ pub enum Error {
     /// reaches fewer members than the quorum, so it may be on the minority
     /// side of a partition, and it must not go on apart from the majority.
     #[error(
-        "cut off from the majority: this rank reaches {reachable} of {size} members (lost: \
-         {lost:?}), and deciding without the others needs {needed}; the members that hold a \
-         majority may go on without this rank"
+        "rank {rank} is cut off from the majority: it reaches {reachable} of {size} members \
+         (lost: {lost:?}), and deciding without the others needs {needed}; the members that \
+         hold a majority may go on without it, so end this process (or lower the quorum with \
+         shrink_with_quorum where no partition can split the job)"
     )]
     QuorumLost {
+        /// This rank, of the communicator the agreement ran on.
+        rank: usize,
         /// Members this rank still reaches, itself included.
         reachable: usize,
         /// The quorum a decision needs.
@@ -212,7 +215,8 @@ pub enum Error {
     /// lost: it was slow, or its links failed during the agreement).
     #[error(
         "rank {rank} was left out: the others agreed to go on as ranks {members:?} (it was \
-         taken for lost); rejoin as a new process"
+         taken for lost: slow, stopped or cut off during the agreement); this process cannot \
+         rejoin the running job, so end it"
     )]
     Excluded {
         /// This rank, of the communicator the agreement ran on.
@@ -223,10 +227,13 @@ pub enum Error {
 
     /// An agreement did not decide within the communicator's timeout.
     #[error(
-        "agreement #{instance} did not decide within {waited:?} (members not heard from or \
-         lost: {suspected:?}); raise the timeout, or check that every live member called it"
+        "agreement #{instance} on rank {rank} did not decide within {waited:?} (members not \
+         heard from or lost: {suspected:?}); check that every live member called agree or \
+         shrink in the same order, or raise the timeout"
     )]
     AgreementTimeout {
+        /// This rank, of the communicator the agreement ran on.
+        rank: usize,
         /// Which agreement of the communicator (1 for the first).
         instance: u64,
         /// How long it ran.

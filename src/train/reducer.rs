@@ -523,10 +523,7 @@ impl GradReducer {
                         Ok(g) => g,
                         Err(e) => {
                             let bucket = &mut self.buckets[b];
-                            let len = bucket_len(bucket, &self.layout);
-                            bucket.state = State::Idle(
-                                Grads::zeroed(bucket.dtype, len).expect("a float type"),
-                            );
+                            bucket.state = State::Idle(zeroed_grads(bucket, &self.layout));
                             self.drain();
                             return Err(e.into());
                         }
@@ -579,8 +576,7 @@ impl GradReducer {
                 State::Idle(g) => g,
                 State::Reducing(p) => match p.wait() {
                     Ok(g) => g,
-                    Err(_) => Grads::zeroed(bucket.dtype, bucket_len(bucket, &self.layout))
-                        .expect("a float type"),
+                    Err(_) => zeroed_grads(bucket, &self.layout),
                 },
                 State::Wire(g, p) => {
                     if let Ok(w) = p.wait() {
@@ -681,6 +677,8 @@ impl GradReducer {
     }
 }
 
-fn bucket_len(bucket: &Bucket, layout: &Layout) -> usize {
-    bucket.params.iter().map(|&p| layout.param(p).len).sum()
+/// New, zeroed memory for `bucket` (its own went with a failed all-reduce).
+fn zeroed_grads(bucket: &Bucket, layout: &Layout) -> Grads {
+    let len = bucket.params.iter().map(|&p| layout.param(p).len).sum();
+    Grads::zeroed(bucket.dtype, len).expect("a float type")
 }

@@ -178,3 +178,41 @@ pub(crate) fn init_logging() {
             .try_init();
     }
 }
+
+/// Issue 45's scenario under a real launcher: rank 2 kills itself
+/// (SIGKILL) after five all-reduces; every other rank sees an op fail,
+/// shrinks with the others, and checks an all-reduce on the shrunk
+/// communicator (which only runs if the launcher left it alive). Returns
+/// its rank there and the size.
+pub(crate) fn lose_rank_2_and_go_on(comm: &Communicator) -> (usize, usize) {
+    let rank = comm.rank();
+    for op in 0.. {
+        if rank == 2 && op == 5 {
+            let _ =
+                nix::sys::signal::kill(nix::unistd::Pid::this(), nix::sys::signal::Signal::SIGKILL);
+        }
+        if let Err(e) = comm
+            .all_reduce(vec![1.0f32; 1000], ringwire::ReduceOp::Sum)
+            .wait()
+        {
+            println!("rank {rank}: op {op} failed: {e}");
+            break;
+        }
+        assert!(op < 100_000, "rank {rank}: no op failed");
+    }
+    let shrunk = comm
+        .shrink()
+        .wait()
+        .unwrap_or_else(|e| panic!("rank {rank}: shrink: {e}"));
+    let sum = shrunk
+        .all_reduce(vec![1.0f32; 1000], ringwire::ReduceOp::Sum)
+        .wait()
+        .unwrap_or_else(|e| panic!("rank {rank}: all_reduce on the shrunk communicator: {e}"));
+    let size = shrunk.world_size();
+    assert!(
+        sum.iter().all(|&x| x == size as f32),
+        "rank {rank}: {}",
+        sum[0]
+    );
+    (shrunk.rank(), size)
+}
