@@ -424,3 +424,51 @@ fn over_tcp_local_links_too() {
 fn over_unix_links_too() {
     common::rerun_over_unix_links("over_unix_links_too");
 }
+
+/// What a rank sent before it left reaches the peer, even when the peer
+/// finds it gone by a send of its own first (another communicator's send
+/// hitting the closed socket, as the agreement's late decision or a
+/// heartbeat can): the loss ends only ops that need more from it.
+#[test]
+fn what_a_departed_rank_sent_before_it_left_is_still_received() {
+    use ringwire::LocalLinks;
+    // Over TCP, 4 MiB goes on lanes where the engine runs. (A large send
+    // to a rank in no op waits for it to read where the socket is small:
+    // 64 KiB stays within Unix sockets' and the rings' room.)
+    let cases = [
+        (LocalLinks::Tcp, [1000usize, 1 << 20]),
+        (LocalLinks::Unix, [1000, 1 << 14]),
+        (LocalLinks::Shm, [1000, 1 << 14]),
+    ];
+    for (links, lens) in cases {
+        for len in lens {
+            let (_store, mut comms) =
+                local_group(2, |b| b.timeout(Duration::from_secs(20)).local_links(links));
+            // Another communicator over the same links.
+            let mut others = on_all(&comms, |c| c.split(Some(0), 0).unwrap().unwrap());
+            let leaver = comms.pop().unwrap();
+            let stayer = comms.pop().unwrap();
+            let data: Vec<f32> = (0..len).map(|i| i as f32).collect();
+            leaver.send(data.clone(), 0).wait().unwrap();
+            // Rank 1 leaves: its communicators, links and transport close.
+            drop(leaver);
+            drop(others.pop());
+            std::thread::sleep(Duration::from_millis(100));
+            // Sends on the other communicator meet the closed socket.
+            for _ in 0..3 {
+                let _ = others[0].send(vec![1u8; 64], 1).wait();
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let got = stayer
+                .recv(vec![0f32; len], 1)
+                .wait()
+                .unwrap_or_else(|e| panic!("{links:?}, {len} floats: {e}"));
+            assert_eq!(got, data, "{links:?}, {len} floats");
+            // What needs more of it fails naming it, and does not wait.
+            match stayer.recv(vec![0f32; 4], 1).wait() {
+                Err(Error::PeerLost { peer: 1, .. }) => {}
+                other => panic!("{links:?}: {other:?}"),
+            }
+        }
+    }
+}

@@ -259,11 +259,8 @@ fn child_rank() {
                                 shrunk.world_size(),
                                 sums[0]
                             );
-                            // Stay linked a moment, as below: a survivor
-                            // that exits the instant its op ends can fail
-                            // another still finishing it (issue 45's exit
-                            // race; seen in CI over TCP local links).
-                            std::thread::sleep(Duration::from_millis(500));
+                            // Exits at once: the others still finishing
+                            // their op must get what this one sent.
                             return;
                         }
                         // Stay linked a moment: a survivor that exited at

@@ -304,8 +304,25 @@ impl Hub {
         ready
     }
 
-    /// Marks the link to `peer` failed and wakes everyone waiting on it.
+    /// Marks the link to `peer` failed and wakes everyone waiting on it;
+    /// but a send that found the connection broken stops only the link's
+    /// sending: what the peer sent before it exited is still read (an op
+    /// here may need its last frames, which another communicator's send or
+    /// a heartbeat meeting the closed socket first must not throw away),
+    /// and the link fails when its receiving side ends.
     fn fail(&self, peer: usize, failure: LinkFailure) {
+        if matches!(failure, LinkFailure::Io { sending: true, .. })
+            && let Some(link) = self.peers.ready(peer)
+        {
+            tracing::debug!(
+                rank = self.me,
+                peer,
+                ?failure,
+                "a send failed; reading what came before"
+            );
+            link.plane.stop_sending();
+            return;
+        }
         self.peers.fail(Loss::new(peer, failure));
         self.inboxes.peer_lost(peer);
     }

@@ -159,6 +159,15 @@ pub(crate) trait LinkPlane: Send + Sync {
     /// Shuts the link's connections down, which ends what is in flight.
     fn shut_down(&self);
 
+    /// A send found the link's connection broken: shuts its writing side
+    /// down and leaves the receiving side to read what the peer sent before
+    /// (a peer that lives reads the end and closes too); the plane fails
+    /// the link when its receiving side ends. A plane that cannot do this
+    /// half shuts the whole link down.
+    fn stop_sending(&self) {
+        self.shut_down();
+    }
+
     /// How many lanes each way beside the link carry large payloads
     /// (0018, 0034).
     fn lanes(&self) -> usize {

@@ -261,6 +261,10 @@ impl LinkPlane for PortableLink {
     fn shut_down(&self) {
         let _ = self.socket.control.shutdown(Shutdown::Both);
     }
+
+    fn stop_sending(&self) {
+        let _ = self.socket.control.shutdown(Shutdown::Write);
+    }
 }
 
 /// Reads frames from `peer` until the link fails or is shut down, and

@@ -357,6 +357,10 @@ impl LinkPlane for UringLink {
         ControlSent::Sent
     }
 
+    /// The engine shut the writing side down itself when the send failed
+    /// (`FrameEngine`'s sending stops, its receiving goes on).
+    fn stop_sending(&self) {}
+
     fn shut_down(&self) {
         for socket in &self.sockets {
             let _ =

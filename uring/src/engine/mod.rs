@@ -755,7 +755,7 @@ impl FrameEngine {
             let small = header.len() + payload.len() + tail <= DIRECT_SEND_BYTES;
             if small && !st.driving && st.queued.sends.is_empty() && st.queued.links.is_empty() {
                 let mut outcome = None;
-                self.drive(st, |driver| outcome = driver.send_now(request(id), sink));
+                self.drive(st, |driver| outcome = driver.send_now(request(id)));
                 if let Some(done) = sent(outcome) {
                     in_flight.done();
                     return done; // else it waits on its link's queue for the next turn

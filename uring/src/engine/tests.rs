@@ -199,6 +199,35 @@ fn end_of_stream_fails_the_link_and_later_sends() {
 }
 
 #[test]
+fn a_failed_send_leaves_what_the_peer_sent_before_it_closed_to_be_read() {
+    // The peer writes a frame and exits; this side's send meets the closed
+    // socket first. The frame is still delivered, and the link fails with
+    // the end of stream after it, not with the send's error before it.
+    let (a, mut b) = UnixStream::pair().unwrap();
+    let e = engine(1);
+    e.add_link(0, shared(a));
+    let sink = Sink::default();
+    let p = payload(2);
+    let mut frame = (p.len() as u64).to_le_bytes().to_vec();
+    frame.extend_from_slice(&p);
+    std::io::Write::write_all(&mut b, &frame).unwrap();
+    drop(b);
+    let far = Instant::now() + Duration::from_secs(5);
+    let r = plain_send(&e, 0, &[0; HEADER], &[], far, &mut || {}, &sink);
+    assert!(r.is_err(), "a send to a closed peer must fail, got {r:?}");
+    wait_for(&e, &sink, |s| !lock(&s.failed).is_empty());
+    let frames = lock(&sink.frames).clone();
+    assert!(frames == vec![(0, p)], "{} frames came", frames.len());
+    assert!(
+        lock(&sink.failed)[0].1.contains("Closed"),
+        "{:?}",
+        lock(&sink.failed)
+    );
+    let r = plain_send(&e, 0, &[0; HEADER], &[], far, &mut || {}, &sink);
+    assert!(r.is_err(), "a send on a dead link must fail, got {r:?}");
+}
+
+#[test]
 fn a_refused_header_fails_the_link_with_the_sinks_reason() {
     let (a, mut b) = UnixStream::pair().unwrap();
     let e = engine(1);

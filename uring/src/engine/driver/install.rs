@@ -158,6 +158,7 @@ impl Driver {
                 }; 3],
             ),
             dead: None,
+            send_error: None,
             zero_copy: ZeroCopy::Untried,
             targets: Vec::new(),
             zc_result: None,

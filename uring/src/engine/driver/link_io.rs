@@ -235,6 +235,10 @@ pub(super) struct LinkIo {
     pub(super) iov: Box<[libc::iovec; 3]>,
     /// Set once the link failed; later sends fail with it at once.
     pub(super) dead: Option<String>,
+    /// Set once a send failed (the peer is gone, or the connection broke):
+    /// sends fail with it, while the link's receiving side goes on until
+    /// it ends (`Driver::stop_sending`).
+    pub(super) send_error: Option<String>,
     pub(super) zero_copy: ZeroCopy,
     /// Callers waiting for a frame to be received into their memory.
     pub(super) targets: Vec<PlaceRequest>,
@@ -520,6 +524,21 @@ impl LinkIo {
     }
 
     /// Shuts every socket of the link down, which ends what is in flight on them.
+    /// Shuts the sending side down: the socket's write side (a peer that
+    /// lives reads its end and closes too) and the send lanes, which only
+    /// send. The socket is still read.
+    pub(super) fn shut_down_sending(&self) {
+        let _ = shutdown(self.socket.as_raw_fd(), Shutdown::Write);
+        for lane in &self.send_lanes {
+            let _ = shutdown(lane.socket.as_raw_fd(), Shutdown::Both);
+        }
+    }
+
+    /// Why sends on this link fail, if they do.
+    pub(super) fn send_failure(&self) -> Option<&String> {
+        self.dead.as_ref().or(self.send_error.as_ref())
+    }
+
     pub(super) fn shut_down(&self) {
         let _ = shutdown(self.socket.as_raw_fd(), Shutdown::Both);
         for lane in &self.send_lanes {

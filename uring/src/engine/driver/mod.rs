@@ -324,7 +324,7 @@ impl Driver {
             self.withdraw(id, finished);
         }
         for link in 0..self.links.len() {
-            self.send_directly(link, sink, finished);
+            self.send_directly(link, finished);
         }
         // Work that ended already (a withdrawn placement, a send to a dead
         // link) must reach its caller now, not after a sleep.
@@ -418,13 +418,13 @@ impl Driver {
     fn take_send(&mut self, req: SendRequest, finished: &mut Vec<(u64, Outcome)>) {
         let link = req.link;
         match self.links.get_mut(link).and_then(|l| l.as_mut()) {
-            Some(l) if l.dead.is_none() => {
+            Some(l) if l.send_failure().is_none() => {
                 l.queue.push_back(req);
                 self.touched.push(link);
             }
             Some(l) => finished.push((
                 req.id,
-                Outcome::Sent(Err(l.dead.clone().unwrap_or_default())),
+                Outcome::Sent(Err(l.send_failure().cloned().unwrap_or_default())),
             )),
             None => finished.push((
                 req.id,
@@ -440,11 +440,11 @@ impl Driver {
     /// finished is left in `finished` for the caller to hand out. A small
     /// op's send then costs one system call and none of a turn's queue
     /// hand-over or polling set-up.
-    pub(crate) fn send_now(&mut self, req: SendRequest, sink: &dyn FrameSink) -> Option<Outcome> {
+    pub(crate) fn send_now(&mut self, req: SendRequest) -> Option<Outcome> {
         let (id, link) = (req.id, req.link);
         let mut finished = std::mem::take(&mut self.finished);
         self.take_send(req, &mut finished);
-        self.send_directly(link, sink, &mut finished);
+        self.send_directly(link, &mut finished);
         let outcome = finished
             .iter()
             .position(|(done, _)| *done == id)
@@ -687,11 +687,11 @@ impl Driver {
                     continue; // it names no link
                 }
                 (RECV, 0) => self.received(link, result, sink, finished),
-                (SEND, 0) => self.sent(link, result, flags, sink, finished),
+                (SEND, 0) => self.sent(link, result, flags, finished),
                 (RECV, lane) => self.lane_received(link, lane - 1, result, sink, finished),
                 (SEND, lane) => {
                     let done = (lane - 1, slot);
-                    self.lane_sent(link, done, result, flags, sink, finished)
+                    self.lane_sent(link, done, result, flags, finished)
                 }
                 _ => {}
             }
@@ -734,8 +734,35 @@ impl Driver {
         sink.link_failed(link, fault);
     }
 
-    /// Sends queued on dead links, failed; called each turn so their
-    /// callers are released.
+    /// A send on `link` failed with `error`: the peer is gone, or the
+    /// connection broke. Sends fail from now on, but the link's receiving
+    /// side goes on until it ends, and only then does the link fail: a peer
+    /// that finished its part and exited may have left frames in this
+    /// socket that an op here still needs (another communicator's late
+    /// send, or a heartbeat, meeting the closed socket first must not
+    /// throw them away). The write side is shut down, so a peer that lives
+    /// reads its end and closes too.
+    pub(super) fn stop_sending(&mut self, link: usize, error: io::Error) {
+        let Some(l) = self.links.get_mut(link).and_then(|l| l.as_mut()) else {
+            return;
+        };
+        if l.send_failure().is_some() {
+            return;
+        }
+        tracing::debug!(link, %error, "a send failed; reading what the peer sent before");
+        l.send_error = Some(error.to_string());
+        l.shut_down_sending();
+        // Pieces whose SEND_ZC notifications a lane owes: a reset brings
+        // them (lanes only send, so nothing is lost to reading).
+        for lane in l.send_lanes.iter().filter(|lane| lane.slots.owed()) {
+            reset(&lane.socket);
+        }
+        self.touched.push(link);
+    }
+
+    /// Work of failed links, failed: every send of a link that failed or
+    /// whose sending stopped (`stop_sending`), and the receives of a link
+    /// that failed. Called each turn so their callers are released.
     fn fail_dead_work(&mut self, finished: &mut Vec<(u64, Outcome)>) {
         for l in self.links.iter_mut().flatten() {
             if let Some(reason) = &l.dead {
@@ -763,6 +790,8 @@ impl Driver {
                         _ => {}
                     }
                 }
+            }
+            if let Some(reason) = l.send_failure().cloned() {
                 for req in l.queue.drain(..) {
                     finished.push((req.id, Outcome::Sent(Err(reason.clone()))));
                 }
@@ -776,8 +805,8 @@ impl Driver {
                         finished.push((req.id, Outcome::Sent(Err(reason.clone()))));
                     }
                 }
-                // Frames owed notifications once these came (`fail` reset
-                // their lanes, which brings them).
+                // Frames owed notifications once these came (`fail` and
+                // `stop_sending` reset their lanes, which brings them).
                 while let Some(req) = take_notified(&mut l.notified_later, &l.send_lanes) {
                     finished.push((req.id, Outcome::Sent(Err(reason.clone()))));
                 }

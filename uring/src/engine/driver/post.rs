@@ -67,17 +67,12 @@ impl Driver {
     /// no submission or completion. What the socket does not take (or a
     /// large frame) goes through the ring as before, in order, since only
     /// the driver sends and never while a ring send is in flight.
-    pub(super) fn send_directly(
-        &mut self,
-        link: usize,
-        sink: &dyn FrameSink,
-        finished: &mut Vec<(u64, Outcome)>,
-    ) {
+    pub(super) fn send_directly(&mut self, link: usize, finished: &mut Vec<(u64, Outcome)>) {
         loop {
             let Some(l) = self.links.get_mut(link).and_then(|l| l.as_mut()) else {
                 return;
             };
-            if l.dead.is_some() || l.send_in_flight {
+            if l.send_failure().is_some() || l.send_in_flight {
                 return;
             }
             l.start_next_send(self.frame_align);
@@ -99,7 +94,7 @@ impl Driver {
                 return;
             };
             let whole = n.max(0) as usize >= left;
-            self.sent(link, result, 0, sink, finished);
+            self.sent(link, result, 0, finished);
             if !whole {
                 return;
             }
@@ -135,7 +130,10 @@ impl Driver {
         self.links
             .get(link)
             .and_then(|l| l.as_ref())
-            .is_some_and(|l| matches!(l.rx, Rx::Staging) && sink.paused(link))
+            .is_some_and(|l| {
+                // Once sending stopped, what is left is read whole.
+                matches!(l.rx, Rx::Staging) && l.send_error.is_none() && sink.paused(link)
+            })
     }
 
     /// Reads what each staging link without a receive in flight has, with
@@ -159,7 +157,7 @@ impl Driver {
             if l.dead.is_some() || l.recv_in_flight || !matches!(l.rx, Rx::Staging) {
                 continue;
             }
-            if sink.paused(link) {
+            if l.send_error.is_none() && sink.paused(link) {
                 continue;
             }
             let (ptr, len, _) = l.receive_into(header_ask);
@@ -212,7 +210,8 @@ impl Driver {
             );
         }
         let mut send = None;
-        if !l.send_in_flight {
+        let sending = l.send_failure().is_none();
+        if sending && !l.send_in_flight {
             l.start_next_send(self.frame_align);
             let left = l.send_left();
             if left > 0 {
@@ -228,7 +227,7 @@ impl Driver {
         }
         let mut lane_entries = std::mem::take(&mut self.lane_entries);
         lane_entries.clear();
-        if let Some(payload) = l.spread.as_ref().map(|s| s.payload) {
+        if let Some(payload) = l.spread.as_ref().map(|s| s.payload).filter(|_| sending) {
             l.place_pieces();
             for (i, lane) in l.send_lanes.iter_mut().enumerate() {
                 let Some(piece) = lane.piece.as_ref().filter(|_| !lane.in_flight) else {

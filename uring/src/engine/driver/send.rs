@@ -9,7 +9,6 @@ impl Driver {
         link: usize,
         result: i32,
         flags: u32,
-        sink: &dyn FrameSink,
         finished: &mut Vec<(u64, Outcome)>,
     ) {
         let always = self.zero_copy_always;
@@ -62,7 +61,7 @@ impl Driver {
         let Some(req) = l.sending.as_mut() else {
             return;
         };
-        if l.dead.is_some() {
+        if l.dead.is_some() || l.send_error.is_some() {
             // Failed by `fail_dead_work` once no piece of it is in flight.
             return;
         }
@@ -86,8 +85,9 @@ impl Driver {
         } else {
             io::Error::from_raw_os_error(-result)
         };
-        // The send fails with the link (`fail_dead_work`).
-        self.fail(link, LinkFault::Io(error), sink);
+        // The send fails (`fail_dead_work`); the link once its receiving
+        // side ends.
+        self.stop_sending(link, error);
     }
 
     /// A send on lane `lane` of `link`, of the piece in header slot `slot`,
@@ -100,7 +100,6 @@ impl Driver {
         (lane, slot): (usize, usize),
         result: i32,
         flags: u32,
-        sink: &dyn FrameSink,
         finished: &mut Vec<(u64, Outcome)>,
     ) {
         let always = self.zero_copy_always;
@@ -155,7 +154,7 @@ impl Driver {
         }
         // A dead link's send fails in `fail_dead_work`; a cancel that moved
         // nothing is posted again.
-        if l.dead.is_some() || result == -libc::ECANCELED {
+        if l.dead.is_some() || l.send_error.is_some() || result == -libc::ECANCELED {
             return;
         }
         if result <= 0 {
@@ -164,7 +163,7 @@ impl Driver {
             } else {
                 io::Error::from_raw_os_error(-result)
             };
-            self.fail(link, LinkFault::Io(error), sink);
+            self.stop_sending(link, error);
             return;
         }
         let Some(piece) = s.piece.as_mut() else {
