@@ -305,6 +305,78 @@ fn communicators_beyond_the_arenas_slots_run_over_the_links() {
     assert!(yes >= 10 && no >= 1 && yes + no == 20, "{:?}", results[0]);
 }
 
+/// A member that leaves a communicator right after its last op (a
+/// broadcast's root, which waits for no one) keeps its slot as it is until
+/// the others are done with it: its next communicator takes another slot,
+/// and the slow member still reads the broadcast, not the next
+/// communicator's op that a reused slot would show it (the same tag: the
+/// wrong data, silently).
+#[test]
+fn a_communicator_dropped_after_its_last_op_leaves_its_slot_to_slow_readers() {
+    let (_store, comms) = shm_group(3);
+    let on = |set: [usize; 2], c: &Communicator| {
+        // Rank 1 first in both: root 0 of each broadcast.
+        let key = if c.rank() == 1 { 0 } else { 1 };
+        c.split(set.contains(&c.rank()).then_some(0), key).unwrap()
+    };
+    let mut a = on_all(&comms, |c| on([0, 1], c));
+    let mut b = on_all(&comms, |c| on([1, 2], c));
+    let (a0, a1) = (a[0].take().unwrap(), a[1].take().unwrap());
+    let (b1, b2) = (b[1].take().unwrap(), b[2].take().unwrap());
+    // `a` votes for the arena (each member takes a slot) in a first op.
+    on_all(&[a0.clone(), a1.clone()], |c| c.barrier().wait().unwrap());
+    assert_eq!(a1.shared_memory_arena(), Some(true));
+    let sent_on_a = vec![1.5f32; 256];
+    let sent_on_b = vec![2.5f32; 256];
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            a1.broadcast(sent_on_a.clone(), 0).wait().unwrap();
+            drop(a1);
+            // `b` votes now: a slot `a` left would be the first free.
+            for _ in 0..3 {
+                b1.broadcast(sent_on_b.clone(), 0).wait().unwrap();
+            }
+            assert_eq!(b1.shared_memory_arena(), Some(true));
+        });
+        s.spawn(|| {
+            for _ in 0..3 {
+                let got = b2.broadcast(vec![0f32; 256], 0).wait().unwrap();
+                assert_eq!(got, sent_on_b);
+            }
+        });
+        s.spawn(|| {
+            // Late: rank 1 has left `a` and gone on on `b` by now.
+            std::thread::sleep(std::time::Duration::from_millis(300));
+            let got = a0.broadcast(vec![0f32; 256], 0).wait().unwrap();
+            assert_eq!(got, sent_on_a, "rank 0 read another communicator's op");
+        });
+    });
+}
+
+/// Communicators made and dropped one after another, far more than the
+/// arena has slots: each one's slot comes back once every member left it,
+/// so every one runs on the arena.
+#[test]
+fn slots_of_communicators_every_member_left_are_taken_again() {
+    let (_store, comms) = shm_group(2);
+    let results = on_all(&comms, |c| {
+        (0..40)
+            .map(|i| {
+                let sub = c.split(Some(0), 0).unwrap().unwrap();
+                let got = sub
+                    .all_reduce(vec![(sub.rank() + i) as f64; 3], ReduceOp::Sum)
+                    .wait()
+                    .unwrap();
+                assert_eq!(got, vec![(2 * i + 1) as f64; 3], "communicator {i}");
+                sub.shared_memory_arena()
+            })
+            .collect::<Vec<_>>()
+    });
+    for votes in results {
+        assert!(votes.iter().all(|v| *v == Some(true)), "{votes:?}");
+    }
+}
+
 /// Two ranks that call different collectives on the arena: the op fails
 /// naming the other rank, not with a hang or garbage.
 #[test]

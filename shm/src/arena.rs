@@ -55,7 +55,7 @@ pub const MAGIC_WORD: usize = 0;
 /// See [`MAGIC_WORD`]: non-zero once any member gave up on the arena.
 pub const ABORT_WORD: usize = 8;
 /// What [`MAGIC_WORD`] holds in an arena of this layout.
-pub const MAGIC: u64 = u64::from_le_bytes(*b"RWARENA1");
+pub const MAGIC: u64 = u64::from_le_bytes(*b"RWARENA2");
 
 const HEADER_BYTES: usize = LINE;
 const SLOT_BYTES: usize = (DEPTH_USIZE + 1) * LINE + DEPTH_USIZE * STAGE_BYTES;
@@ -72,6 +72,18 @@ pub fn line(slot: usize, k: u64) -> usize {
 /// while its owner sleeps until a peer publishes.
 pub fn sleep_word(slot: usize) -> usize {
     HEADER_BYTES + slot * SLOT_BYTES + DEPTH_USIZE * LINE
+}
+
+/// Offset of the epoch word of `slot` (on the sleep word's line): how many
+/// times a communicator took the slot ([`open`]).
+fn epoch_word(slot: usize) -> usize {
+    sleep_word(slot) + 8
+}
+
+/// Offset of the closed word of `slot`: the last epoch whose communicator
+/// its owner closed ([`close`]).
+fn closed_word(slot: usize) -> usize {
+    sleep_word(slot) + 16
 }
 
 /// Offset of the staging area of `slot` for op `k`.
@@ -114,6 +126,32 @@ pub fn reset<M: ArenaMemory>(own: &M, slot: usize) {
         own.store(line(slot, k) + 8, 0, Ordering::Release);
     }
     own.store(sleep_word(slot), 0, Ordering::Release);
+}
+
+/// Gives `slot` to a new communicator: fresh ([`reset`]), in a new epoch,
+/// which it returns (members tell each other their slot's epoch).
+pub fn open<M: ArenaMemory>(own: &M, slot: usize) -> u64 {
+    reset(own, slot);
+    let epoch = own.load(epoch_word(slot), Ordering::Relaxed) + 1;
+    own.store(epoch_word(slot), epoch, Ordering::Release);
+    epoch
+}
+
+/// The owner's communicator of `slot`'s epoch is gone: it reads nothing
+/// more of its peers' slots of that communicator. A peer waits for this
+/// ([`done_with`]) before it gives its own slot to another communicator,
+/// since until then the owner may still read that slot's last op.
+pub fn close<M: ArenaMemory>(own: &M, slot: usize) {
+    let epoch = own.load(epoch_word(slot), Ordering::Relaxed);
+    // Release: every read of the peers' slots comes before.
+    own.store(closed_word(slot), epoch, Ordering::Release);
+}
+
+/// Whether the owner of `arena`'s `slot` is done with epoch `epoch`: it
+/// closed it, or gave the slot to another communicator since.
+pub fn done_with<M: ArenaMemory>(arena: &M, slot: usize, epoch: u64) -> bool {
+    arena.load(closed_word(slot), Ordering::Acquire) == epoch
+        || arena.load(epoch_word(slot), Ordering::Acquire) != epoch
 }
 
 /// The owner of `slot` is about to sleep: it must look again after this

@@ -41,12 +41,33 @@ const NAP: Duration = Duration::from_millis(2);
 /// A communicator's arena, as one rank sees it: its own slot, and every
 /// member's arena and slot (by rank in the communicator; its own too).
 pub(crate) struct CommArena {
-    /// Held so the slot stays this communicator's.
-    _slot: Slot,
+    /// Held so the slot stays this communicator's; retired when it goes.
+    slot: Option<Slot>,
     members: Vec<(Arc<Mapping>, usize)>,
+    /// Every other member's world rank and its slot's epoch.
+    peers: Vec<(usize, u64)>,
     me: usize,
     /// Arena ops this communicator ran.
     ops: u64,
+}
+
+impl Drop for CommArena {
+    /// A peer may not have read this rank's last op yet: the slot waits
+    /// for every peer to be done with the communicator before another
+    /// takes it (`Slot::retire`).
+    fn drop(&mut self) {
+        let Some(slot) = self.slot.take() else { return };
+        let peers = (0..self.members.len())
+            .filter(|&r| r != self.me)
+            .map(|r| super::Peer {
+                rank: self.peers[r].0,
+                arena: self.members[r].0.clone(),
+                slot: self.members[r].1,
+                epoch: self.peers[r].1,
+            })
+            .collect();
+        slot.retire(peers);
+    }
 }
 
 /// Why a wait ended without its data.
@@ -76,11 +97,18 @@ pub(crate) struct Waiting<'a> {
 
 impl CommArena {
     /// The arena of a communicator whose rank `me` holds `slot`, with
-    /// `members[r]` the arena and slot index of rank `r`.
-    pub(crate) fn new(slot: Slot, members: Vec<(Arc<Mapping>, usize)>, me: usize) -> CommArena {
+    /// `members[r]` the arena and slot index of rank `r`, and `peers[r]`
+    /// its world rank and its slot's epoch.
+    pub(crate) fn new(
+        slot: Slot,
+        members: Vec<(Arc<Mapping>, usize)>,
+        peers: Vec<(usize, u64)>,
+        me: usize,
+    ) -> CommArena {
         CommArena {
-            _slot: slot,
+            slot: Some(slot),
             members,
+            peers,
             me,
             ops: 0,
         }

@@ -24,6 +24,9 @@ use zerocopy::{FromBytes, IntoBytes};
 /// The step number of the vote's frames (schedules' steps are far below).
 const VOTE_STEP: u32 = u32::MAX - 1;
 
+/// Where a member's slot epoch starts in the slot word it votes with.
+const EPOCH_SHIFT: u32 = 8;
+
 /// Largest reduction (all-reduce, reduce, reduce-scatter; the bytes each
 /// rank stages, its whole input) that runs on the arena in one op. Above
 /// it every rank reading every staged copy is slower (measured at 2 ranks
@@ -168,7 +171,9 @@ impl Ctx<'_> {
         let (me, size) = (ex.rank, ex.size);
         let transport = &*ex.world.transport;
         let deadline = self.started + self.timeout;
-        let slot = transport.arena().and_then(|arena| arena.take_slot());
+        let slot = transport
+            .arena()
+            .and_then(|arena| arena.take_slot(|w| transport.link_failure(w).is_some()));
         let mut ok = slot.is_some();
         let mut mappings = Vec::with_capacity(size);
         for (r, &w) in ex.members.iter().enumerate() {
@@ -184,7 +189,10 @@ impl Ctx<'_> {
         }
         let mut all = vec![0i64; 2 * size];
         all[2 * me] = i64::from(ok);
-        all[2 * me + 1] = slot.as_ref().map_or(0, |s| s.index() as i64);
+        // The slot's index below, its epoch above.
+        all[2 * me + 1] = slot.as_ref().map_or(0, |s| {
+            (s.index() as i64) | ((s.epoch() as i64) << EPOCH_SHIFT)
+        });
         let mut steps = Vec::with_capacity(2 * size);
         for k in 1..size {
             let (to, from) = ((me + k) % size, (me + size - k) % size);
@@ -207,12 +215,15 @@ impl Ctx<'_> {
         tracing::debug!(rank = me, comm = ex.comm_id, yes, "arena vote");
         match (yes, slot) {
             (true, Some(slot)) => {
+                let index = |r: usize| (all[2 * r + 1] & ((1 << EPOCH_SHIFT) - 1)) as usize;
+                let epoch = |r: usize| (all[2 * r + 1] >> EPOCH_SHIFT) as u64;
                 let members = mappings
                     .into_iter()
                     .enumerate()
-                    .map(|(r, m)| (m.expect("voted yes: mapped"), all[2 * r + 1] as usize))
+                    .map(|(r, m)| (m.expect("voted yes: mapped"), index(r)))
                     .collect();
-                Ok(ArenaState::On(CommArena::new(slot, members, me)))
+                let peers = (0..size).map(|r| (ex.members[r], epoch(r))).collect();
+                Ok(ArenaState::On(CommArena::new(slot, members, peers, me)))
             }
             _ => Ok(ArenaState::Off),
         }
