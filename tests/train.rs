@@ -2,7 +2,8 @@
 //! layouts that straddle bucket caps, mixed types, parameters marked in any
 //! order, every hook, no_sync, the rebuild), its errors (a parameter never
 //! ready, layouts that differ), and the sharded helpers (reduce-scatter then
-//! all-gather equals the full all-reduce), at 1 to 4 ranks.
+//! all-gather equals the full all-reduce, plain and hybrid), at 1 to 6
+//! ranks; and both going on after a lost rank.
 
 mod common;
 
@@ -10,8 +11,8 @@ use common::{local_group, on_all, seed};
 use ringwire::half::{bf16, f16};
 use ringwire::testing::{Rng, check_close};
 use ringwire::train::{
-    CommHook, Direction, GradReducer, Layout, Padding, ParamId, ReducerConfig, ShardedParams,
-    TrainError, Unused,
+    CommHook, Direction, GradReducer, Layout, Padding, ParamId, Recovered, ReducerConfig,
+    ShardedParams, TrainError, Unused,
 };
 use ringwire::{Communicator, DType, Element, Error, ReduceOp};
 use std::time::{Duration, Instant};
@@ -509,64 +510,101 @@ fn bad_calls_are_refused_with_the_parameter_named() {
     assert!(e.to_string().contains("\"counts\""), "{e}");
 }
 
-/// Shards, reduce-scatters and all-gathers, against the full all-reduce.
-fn sharded_round_trip(world: usize, padding: Padding, window: usize) {
+/// Unit `u`'s full parameters as every rank loads them.
+fn unit_params(units: &[usize], u: usize) -> Vec<f32> {
+    (0..units[u]).map(|i| (u * 1000 + i) as f32).collect()
+}
+
+/// Job rank `r`'s gradient of unit `u` at `step`.
+fn unit_grads(units: &[usize], seed: u64, step: u64, u: usize, r: usize) -> Vec<f32> {
+    let mut rng = Rng::new(seed ^ (u as u64) << 20 ^ (step << 40) ^ r as u64);
+    (0..units[u])
+        .map(|_| rng.below(1000) as f32 / 8.0)
+        .collect()
+}
+
+/// One step of job rank `me` on `sharded`: every unit gathered (checked
+/// against what was loaded), then its gradients reduced, last unit first.
+fn sharded_step(
+    sharded: &mut ShardedParams<f32>,
+    units: &[usize],
+    seed: u64,
+    step: u64,
+    me: usize,
+) -> Result<(), String> {
+    for u in 0..units.len() {
+        let full = sharded
+            .gather(u, Direction::Forward)
+            .map_err(|e| e.to_string())?;
+        if full != unit_params(units, u).as_slice() {
+            return Err(format!("step {step} unit {u}: gathered parameters differ"));
+        }
+        sharded.release(u).map_err(|e| e.to_string())?;
+    }
+    for u in (0..units.len()).rev() {
+        sharded
+            .grads_mut(u)
+            .map_err(|e| e.to_string())?
+            .copy_from_slice(&unit_grads(units, seed, step, u, me));
+        sharded.reduce_grads(u).map_err(|e| e.to_string())?;
+    }
+    sharded.finish_grads().map_err(|e| e.to_string())
+}
+
+/// Each gradient shard (shard `at` of its group) against the average of
+/// `members`' gradients.
+fn check_shards(
+    sharded: &mut ShardedParams<f32>,
+    units: &[usize],
+    seed: u64,
+    step: u64,
+    members: &[usize],
+    at: usize,
+) -> Result<(), String> {
+    for u in 0..units.len() {
+        let ins: Vec<Vec<f32>> = members
+            .iter()
+            .map(|&r| unit_grads(units, seed, step, u, r))
+            .collect();
+        let all = ringwire::testing::reference_reduce(&ins, ReduceOp::Avg);
+        let want: Vec<f64> = sharded
+            .layout(u)
+            .shard(at)
+            .map(|i| all.get(i).copied().unwrap_or(0.0))
+            .collect();
+        let (_, got) = sharded.shard_mut(u).map_err(|e| e.to_string())?;
+        check_close(got, &want, members.len()).map_err(|e| format!("step {step} unit {u}: {e}"))?;
+    }
+    Ok(())
+}
+
+/// Shards (in groups of `group`, replicated across groups), reduce-scatters
+/// and all-gathers, against the full all-reduce.
+fn sharded_round_trip(world: usize, group: usize, padding: Padding, window: usize) {
     let seed = seed();
     let units = [0usize, 1, world + 1, 1000, 3 * world];
     let (_store, comms) = local_group(world, |b| b.chunk_bytes(128));
     let results = on_all(&comms, |c| -> Result<(), String> {
         let rank = c.rank();
-        let mut sharded =
-            ShardedParams::<f32>::new(c, &units, padding, window).map_err(|e| e.to_string())?;
-        let full_params =
-            |u: usize| -> Vec<f32> { (0..units[u]).map(|i| (u * 1000 + i) as f32).collect() };
-        let grads = |u: usize, r: usize| -> Vec<f32> {
-            let mut rng = Rng::new(seed ^ (u as u64) << 20 ^ r as u64);
-            (0..units[u])
-                .map(|_| rng.below(1000) as f32 / 8.0)
-                .collect()
-        };
+        let mut sharded = ShardedParams::<f32>::hybrid(c, group, &units, padding, window)
+            .map_err(|e| e.to_string())?;
         for u in 0..units.len() {
+            assert_eq!(sharded.layout(u).ranks, group);
             sharded
-                .load(u, &full_params(u))
+                .load(u, &unit_params(&units, u))
                 .map_err(|e| e.to_string())?;
         }
+        let everyone: Vec<usize> = (0..world).collect();
         for step in 0..2 {
-            // Forward: every unit gathered, with the window ahead.
-            for u in 0..units.len() {
-                let full = sharded
-                    .gather(u, Direction::Forward)
-                    .map_err(|e| e.to_string())?;
-                if full != full_params(u).as_slice() {
-                    return Err(format!("step {step} unit {u}: gathered parameters differ"));
-                }
-                sharded.release(u).map_err(|e| e.to_string())?;
-            }
-            // Backward: gradients reduce-scattered, last unit first.
-            for u in (0..units.len()).rev() {
-                sharded
-                    .grads_mut(u)
-                    .map_err(|e| e.to_string())?
-                    .copy_from_slice(&grads(u, rank));
-                sharded.reduce_grads(u).map_err(|e| e.to_string())?;
-            }
-            sharded.finish_grads().map_err(|e| e.to_string())?;
-            for u in 0..units.len() {
-                let ins: Vec<Vec<f32>> = (0..world).map(|r| grads(u, r)).collect();
-                let all = ringwire::testing::reference_reduce(&ins, ReduceOp::Avg);
-                let mine = sharded.layout(u).shard(rank);
-                let want: Vec<f64> = mine
-                    .clone()
-                    .map(|i| all.get(i).copied().unwrap_or(0.0))
-                    .collect();
-                let (_, got) = sharded.shard_mut(u).map_err(|e| e.to_string())?;
-                check_close(got, &want, world).map_err(|e| format!("unit {u}: {e}"))?;
-            }
+            sharded_step(&mut sharded, &units, seed, step, rank)?;
+            check_shards(&mut sharded, &units, seed, step, &everyone, rank % group)?;
         }
         Ok(())
     });
     for r in results {
-        r.unwrap_or_else(|e| panic!("p={world} {padding:?} window {window}: {e}"));
+        r.unwrap_or_else(|e| {
+            panic!("p={world} groups of {group} {padding:?} window {window}: {e}")
+        });
     }
 }
 
@@ -574,9 +612,77 @@ fn sharded_round_trip(world: usize, padding: Padding, window: usize) {
 fn sharded_gradients_and_gathers_match_the_full_all_reduce() {
     for world in 1..=4 {
         for padding in [Padding::Pad, Padding::Uneven] {
-            sharded_round_trip(world, padding, if world % 2 == 0 { 2 } else { 0 });
+            sharded_round_trip(world, world, padding, if world % 2 == 0 { 2 } else { 0 });
         }
     }
+}
+
+/// The hybrid layout (HSDP): sharded within groups, replicated across
+/// them, gradients averaged over every rank.
+#[test]
+fn hybrid_sharded_gradients_average_over_every_rank() {
+    for (world, group) in [(2, 1), (4, 2), (6, 2), (6, 3)] {
+        for padding in [Padding::Pad, Padding::Uneven] {
+            sharded_round_trip(world, group, padding, 1);
+        }
+    }
+    let (_store, comms) = local_group(4, |b| b);
+    let e = ShardedParams::<f32>::hybrid(&comms[0], 3, &[8], Padding::Pad, 0)
+        .err()
+        .unwrap();
+    assert!(
+        matches!(e, TrainError::BadGroups { group: 3, ranks: 4 }),
+        "{e}"
+    );
+}
+
+/// Issue 45 with the hybrid layout: 6 ranks in 3 groups of 2; rank 3 is
+/// lost after a step. The survivors agree the next step failed, shrink,
+/// and `recover`: groups 0 and 2 go on (their shards averaged over ranks
+/// 0, 1, 4, 5; every unit still gathers whole), rank 2, whose group lost
+/// rank 3, sits out.
+#[test]
+fn hybrid_groups_go_on_without_the_group_that_lost_a_rank() {
+    let seed = seed();
+    let units = [7usize, 1000, 13];
+    let (_store, mut comms) = local_group(6, |b| b.timeout(Duration::from_secs(20)));
+    let mut sharded = on_all(&comms, |c| {
+        let mut s = ShardedParams::<f32>::hybrid(c, 2, &units, Padding::Uneven, 1).unwrap();
+        for u in 0..units.len() {
+            s.load(u, &unit_params(&units, u)).unwrap();
+        }
+        sharded_step(&mut s, &units, seed, 0, c.rank()).unwrap();
+        check_shards(&mut s, &units, seed, 0, &[0, 1, 2, 3, 4, 5], c.rank() % 2).unwrap();
+        s
+    });
+    drop(sharded.remove(3));
+    drop(comms.remove(3));
+    std::thread::scope(|s| {
+        for (c, sharded) in comms.iter().zip(sharded.iter_mut()) {
+            let units = &units;
+            s.spawn(move || {
+                let me = c.world_ranks()[c.rank()];
+                // Some ranks' ops need rank 3 and some do not: they agree.
+                let ok = sharded_step(sharded, units, seed, 1, me).is_ok();
+                let agreed = c.agree(u64::from(ok)).wait().unwrap();
+                assert_eq!(agreed.value, 0, "rank {me}: every step went through");
+                let shrunk = c.shrink().wait().unwrap();
+                assert_eq!(shrunk.world_ranks(), [0, 1, 2, 4, 5]);
+                let standing = sharded.recover(&shrunk).unwrap();
+                if me == 2 {
+                    assert_eq!(standing, Recovered::GroupBroken);
+                    return;
+                }
+                assert_eq!(standing, Recovered::GoesOn, "rank {me}");
+                for step in 1..3 {
+                    sharded_step(sharded, units, seed, step, me)
+                        .unwrap_or_else(|e| panic!("rank {me}: {e}"));
+                    check_shards(sharded, units, seed, step, &[0, 1, 4, 5], me % 2)
+                        .unwrap_or_else(|e| panic!("rank {me}: {e}"));
+                }
+            });
+        }
+    });
 }
 
 /// Issue 45: rank 3 of 4 is lost after a step; the survivors' next step

@@ -53,7 +53,7 @@ mod stats;
 pub use grads::GradElement;
 pub use layout::{Caps, Layout, Param, ParamId};
 pub use reducer::{BucketInfo, CommHook, GradReducer, ReducerConfig, Unused};
-pub use shard::{CommPair, Direction, Padding, ShardLayout, ShardedParams};
+pub use shard::{CommPair, Direction, Padding, Recovered, ShardLayout, ShardedParams};
 pub use stats::StepStats;
 
 use crate::DType;
@@ -153,6 +153,15 @@ pub enum TrainError {
         expected: Vec<usize>,
         /// The lengths given.
         got: Vec<usize>,
+    },
+
+    /// Ranks that do not make whole shard groups.
+    #[error("{ranks} ranks do not make groups of {group}: the group size must divide the ranks")]
+    BadGroups {
+        /// The group size asked for.
+        group: usize,
+        /// The communicator's ranks.
+        ranks: usize,
     },
 
     /// Memory lost to an op that failed earlier.

@@ -8,6 +8,14 @@
 //! units) and reduce-scatters (backward's gradients) go on two
 //! communicators of the same ranks ([`CommPair`]) and overlap each other,
 //! as FSDP2 uses two streams.
+//!
+//! The hybrid layout ([`ShardedParams::hybrid`], HSDP's) shards within
+//! groups of consecutive ranks and keeps a replica of each shard in every
+//! group: a gradient shard is reduce-scattered in its group, then averaged
+//! with its replicas across groups. A lost rank's shard then lives on in
+//! the other groups: [`ShardedParams::recover`] goes on with the groups
+//! still whole, as torchft's fault-tolerant HSDP does with its replica
+//! groups.
 
 use super::TrainError;
 use crate::{Communicator, Element, PendingCollective, ReduceOp};
@@ -110,6 +118,8 @@ enum GradShard<T: Element> {
     /// shard.
     Idle(Vec<T>, Vec<T>),
     Reducing(PendingCollective<(Vec<T>, Vec<T>)>),
+    /// The reduced shard being averaged with its replicas (hybrid layout).
+    Replicating(Vec<T>, PendingCollective<Vec<T>>),
     Gone,
 }
 
@@ -128,8 +138,25 @@ struct Unit<T: Element> {
 /// module docs). Buffers are allocated once and reused.
 pub struct ShardedParams<T: Element> {
     pair: CommPair,
+    /// The ranks that hold this rank's shard in the other groups (the
+    /// hybrid layout), this rank among them.
+    replicas: Option<Communicator>,
+    /// The job's ranks ([`Communicator::world_ranks`]) of each group, in
+    /// the order the groups were made.
+    groups: Vec<Vec<usize>>,
     units: Vec<Unit<T>>,
     window: usize,
+}
+
+/// What [`ShardedParams::recover`] made of this rank.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Recovered {
+    /// Its group is whole: it goes on, its shard averaged with the groups
+    /// left.
+    GoesOn,
+    /// Its group lost a rank: it sits out (its shard is kept; the other
+    /// groups go on without it).
+    GroupBroken,
 }
 
 impl<T: Element> ShardedParams<T> {
@@ -142,36 +169,153 @@ impl<T: Element> ShardedParams<T> {
         padding: Padding,
         window: usize,
     ) -> Result<ShardedParams<T>, TrainError> {
-        let pair = CommPair::new(comm)?;
-        let (rank, ranks) = (comm.rank(), comm.world_size());
-        let units = unit_lens
-            .iter()
-            .map(|&len| {
-                let layout = ShardLayout {
-                    len,
-                    ranks,
-                    padding,
-                };
-                let mine = layout.shard(rank).len();
-                Unit {
-                    layout,
-                    shard: vec![T::default(); mine],
-                    send: vec![T::default(); mine],
-                    full: Full::Released(vec![T::default(); layout.padded_len()]),
-                    grads: GradShard::Idle(
-                        vec![T::default(); layout.padded_len()],
-                        vec![T::default(); mine],
-                    ),
-                }
-            })
-            .collect();
+        Self::hybrid(comm, comm.world_size(), unit_lens, padding, window)
+    }
+
+    /// The hybrid layout (HSDP): `comm`'s ranks in groups of `group`
+    /// consecutive ranks, each unit sharded within every group, each
+    /// shard replicated across the groups; gradients averaged over every
+    /// rank. `group` must divide the ranks (`group` = all of them is
+    /// [`ShardedParams::new`]). Collective.
+    pub fn hybrid(
+        comm: &Communicator,
+        group: usize,
+        unit_lens: &[usize],
+        padding: Padding,
+        window: usize,
+    ) -> Result<ShardedParams<T>, TrainError> {
+        let size = comm.world_size();
+        if group == 0 || !size.is_multiple_of(group) {
+            return Err(TrainError::BadGroups { group, ranks: size });
+        }
+        let world = comm.world_ranks();
+        let groups = world.chunks(group).map(<[usize]>::to_vec).collect();
+        let (pair, replicas) = split_groups(comm, group, |_| true)?;
+        let pair = pair.expect("every rank is in a group");
         Ok(ShardedParams {
+            units: make_units(&pair, unit_lens, padding),
             pair,
-            units,
+            replicas,
+            groups,
             window,
         })
     }
 
+    /// Goes on after a lost rank, on `shrunk` (what
+    /// [`Communicator::shrink`] made of the communicator this was made
+    /// on): groups whose ranks are all in `shrunk` go on, on new
+    /// communicators, their shards as they are and gradients averaged
+    /// over them; a group that lost a rank sits out
+    /// ([`Recovered::GroupBroken`]; its shards live on in the other
+    /// groups). Gradients are zeroed and gathered parameters released
+    /// (redo the failed step). Collective over `shrunk`; with the plain
+    /// layout (one group) every rank is in the broken group.
+    pub fn recover(&mut self, shrunk: &Communicator) -> Result<Recovered, TrainError> {
+        let alive = shrunk.world_ranks();
+        let whole: Vec<bool> = self
+            .groups
+            .iter()
+            .map(|g| g.iter().all(|r| alive.contains(r)))
+            .collect();
+        let me = alive[shrunk.rank()];
+        let mine = self
+            .groups
+            .iter()
+            .position(|g| g.contains(&me))
+            .expect("a member of the layout");
+        let group = self.groups[mine].len();
+        let (pair, replicas) = split_groups(shrunk, group, |r| {
+            self.groups
+                .iter()
+                .position(|g| g.contains(&alive[r]))
+                .is_some_and(|g| whole[g])
+        })?;
+        // Whatever was in flight failed with the old communicators.
+        for unit in &mut self.units {
+            let len = unit.layout.padded_len();
+            let mine = unit.shard.len();
+            unit.full = Full::Released(vec![T::default(); len]);
+            unit.grads = GradShard::Idle(vec![T::default(); len], vec![T::default(); mine]);
+            unit.send = vec![T::default(); mine];
+        }
+        let Some(pair) = pair else {
+            return Ok(Recovered::GroupBroken);
+        };
+        self.pair = pair;
+        self.replicas = replicas;
+        self.groups = self
+            .groups
+            .iter()
+            .zip(&whole)
+            .filter(|(_, w)| **w)
+            .map(|(g, _)| g.clone())
+            .collect();
+        Ok(Recovered::GoesOn)
+    }
+}
+
+/// An op of the layout failed: every communicator of it is revoked, so
+/// that the members waiting in another (a gather while a reduction failed,
+/// or a shard's replicas in other groups) fail too, and reach the
+/// agreement that follows (ULFM's revoke).
+fn revoke(pair: &CommPair, replicas: &Option<Communicator>, e: crate::Error) -> TrainError {
+    pair.gather.revoke();
+    pair.reduce.revoke();
+    if let Some(r) = replicas {
+        r.revoke();
+    }
+    TrainError::from(e)
+}
+
+/// The communicators of `comm`'s groups of `group` consecutive ranks among
+/// those `keep` takes (by rank in `comm`): this rank's group's pair, and
+/// the communicator of its shard's replicas in the other groups (none with
+/// a single group); nothing for a rank `keep` refuses. Collective.
+fn split_groups(
+    comm: &Communicator,
+    group: usize,
+    keep: impl Fn(usize) -> bool,
+) -> Result<(Option<CommPair>, Option<Communicator>), TrainError> {
+    let rank = comm.rank();
+    let kept: Vec<usize> = (0..comm.world_size()).filter(|&r| keep(r)).collect();
+    let at = kept.iter().position(|&r| r == rank);
+    let colour = |c: usize| at.map(|_| c as u32);
+    let key = rank as i64;
+    let within = comm.split(at.and_then(|i| colour(i / group)), key)?;
+    let across = comm.split(at.and_then(|i| colour(i % group)), key)?;
+    let pair = within.as_ref().map(CommPair::new).transpose()?;
+    let replicas = across.filter(|c| c.world_size() > 1);
+    // Every rank takes part in the splits above, kept or not; a rank with
+    // no group then has nothing.
+    Ok((pair, replicas))
+}
+
+fn make_units<T: Element>(pair: &CommPair, unit_lens: &[usize], padding: Padding) -> Vec<Unit<T>> {
+    let (rank, ranks) = (pair.gather.rank(), pair.gather.world_size());
+    unit_lens
+        .iter()
+        .map(|&len| {
+            let layout = ShardLayout {
+                len,
+                ranks,
+                padding,
+            };
+            let mine = layout.shard(rank).len();
+            Unit {
+                layout,
+                shard: vec![T::default(); mine],
+                send: vec![T::default(); mine],
+                full: Full::Released(vec![T::default(); layout.padded_len()]),
+                grads: GradShard::Idle(
+                    vec![T::default(); layout.padded_len()],
+                    vec![T::default(); mine],
+                ),
+            }
+        })
+        .collect()
+}
+
+impl<T: Element> ShardedParams<T> {
     /// How unit `u` is cut.
     pub fn layout(&self, u: usize) -> ShardLayout {
         self.units[u].layout
@@ -199,6 +343,10 @@ impl<T: Element> ShardedParams<T> {
         unit.shard[..n].copy_from_slice(&full[real]);
         unit.shard[n..].fill(T::default());
         Ok(())
+    }
+
+    fn revoke(&self, e: crate::Error) -> TrainError {
+        revoke(&self.pair, &self.replicas, e)
     }
 
     /// Starts unit `u`'s all-gather, if it is not gathered or gathering.
@@ -231,7 +379,7 @@ impl<T: Element> ShardedParams<T> {
             else {
                 unreachable!("just matched");
             };
-            let (send, full) = pending.wait()?;
+            let (send, full) = pending.wait().map_err(|e| self.revoke(e))?;
             self.units[u].send = send;
             self.units[u].full = Full::Gathered(full);
         }
@@ -256,7 +404,9 @@ impl<T: Element> ShardedParams<T> {
         let unit = &mut self.units[u];
         unit.full = match std::mem::replace(&mut unit.full, Full::Gone) {
             Full::Gathering(p) => {
-                let (send, full) = p.wait()?;
+                let (send, full) = p
+                    .wait()
+                    .map_err(|e| revoke(&self.pair, &self.replicas, e))?;
                 unit.send = send;
                 Full::Released(full)
             }
@@ -293,18 +443,36 @@ impl<T: Element> ShardedParams<T> {
         Ok(())
     }
 
-    /// Waits for every reduce-scatter started.
+    /// Waits for every reduce-scatter started (and, in the hybrid layout,
+    /// for each shard's average with its replicas, started as its
+    /// reduce-scatter ends).
     pub fn finish_grads(&mut self) -> Result<(), TrainError> {
+        let (pair, replicas) = (&self.pair, &self.replicas);
+        let failed =
+            |u: usize| move |e| revoke(pair, replicas, e).context(format!("unit {u}'s gradients"));
         for (u, unit) in self.units.iter_mut().enumerate() {
             if let GradShard::Reducing(_) = unit.grads {
                 let GradShard::Reducing(p) = std::mem::replace(&mut unit.grads, GradShard::Gone)
                 else {
                     unreachable!("just matched");
                 };
-                let (full, shard) = p
-                    .wait()
-                    .map_err(|e| TrainError::from(e).context(format!("unit {u}'s gradients")))?;
-                unit.grads = GradShard::Idle(full, shard);
+                let (full, shard) = p.wait().map_err(failed(u))?;
+                unit.grads = match &self.replicas {
+                    Some(replicas) => {
+                        GradShard::Replicating(full, replicas.all_reduce(shard, ReduceOp::Avg))
+                    }
+                    None => GradShard::Idle(full, shard),
+                };
+            }
+        }
+        for (u, unit) in self.units.iter_mut().enumerate() {
+            if let GradShard::Replicating(..) = unit.grads {
+                let GradShard::Replicating(full, p) =
+                    std::mem::replace(&mut unit.grads, GradShard::Gone)
+                else {
+                    unreachable!("just matched");
+                };
+                unit.grads = GradShard::Idle(full, p.wait().map_err(failed(u))?);
             }
         }
         Ok(())
