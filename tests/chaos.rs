@@ -362,9 +362,13 @@ fn spawn_rank(
     .env_remove("RINGWIRE_TRANSPORT")
     .stdout(Stdio::piped())
     .stderr(match std::env::var_os("CHAOS_STDERR") {
-        // A folder for each rank's stderr (with RINGWIRE_TEST_LOG, its log).
+        // A folder for each rank's stderr (with RINGWIRE_TEST_LOG, its log),
+        // each trial's appended.
         Some(dir) => Stdio::from(
-            std::fs::File::create(std::path::Path::new(&dir).join(format!("rank-{rank}.err")))
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(std::path::Path::new(&dir).join(format!("rank-{rank}.err")))
                 .expect("a file in CHAOS_STDERR"),
         ),
         None => Stdio::null(),

@@ -237,6 +237,18 @@ impl Agreement {
         self.advance();
     }
 
+    /// Nothing moved this member's lead on for a while: a message it sent
+    /// or waits for went missing. A leader starts a new round with a
+    /// higher ballot, which every member answers afresh; any proposer may
+    /// do so at any time in Paxos, so this is safe whenever it is called.
+    /// A member that does not lead, or has decided, does nothing.
+    pub fn retry(&mut self) {
+        if self.decided.is_none() && self.leads() {
+            self.lead = Lead::Idle;
+            self.prepare();
+        }
+    }
+
     /// A message from `from`.
     pub fn receive(&mut self, from: usize, message: Message) {
         if from >= self.size || from == self.me || self.suspected[from] {

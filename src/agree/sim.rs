@@ -20,7 +20,7 @@ use crate::testing::Rng;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 /// One simulated run's plan.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Default)]
 pub(crate) struct Plan {
     pub(crate) size: usize,
     pub(crate) quorum: usize,
@@ -33,6 +33,11 @@ pub(crate) struct Plan {
     pub(crate) partition: Option<(u64, Vec<usize>)>,
     pub(crate) seed: u64,
     pub(crate) mutation: Option<Mutation>,
+    /// Links (from, to) whose first message is lost.
+    pub(crate) losses: Vec<(usize, usize)>,
+    /// When every member is asked to retry (`Agreement::retry`: a leader
+    /// that heard nothing for a while).
+    pub(crate) retries: Vec<u64>,
 }
 
 #[derive(Debug)]
@@ -48,6 +53,7 @@ enum Event {
         of: usize,
     },
     Partition(Vec<usize>),
+    Retry(usize),
 }
 
 struct Member {
@@ -94,6 +100,12 @@ pub(crate) fn run(plan: &Plan) -> Outcome {
     if let Some((at, side)) = &plan.partition {
         schedule(&mut queue, *at, Event::Partition(side.clone()));
     }
+    for &at in &plan.retries {
+        for i in 0..n {
+            schedule(&mut queue, at, Event::Retry(i));
+        }
+    }
+    let mut losses: BTreeSet<(usize, usize)> = plan.losses.iter().copied().collect();
     let mut closed: BTreeSet<(usize, usize)> = BTreeSet::new();
     let mut events = 0;
     while let Some(((now, _), event)) = queue.pop_first() {
@@ -104,6 +116,7 @@ pub(crate) fn run(plan: &Plan) -> Outcome {
             Event::Start(i) => Some(*i),
             Event::Deliver { to, .. } => Some(*to),
             Event::Suspect { who, .. } => Some(*who),
+            Event::Retry(i) => Some(*i),
             Event::Partition(_) => None,
         };
         if let Some(i) = at {
@@ -139,7 +152,7 @@ pub(crate) fn run(plan: &Plan) -> Outcome {
                 members[i].agreement = Some(a);
             }
             Event::Deliver { from, to, message } => {
-                if closed.contains(&(from, to)) {
+                if closed.contains(&(from, to)) || losses.remove(&(from, to)) {
                     continue;
                 }
                 match &mut members[to].agreement {
@@ -157,6 +170,11 @@ pub(crate) fn run(plan: &Plan) -> Outcome {
                 }
                 if let Some(a) = &mut members[who].agreement {
                     a.suspect(of);
+                }
+            }
+            Event::Retry(i) => {
+                if let Some(a) = &mut members[i].agreement {
+                    a.retry();
                 }
             }
             Event::Partition(side) => {
@@ -288,6 +306,16 @@ pub(crate) fn random_plan(seed: u64, size: usize, mutation: Option<Mutation>) ->
         let side: Vec<usize> = (0..size).filter(|_| rng.below(2) == 0).collect();
         (rng.below(60), side)
     });
+    // Sometimes a lost message, which only a retry after it makes good;
+    // sometimes retries anyway (a slow round), which must change nothing.
+    let losses: Vec<(usize, usize)> = (0..rng.below(3))
+        .map(|_| (rng.below(size as u64) as usize, rng.below(size as u64) as usize))
+        .filter(|(a, b)| a != b)
+        .collect();
+    let mut retries: Vec<u64> = (0..rng.below(3)).map(|_| rng.below(80)).collect();
+    if !losses.is_empty() {
+        retries.extend([200, 400, 600]);
+    }
     Plan {
         size,
         quorum,
@@ -297,6 +325,8 @@ pub(crate) fn random_plan(seed: u64, size: usize, mutation: Option<Mutation>) ->
         partition,
         seed,
         mutation,
+        losses,
+        retries,
     }
 }
 
@@ -321,6 +351,7 @@ mod tests {
                 partition: None,
                 seed: size as u64,
                 mutation: None,
+                ..Plan::default()
             };
             let outcome = run_and_check(&plan).unwrap();
             let want = Decision {
@@ -329,6 +360,32 @@ mod tests {
             };
             for d in &outcome.decisions {
                 assert_eq!(d.as_ref(), Some(&want), "size {size}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_lost_message_is_made_good_by_the_leaders_retry() {
+        for lost in [(0, 2), (2, 0), (1, 0)] {
+            let plan = Plan {
+                size: 3,
+                quorum: 2,
+                inputs: vec![u64::MAX; 3],
+                starts: vec![0; 3],
+                seed: 7,
+                losses: vec![lost],
+                ..Plan::default()
+            };
+            // Without a retry the leader waits for the lost message.
+            let outcome = run(&plan);
+            assert!(outcome.decisions.iter().all(Option::is_none), "{lost:?}");
+            let plan = Plan {
+                retries: vec![500],
+                ..plan
+            };
+            let outcome = run_and_check(&plan).unwrap();
+            for d in &outcome.decisions {
+                assert_eq!(d.as_ref().map(|d| d.members.clone()), Some(vec![0, 1, 2]));
             }
         }
     }
@@ -349,6 +406,7 @@ mod tests {
                             partition: None,
                             seed: seed * 1000 + step as u64,
                             mutation: None,
+                            ..Plan::default()
                         };
                         let outcome = run_and_check(&plan)
                             .unwrap_or_else(|e| panic!("{e}\nplan: {plan:?}"));
@@ -384,6 +442,7 @@ mod tests {
                         partition: None,
                         seed: (first * 10 + second) as u64,
                         mutation: None,
+                        ..Plan::default()
                     };
                     run_and_check(&plan).unwrap_or_else(|e| panic!("{e}\nplan: {plan:?}"));
                 }
@@ -408,6 +467,7 @@ mod tests {
                 partition: Some((0, minority.clone())),
                 seed,
                 mutation: None,
+                ..Plan::default()
             };
             let outcome = run_and_check(&plan).unwrap_or_else(|e| panic!("{e}\nplan: {plan:?}"));
             for i in 0..size {

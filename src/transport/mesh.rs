@@ -311,7 +311,10 @@ impl Hub {
     /// a heartbeat meeting the closed socket first must not throw away),
     /// and the link fails when its receiving side ends.
     fn fail(&self, peer: usize, failure: LinkFailure) {
+        // (A link this rank stopped reading, its peer far ahead, might
+        // not see its end: it fails now.)
         if matches!(failure, LinkFailure::Io { sending: true, .. })
+            && !self.inboxes.paused(peer)
             && let Some(link) = self.peers.ready(peer)
         {
             tracing::debug!(

@@ -493,10 +493,8 @@ impl LinkPlane for ShmLink {
             let mut at = 0;
             while at < part.len() {
                 if s.dead.load(Ordering::Relaxed) || s.ended() {
-                    // An ended peer's ring is read to its end before its
-                    // reader fails the link: what it sent before it exited
-                    // may be what an op here waits for.
                     let failure = s.end_failure();
+                    s.fail(fabric, failure.clone());
                     return Err(lost(fabric, header.comm_id, peer, failure));
                 }
                 let n = tx.push(&part[at..]);
