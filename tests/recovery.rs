@@ -172,3 +172,27 @@ fn over_tcp_local_links_too() {
 fn over_unix_links_too() {
     common::rerun_over_unix_links("over_unix_links_too");
 }
+
+/// A program that agrees every step (the loop decision 0039 recommends)
+/// does not keep what each agreement left: the transport's inboxes stay
+/// as many as a few agreements need, not one set per agreement.
+#[test]
+fn agreeing_every_step_keeps_no_inbox_per_agreement() {
+    let comms = group(3);
+    let counts = on_all(&comms, |c| {
+        c.agree(1).wait().unwrap();
+        let before = c.stats().inboxes;
+        for step in 0..40 {
+            let agreed = c.agree(step).wait().unwrap();
+            assert_eq!(agreed.value, step);
+        }
+        (before, c.stats().inboxes)
+    });
+    for (rank, (before, after)) in counts.into_iter().enumerate() {
+        // Forty agreements with two peers each kept would be 80 more.
+        assert!(
+            after <= before + 4,
+            "rank {rank}: {before} inboxes, then {after}"
+        );
+    }
+}

@@ -280,6 +280,11 @@ pub(super) struct Inner {
     pub(super) splits: Mutex<u64>,
     /// Agreements (`agree`, `shrink`) run on this communicator so far.
     pub(super) recoveries: Mutex<u64>,
+    /// The ids of agreements that ended, forgotten by the transport at the
+    /// next one or when this communicator goes: their threads may take a
+    /// last turn after an agreement returns, and a program that agrees
+    /// every step must not keep an inbox per agreement.
+    pub(super) agreements_ended: Mutex<Vec<u64>>,
     pub(super) executor: Mutex<Option<JoinHandle<()>>>,
 }
 
@@ -296,6 +301,9 @@ impl Drop for Inner {
         // it (a program whose ranks disagree) would otherwise stay.
         self.world.transport.forget(self.comm_id);
         self.world.transport.forget(debug_comm_id(self.comm_id));
+        for id in std::mem::take(&mut *lock(&self.agreements_ended)) {
+            self.world.transport.forget(id);
+        }
     }
 }
 

@@ -124,6 +124,7 @@ impl Communicator {
                 recorder,
                 splits: Mutex::new(0),
                 recoveries: Mutex::new(0),
+                agreements_ended: Mutex::new(Vec::new()),
                 executor: Mutex::new(Some(handle)),
             }),
             timeout,

@@ -201,6 +201,11 @@ impl Communicator {
         let transport = &world.transport;
         let members = self.inner.members.clone();
         let comm_id = mix(mix(self.inner.comm_id, AGREE_SALT), instance);
+        // The agreements before this one are over on every member that
+        // calls this one: what they left goes.
+        for ended in std::mem::take(&mut *lock(&self.inner.agreements_ended)) {
+            transport.forget(ended);
+        }
         // Every frame of the agreement is "op 0" of its communicator, begun
         // now: none counts as run ahead (decision 0019).
         transport.begin(comm_id, 0, None);
@@ -292,6 +297,7 @@ impl Communicator {
         drop(senders);
         drop(sent_tx);
         stop.store(true, Ordering::Relaxed);
+        lock(&self.inner.agreements_ended).push(comm_id);
         let decision = outcome?;
         // The decision reaches the other members before this one returns:
         // a member that learned it from this one and exits at once must
