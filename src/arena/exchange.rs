@@ -21,12 +21,10 @@
 //! spin budget it also checks the links' sockets (a dead peer's closes);
 //! a peer's abort word makes it look at once.
 
-use super::{Slot, abort_word};
+use super::{Peer, Slot, abort_word};
 use crate::transport::{LinkError, Transport};
-use ringwire_shm::Mapping;
 use ringwire_shm::arena;
 use std::cell::Cell;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// Pure spinning before a wait starts yielding (a cache line crosses
@@ -43,9 +41,8 @@ const NAP: Duration = Duration::from_millis(2);
 pub(crate) struct CommArena {
     /// Held so the slot stays this communicator's; retired when it goes.
     slot: Option<Slot>,
-    members: Vec<(Arc<Mapping>, usize)>,
-    /// Every other member's world rank and its slot's epoch.
-    peers: Vec<(usize, u64)>,
+    /// Every member (this rank too), by rank in the communicator.
+    members: Vec<Peer>,
     me: usize,
     /// Arena ops this communicator ran.
     ops: u64,
@@ -57,14 +54,11 @@ impl Drop for CommArena {
     /// takes it (`Slot::retire`).
     fn drop(&mut self) {
         let Some(slot) = self.slot.take() else { return };
-        let peers = (0..self.members.len())
-            .filter(|&r| r != self.me)
-            .map(|r| super::Peer {
-                rank: self.peers[r].0,
-                arena: self.members[r].0.clone(),
-                slot: self.members[r].1,
-                epoch: self.peers[r].1,
-            })
+        let me = self.me;
+        let peers = std::mem::take(&mut self.members)
+            .into_iter()
+            .enumerate()
+            .filter_map(|(r, p)| (r != me).then_some(p))
             .collect();
         slot.retire(peers);
     }
@@ -97,18 +91,11 @@ pub(crate) struct Waiting<'a> {
 
 impl CommArena {
     /// The arena of a communicator whose rank `me` holds `slot`, with
-    /// `members[r]` the arena and slot index of rank `r`, and `peers[r]`
-    /// its world rank and its slot's epoch.
-    pub(crate) fn new(
-        slot: Slot,
-        members: Vec<(Arc<Mapping>, usize)>,
-        peers: Vec<(usize, u64)>,
-        me: usize,
-    ) -> CommArena {
+    /// `members[r]` rank `r`'s world rank, arena, slot and the slot's epoch.
+    pub(crate) fn new(slot: Slot, members: Vec<Peer>, me: usize) -> CommArena {
         CommArena {
             slot: Some(slot),
             members,
-            peers,
             me,
             ops: 0,
         }
@@ -170,7 +157,9 @@ impl ArenaOp<'_> {
         if let Some(seen) = arena::must_see(self.k) {
             self.wait_for(self.others(), seen, None, w)?;
         }
-        let (own, slot) = &self.arena.members[self.arena.me];
+        let Peer {
+            arena: own, slot, ..
+        } = &self.arena.members[self.arena.me];
         let staged = bytes.len() - skip.len();
         match skip.is_empty() {
             true => arena::publish(&**own, *slot, self.k, self.tag, bytes),
@@ -182,7 +171,11 @@ impl ArenaOp<'_> {
         while left != 0 {
             let r = left.trailing_zeros() as usize;
             left &= left - 1;
-            let (mapping, slot) = &self.arena.members[r];
+            let Peer {
+                arena: mapping,
+                slot,
+                ..
+            } = &self.arena.members[r];
             if arena::sleeping(&**mapping, *slot) {
                 w.transport.arena_ring(w.members[r]);
             }
@@ -199,7 +192,11 @@ impl ArenaOp<'_> {
     /// Copies `dst.len()` bytes at `offset` of what `rank` staged for this
     /// op (`staged` bytes in all) into `dst`; once [`ArenaOp::wait`]ed for.
     pub(crate) fn read(&self, rank: usize, staged: usize, offset: usize, dst: &mut [u8]) {
-        let (mapping, slot) = &self.arena.members[rank];
+        let Peer {
+            arena: mapping,
+            slot,
+            ..
+        } = &self.arena.members[rank];
         arena::read(&**mapping, *slot, self.k, staged, offset, dst);
         if rank != self.arena.me {
             self.read.set(self.read.get() + dst.len() as u64);
@@ -229,7 +226,11 @@ impl ArenaOp<'_> {
             while left != 0 {
                 let r = left.trailing_zeros() as usize;
                 left &= left - 1;
-                let (mapping, slot) = &members[r];
+                let Peer {
+                    arena: mapping,
+                    slot,
+                    ..
+                } = &members[r];
                 if let Some(theirs) = arena::published(&**mapping, *slot, k) {
                     if tag.is_some_and(|t| theirs != t) {
                         return Err(WaitError::Mismatch { rank: r });
@@ -249,7 +250,7 @@ impl ArenaOp<'_> {
             while left != 0 {
                 let r = left.trailing_zeros() as usize;
                 left &= left - 1;
-                sum = sum.wrapping_add(abort_word(&members[r].0));
+                sum = sum.wrapping_add(abort_word(&members[r].arena));
             }
             sum
         };
@@ -289,7 +290,9 @@ impl ArenaOp<'_> {
             } else {
                 // Sleep on the links' doorbells, said on the sleep word
                 // first and looked again after (a publish rings then).
-                let (own, slot) = &members[self.arena.me];
+                let Peer {
+                    arena: own, slot, ..
+                } = &members[self.arena.me];
                 arena::arm(&**own, *slot);
                 let looked = look(&mut ranks);
                 if looked.is_ok() && ranks != 0 {

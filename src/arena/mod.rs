@@ -175,20 +175,20 @@ mod tests {
         let arena = Arena::create().unwrap();
         assert!(is_arena(&arena.mapping));
         let slots: Vec<Slot> = (0..SLOTS)
-            .map(|_| arena.take_slot(alive).unwrap())
+            .map(|_| arena.take_slot(none_gone).unwrap())
             .collect();
-        assert!(arena.take_slot(alive).is_none());
+        assert!(arena.take_slot(none_gone).is_none());
         let freed = slots[3].index();
         drop(slots);
-        assert_eq!(arena.take_slot(alive).unwrap().index(), 0);
+        assert_eq!(arena.take_slot(none_gone).unwrap().index(), 0);
         assert!(freed < SLOTS);
         let before = abort_word(&arena.mapping);
         arena.mark_abort();
         assert_eq!(abort_word(&arena.mapping), before + 1);
     }
 
-    /// Every peer's process lives.
-    fn alive(_: usize) -> bool {
+    /// No peer's process is gone.
+    fn none_gone(_: usize) -> bool {
         false
     }
 
@@ -196,8 +196,8 @@ mod tests {
     /// ours retires it.
     fn retired_pair() -> (Arc<Arena>, Arc<Arena>, Slot) {
         let (ours, theirs) = (Arena::create().unwrap(), Arena::create().unwrap());
-        let mine = ours.take_slot(alive).unwrap();
-        let peer = theirs.take_slot(alive).unwrap();
+        let mine = ours.take_slot(none_gone).unwrap();
+        let peer = theirs.take_slot(none_gone).unwrap();
         let (slot, epoch) = (peer.index(), peer.epoch());
         mine.retire(vec![Peer {
             rank: 7,
@@ -212,24 +212,24 @@ mod tests {
     fn a_retired_slot_waits_until_its_peers_are_done_with_it() {
         // The peer still has the communicator: the slot is not taken again.
         let (ours, _theirs, peer) = retired_pair();
-        let all: Vec<Slot> = std::iter::from_fn(|| ours.take_slot(alive)).collect();
+        let all: Vec<Slot> = std::iter::from_fn(|| ours.take_slot(none_gone)).collect();
         assert_eq!(all.len(), SLOTS - 1);
         assert!(all.iter().all(|s| s.index() != 0));
         // It leaves it: now it is.
         peer.retire(Vec::new());
         drop(all.into_iter().next());
-        let again = ours.take_slot(alive).unwrap();
+        let again = ours.take_slot(none_gone).unwrap();
         assert_eq!((again.index(), again.epoch()), (0, 2));
 
         // The peer gave its slot to another communicator since: done too.
         let (ours, theirs, peer) = retired_pair();
         drop(peer);
-        let _other = theirs.take_slot(alive).unwrap();
-        assert_eq!(ours.take_slot(alive).unwrap().index(), 0);
+        let _other = theirs.take_slot(none_gone).unwrap();
+        assert_eq!(ours.take_slot(none_gone).unwrap().index(), 0);
 
         // Or its process is gone.
         let (ours, _theirs, _peer) = retired_pair();
-        assert_ne!(ours.take_slot(alive).unwrap().index(), 0);
+        assert_ne!(ours.take_slot(none_gone).unwrap().index(), 0);
         assert_eq!(ours.take_slot(|rank| rank == 7).unwrap().index(), 0);
     }
 }

@@ -15,8 +15,8 @@
 //! get the same bits.
 
 use super::context::{ArenaState, Ctx, Executor, VOTED_NO, VOTED_YES};
-use crate::arena::STAGE_BYTES;
 use crate::arena::exchange::{ArenaOp, CommArena, WaitError, Waiting};
+use crate::arena::{Peer, STAGE_BYTES};
 use crate::error::Error;
 use crate::{Element, ReduceOp, algo};
 use zerocopy::{FromBytes, IntoBytes};
@@ -215,15 +215,17 @@ impl Ctx<'_> {
         tracing::debug!(rank = me, comm = ex.comm_id, yes, "arena vote");
         match (yes, slot) {
             (true, Some(slot)) => {
-                let index = |r: usize| (all[2 * r + 1] & ((1 << EPOCH_SHIFT) - 1)) as usize;
-                let epoch = |r: usize| (all[2 * r + 1] >> EPOCH_SHIFT) as u64;
                 let members = mappings
                     .into_iter()
                     .enumerate()
-                    .map(|(r, m)| (m.expect("voted yes: mapped"), index(r)))
+                    .map(|(r, m)| Peer {
+                        rank: ex.members[r],
+                        arena: m.expect("voted yes: mapped"),
+                        slot: (all[2 * r + 1] & ((1 << EPOCH_SHIFT) - 1)) as usize,
+                        epoch: (all[2 * r + 1] >> EPOCH_SHIFT) as u64,
+                    })
                     .collect();
-                let peers = (0..size).map(|r| (ex.members[r], epoch(r))).collect();
-                Ok(ArenaState::On(CommArena::new(slot, members, peers, me)))
+                Ok(ArenaState::On(CommArena::new(slot, members, me)))
             }
             _ => Ok(ArenaState::Off),
         }
