@@ -113,6 +113,7 @@ mod pending;
 mod recorder;
 mod rendezvous;
 mod runner;
+mod slots;
 mod spin;
 mod stats;
 mod transport;

@@ -332,6 +332,18 @@ pub(crate) fn read_restarting<R: io::Read + ?Sized>(
     }
 }
 
+/// The Unix address of a peer that published `theirs`, if it runs on this
+/// host and network namespace (`mine` is this rank's own publication).
+pub(crate) fn same_host_unix_addr(mine: &str, theirs: &[u8]) -> Option<std::os::unix::net::SocketAddr> {
+    use std::os::linux::net::SocketAddrExt;
+    let theirs = std::str::from_utf8(theirs).ok()?;
+    let (my_host, _) = mine.split_once(' ')?;
+    let (host, name) = theirs.split_once(' ')?;
+    (host == my_host)
+        .then(|| std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes()).ok())
+        .flatten()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -43,6 +43,10 @@ pub(crate) struct World {
     /// rendezvous): a communicator whose members share one host may run
     /// its small collectives there, once its members voted.
     pub(crate) arena_everywhere: bool,
+    /// What this rank published of its Unix listener (host identity and
+    /// name), to tell whether a replacement runs on this host (decision
+    /// 0040).
+    pub(crate) local_name: Option<String>,
     /// Which world ranks this rank reaches over Unix sockets (this host).
     pub(crate) local_ranks: Vec<bool>,
     /// Each world rank's host, numbered from 0 in order of first rank

@@ -204,10 +204,21 @@ fn seeds() -> Vec<(&'static str, &'static str, Vec<u8>)> {
         (
             "frame",
             "hello_auth_len_past_payload.bin",
-            with(hello_frame.clone(), 56 + 21, &300u16.to_le_bytes()),
+            with(hello_frame.clone(), 56 + 25, &300u16.to_le_bytes()),
         ),
         // Bare payloads, for `Hello::decode`, `HelloAck::decode`, `Abort::decode`.
         ("handshake", "valid_hello_rank1.bin", hello_payload.clone()),
+        // A replacement's hello (decision 0040).
+        (
+            "handshake",
+            "valid_hello_incarnation_3.bin",
+            Hello {
+                incarnation: 3,
+                ..hello.clone()
+            }
+            .encode()
+            .unwrap(),
+        ),
         (
             "handshake",
             "valid_hello_with_auth.bin",
@@ -251,12 +262,12 @@ fn seeds() -> Vec<(&'static str, &'static str, Vec<u8>)> {
         (
             "handshake",
             "hello_auth_len_over_cap.bin",
-            with(hello_payload.clone(), 21, &513u16.to_le_bytes()),
+            with(hello_payload.clone(), 25, &513u16.to_le_bytes()),
         ),
         (
             "handshake",
             "hello_auth_len_past_end.bin",
-            with(hello_payload.clone(), 21, &40u16.to_le_bytes()),
+            with(hello_payload.clone(), 25, &40u16.to_le_bytes()),
         ),
         (
             "handshake",

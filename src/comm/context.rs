@@ -285,6 +285,11 @@ pub(super) struct Inner {
     /// last turn after an agreement returns, and a program that agrees
     /// every step must not keep an inbox per agreement.
     pub(super) agreements_ended: Mutex<Vec<u64>>,
+    /// Made by admitting a replacement, or derived from such a one: its
+    /// ops run over the links alone, without the arena or two levels,
+    /// whose facts a replacement on another host does not share
+    /// (decision 0040).
+    pub(super) flat: bool,
     pub(super) executor: Mutex<Option<JoinHandle<()>>>,
 }
 
@@ -357,6 +362,34 @@ impl std::fmt::Debug for Communicator {
 
 /// A 64-bit mixer (splitmix64's finaliser) to derive sub-group ids that all
 /// members compute alike.
+/// What kind of communicator `Communicator::start_group` makes.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct CommKind {
+    /// Served in the process's metrics (not the groups of two-level ops,
+    /// which count in their parent's).
+    pub(crate) listed: bool,
+    /// Runs over the links alone (see `Inner::flat`).
+    pub(crate) flat: bool,
+}
+
+impl CommKind {
+    /// A communicator the program holds.
+    pub(crate) const LISTED: CommKind = CommKind {
+        listed: true,
+        flat: false,
+    };
+    /// One of the groups a two-level op runs in.
+    pub(crate) const IN_TWO_LEVELS: CommKind = CommKind {
+        listed: false,
+        flat: false,
+    };
+
+    /// A communicator made from one that is `flat` or not (split, shrink).
+    pub(crate) fn derived(flat: bool) -> CommKind {
+        CommKind { listed: true, flat }
+    }
+}
+
 pub(super) fn mix(a: u64, b: u64) -> u64 {
     let mut z = a ^ b.wrapping_mul(0x9E37_79B9_7F4A_7C15);
     z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);

@@ -17,7 +17,7 @@
 //! named as ranks of this communicator.
 
 use super::context::mix;
-use super::context::{Ctx, Executor, Group, Levels};
+use super::context::{CommKind, Ctx, Executor, Group, Levels};
 use crate::Communicator;
 use crate::algo::levels::{Costs, Grid};
 use crate::config::TwoLevel;
@@ -141,7 +141,7 @@ impl Levels {
                 rank,
                 comm_id,
                 Arc::new(world_ranks),
-                false,
+                CommKind::IN_TWO_LEVELS,
             )?;
             ex.world.transport.nest(ex.comm_id, comm_id);
             Ok(Group { comm, members })

@@ -15,6 +15,7 @@
 //! `arena` (ops on the shared-memory arena), `levels` (two-level ops
 //! across hosts).
 
+mod admit;
 mod arena;
 mod context;
 mod diagnose;
@@ -37,7 +38,7 @@ use crate::wire::OpKind;
 use crate::world::World;
 use crate::{Element, ReduceOp};
 pub use context::Communicator;
-use context::{Executor, Inner, Queue, mix};
+use context::{CommKind, Executor, Inner, Queue, mix};
 use execute::{EXECUTOR_SPIN, P2p};
 pub use recovery::Agreed;
 use std::collections::HashMap;
@@ -49,20 +50,26 @@ impl Communicator {
         let members: Vec<usize> = (0..world.size).collect();
         let rank = world.rank;
         let comm_id = world.job_id;
-        Communicator::start_group(world, tunables, rank, comm_id, Arc::new(members), true)
+        Communicator::start_group(
+            world,
+            tunables,
+            rank,
+            comm_id,
+            Arc::new(members),
+            CommKind::LISTED,
+        )
     }
 
-    /// A communicator of `members` (world ranks); `listed`: served in the
-    /// process's metrics (not the groups of two-level ops, which count in
-    /// their parent's).
-    fn start_group(
+    /// A communicator of `members` (world ranks), of `kind`.
+    pub(super) fn start_group(
         world: Arc<World>,
         tunables: Tunables,
         rank: usize,
         comm_id: u64,
         members: Arc<Vec<usize>>,
-        listed: bool,
+        kind: CommKind,
     ) -> Result<Communicator, Error> {
+        let CommKind { listed, flat } = kind;
         let failed = Arc::new(Mutex::new(None));
         let stats = Arc::new(StatsRecorder::default());
         let recorder = Arc::new(FlightRecorder::new(tunables.flight_recorder_ops));
@@ -80,11 +87,14 @@ impl Communicator {
             scratch: Mutex::new(Vec::new()),
             counts: Mutex::new(Vec::new()),
             pacing: Mutex::default(),
-            arena: Mutex::new(context::ArenaState::initial(arena::could(&world, &members))),
+            arena: Mutex::new(context::ArenaState::initial(
+                !flat && arena::could(&world, &members),
+            )),
             arena_vote: std::sync::atomic::AtomicU8::new(0),
             grid: algo::levels::Grid::of(
                 &members.iter().map(|&w| world.hosts[w]).collect::<Vec<_>>(),
-            ),
+            )
+            .filter(|_| !flat),
             levels: Mutex::new(None),
         }));
         // The executor's poll between jobs only saves a wake-up when jobs
@@ -125,6 +135,7 @@ impl Communicator {
                 splits: Mutex::new(0),
                 recoveries: Mutex::new(0),
                 agreements_ended: Mutex::new(Vec::new()),
+                flat,
                 executor: Mutex::new(Some(handle)),
             }),
             timeout,
@@ -735,7 +746,7 @@ impl Communicator {
             rank,
             comm_id,
             Arc::new(members),
-            true,
+            CommKind::derived(self.inner.flat),
         )
         .map(|mut c| {
             c.timeout = self.timeout;

@@ -11,7 +11,7 @@
 //! still being made, holds no one else; a link that fails (or a message
 //! that does not decode) makes its peer suspected.
 
-use super::context::{Communicator, mix};
+use super::context::{CommKind, Communicator, mix};
 use crate::DType;
 use crate::agree::codec;
 use crate::agree::protocol::{Agreement, Decision, Message};
@@ -160,7 +160,7 @@ impl Communicator {
                 rank,
                 comm_id,
                 Arc::new(members),
-                true,
+                CommKind::derived(comm.inner.flat),
             )
             .map(|mut c| {
                 c.timeout = comm.timeout;
@@ -171,7 +171,7 @@ impl Communicator {
 
     /// The next agreement's number on this communicator: every member
     /// counts its own calls, and they call in the same order.
-    fn next_recovery(&self) -> u64 {
+    pub(super) fn next_recovery(&self) -> u64 {
         let mut n = lock(&self.inner.recoveries);
         *n += 1;
         *n
@@ -183,7 +183,7 @@ impl Communicator {
     }
 
     /// Runs agreement `instance` to its decision, which includes this rank.
-    fn run_agreement_instance(
+    pub(super) fn run_agreement_instance(
         &self,
         value: u64,
         quorum: usize,
@@ -487,7 +487,7 @@ fn says_gone(failure: &LinkFailure) -> bool {
 }
 
 /// Runs `work` on a thread of its own and hands its result to the handle.
-fn spawn_recovery<R: Send + 'static>(
+pub(super) fn spawn_recovery<R: Send + 'static>(
     name: &str,
     work: impl FnOnce() -> Result<R, Error> + Send + 'static,
 ) -> PendingCollective<R> {

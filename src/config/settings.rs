@@ -198,6 +198,7 @@ pub const SETTINGS: &[Setting] = &[
     setting("RINGWIRE_MASTER_PORT", Section::Rendezvous, "`MASTER_PORT`", Some("Builder::store"), "wins over `MASTER_PORT`"),
     setting("RINGWIRE_STORE", Section::Rendezvous, "`torch` under torchrun's agent store, else `ringwire`", Some("Builder::store_kind"), "`torch`: join the PyTorch TCPStore at the store address; `ringwire`: rank 0 hosts ringwire's own").decided_by(25),
     setting("RINGWIRE_HOST_STORE", Section::Rendezvous, "1", Some("Builder::host_store"), "0: rank 0 starts no store (a standalone `ringwire-store` runs one)"),
+    setting("RINGWIRE_REJOIN", Section::Rendezvous, "0", Some("Builder::rejoin"), "1: join the running job in the place of its lost rank `RANK`, once its members call `Communicator::admit` (needs a store that outlives the ranks)").decided_by(40),
     setting("RINGWIRE_JOB_ID", Section::Rendezvous, "`default`, or the launcher's job id where ringwire filled in the store's address or port", Some("Builder::job"), "keeps jobs that share one store apart"),
     setting("RINGWIRE_SOCKET_IFNAME", Section::Rendezvous, "the interface that routes to the store", Some("Builder::socket_ifname"), "the interface whose address ranks listen on (as `GLOO_SOCKET_IFNAME`)"),
     setting("RINGWIRE_CONNECT_TIMEOUT", Section::Rendezvous, "the op timeout", Some("Builder::connect_timeout"), "seconds setup waits for the store and the other ranks"),

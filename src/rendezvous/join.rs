@@ -9,6 +9,7 @@ use crate::env::StoreKind;
 use crate::error::Error;
 use crate::net;
 use crate::security::Security;
+use crate::slots::JobKeys;
 use crate::store::{Store, StoreClient, StoreError, StoreServer, TcpStoreClient};
 use crate::transport::Transport;
 use crate::transport::engine_cores::engine_thread_cores;
@@ -41,7 +42,8 @@ pub(super) fn rendezvous(
             // One rank and no store: nothing to meet.
             let listener = net::bind_listener("127.0.0.1".parse().expect("literal"))?;
             let cores = engine_thread_cores(t.engine_threads, 0, 1, &usable_core_ids());
-            let transport = start_transport(listener, None, 0, 0, Vec::new(), t, sec, cores)?;
+            let transport =
+                start_transport(listener, None, 0, 0, Vec::new(), Vec::new(), t, sec, cores)?;
             return Ok(World {
                 rank,
                 size,
@@ -55,6 +57,7 @@ pub(super) fn rendezvous(
                 crowded_anywhere: false,
                 tcp_anywhere: false,
                 arena_everywhere: false,
+                local_name: None,
                 local_ranks: vec![false],
                 hosts: vec![0],
                 inter_host_gbps: crate::config::DEFAULT_INTER_HOST_GBPS,
@@ -104,28 +107,8 @@ pub(super) fn rendezvous(
     } else {
         None
     };
-    let mut client: Box<dyn Store> = if torch {
-        if sec.secret.is_some() || sec.tls.is_some() {
-            tracing::warn!(
-                rank,
-                "the PyTorch TCPStore has no authentication or encryption: the job secret and TLS protect \
-                 ringwire's links, not the store"
-            );
-        }
-        Box::new(TcpStoreClient::connect(&addrs, t.connect_timeout)?)
-    } else {
-        Box::new(StoreClient::connect_with(&addrs, t.connect_timeout, sec)?)
-    };
-    let mut prefix = format!("ringwire/{}/", b.job.as_deref().unwrap_or("default"));
-    if let Some(attempt) = &b.attempt {
-        // The world size too: torchrun restarts every worker when nodes
-        // join or leave without counting a restart, and such a round has
-        // another world size.
-        prefix.push_str(&format!(
-            "{}/attempt_{}/world_{size}/",
-            attempt.run_id, attempt.restart_count
-        ));
-    }
+    let mut client = connect_store(b, rank, &addrs, t, sec)?;
+    let prefix = job_prefix(b, size);
     let key = |k: &str| format!("{prefix}{k}");
 
     // Claim the rank: a second process with the same rank finds it taken.
@@ -151,6 +134,12 @@ pub(super) fn rendezvous(
         Error::Rendezvous(why)
     };
     if rank == 0 {
+        // Where a replacement finds this job (decision 0040).
+        let running = JobKeys::running(
+            b.job.as_deref().unwrap_or("default"),
+            b.attempt.as_ref().map(|a| a.run_id.as_str()),
+        );
+        client.set(&running, prefix.as_bytes())?;
         client.set(&key("job"), &nonce.to_le_bytes())?;
         client.set(&key("settings"), t.shared().as_bytes())?;
         client.set(&key("world_size"), size.to_string().as_bytes())?;
@@ -171,31 +160,12 @@ pub(super) fn rendezvous(
         return Err(refuse(why));
     }
 
-    let ip = net::choose_local_ip(b.socket_ifname.as_deref(), &addrs)?;
-    let listener = net::bind_listener(ip)?;
-    let listen = listener
-        .local_addr()
-        .map_err(|e| Error::io("reading the listener address", e))?;
-    // Published before the TCP address: whoever reads that finds this too.
-    let local = (t.local_links != LocalLinks::Tcp && sec.tls.is_none())
-        .then(|| local_listener(rank))
-        .flatten();
-    if let Some((_, published)) = &local {
-        client.set(&key(&format!("local/{rank}")), published.as_bytes())?;
-    }
-    // The host this rank counts as (two-level collectives, decision 0033);
-    // likewise published before the address.
-    let host = b
-        .host_id
-        .clone()
-        .or_else(host_identity)
-        .unwrap_or_else(|| format!("rank {rank}"));
-    client.set(&key(&format!("host/{rank}")), host.as_bytes())?;
-    // And the rate of the interface it listens on (empty: not known).
-    let gbps = net::link_gbps(ip).map_or_else(String::new, |g| g.to_string());
-    client.set(&key(&format!("gbps/{rank}")), gbps.as_bytes())?;
-    client.set(&key(&format!("addr/{rank}")), listen.to_string().as_bytes())?;
-
+    let unix_links = t.local_links != LocalLinks::Tcp && sec.tls.is_none();
+    let published = listen_and_publish(b, &*client, rank, &addrs, unix_links, &|what| {
+        key(&format!("{what}/{rank}"))
+    })?;
+    let (listener, local, listen) = (published.listener, published.local, published.listen);
+    let local_name = local.as_ref().map(|(_, name)| name.clone());
     let mut peers = Vec::with_capacity(size);
     let mut local_peers = Vec::with_capacity(size);
     let mut host_names: Vec<Vec<u8>> = Vec::with_capacity(size);
@@ -240,7 +210,7 @@ pub(super) fn rendezvous(
         let local_peer = match (&local, q == rank) {
             (Some((_, mine)), false) => client
                 .try_get(&key(&format!("local/{q}")))?
-                .and_then(|theirs| same_host_unix_addr(mine, &theirs)),
+                .and_then(|theirs| net::same_host_unix_addr(mine, &theirs)),
             _ => None,
         };
         local_peers.push(local_peer);
@@ -272,7 +242,17 @@ pub(super) fn rendezvous(
         (before, found_here)
     });
     let cores = engine_thread_cores(t.engine_threads, local_rank, on_host, &usable_core_ids());
-    let transport = start_transport(listener, local, rank, job_id, peers, t, sec, cores)?;
+    let transport = start_transport(
+        listener,
+        local,
+        rank,
+        job_id,
+        peers,
+        Vec::new(),
+        t,
+        sec,
+        cores,
+    )?;
 
     // Whether some host is crowded, counted before the barrier so every
     // rank reads the same total after it: the algorithms it selects must
@@ -329,9 +309,99 @@ pub(super) fn rendezvous(
         crowded_anywhere,
         tcp_anywhere,
         arena_everywhere,
+        local_name,
         local_ranks,
         hosts: number_hosts(&host_names),
         inter_host_gbps: slowest_link.unwrap_or(crate::config::DEFAULT_INTER_HOST_GBPS),
+    })
+}
+
+/// The store at `addrs`: a client of ringwire's own, or of PyTorch's
+/// TCPStore.
+pub(super) fn connect_store(
+    b: &Builder,
+    rank: usize,
+    addrs: &[SocketAddr],
+    t: &Tunables,
+    sec: &Security,
+) -> Result<Box<dyn Store>, Error> {
+    if b.store_kind == StoreKind::Torch {
+        if sec.secret.is_some() || sec.tls.is_some() {
+            tracing::warn!(
+                rank,
+                "the PyTorch TCPStore has no authentication or encryption: the job secret and TLS protect \
+                 ringwire's links, not the store"
+            );
+        }
+        Ok(Box::new(TcpStoreClient::connect(addrs, t.connect_timeout)?))
+    } else {
+        Ok(Box::new(StoreClient::connect_with(
+            addrs,
+            t.connect_timeout,
+            sec,
+        )?))
+    }
+}
+
+/// The prefix of the job's keys at the store.
+pub(super) fn job_prefix(b: &Builder, size: usize) -> String {
+    let mut prefix = format!("ringwire/{}/", b.job.as_deref().unwrap_or("default"));
+    if let Some(attempt) = &b.attempt {
+        // The world size too: torchrun restarts every worker when nodes
+        // join or leave without counting a restart, and such a round has
+        // another world size.
+        prefix.push_str(&format!(
+            "{}/attempt_{}/world_{size}/",
+            attempt.run_id, attempt.restart_count
+        ));
+    }
+    prefix
+}
+
+/// This process's listeners, and what it published of them.
+pub(super) struct Published {
+    pub(super) listener: std::net::TcpListener,
+    pub(super) local: Option<(std::os::unix::net::UnixListener, String)>,
+    pub(super) listen: SocketAddr,
+}
+
+/// Binds this process's listeners (TCP on the address the store's
+/// peers reach it at, and Unix for peers on this host) and publishes
+/// them, its host and its link rate under `key("local")`, `key("host")`,
+/// `key("gbps")`, then `key("addr")`: whoever reads the address finds the
+/// rest.
+pub(super) fn listen_and_publish(
+    b: &Builder,
+    client: &dyn Store,
+    rank: usize,
+    store_addrs: &[SocketAddr],
+    unix_links: bool,
+    key: &dyn Fn(&str) -> String,
+) -> Result<Published, Error> {
+    let ip = net::choose_local_ip(b.socket_ifname.as_deref(), store_addrs)?;
+    let listener = net::bind_listener(ip)?;
+    let listen = listener
+        .local_addr()
+        .map_err(|e| Error::io("reading the listener address", e))?;
+    let local = unix_links.then(|| local_listener(rank)).flatten();
+    if let Some((_, published)) = &local {
+        client.set(&key("local"), published.as_bytes())?;
+    }
+    // The host this rank counts as (two-level collectives, decision 0033).
+    let host = b
+        .host_id
+        .clone()
+        .or_else(host_identity)
+        .unwrap_or_else(|| format!("rank {rank}"));
+    client.set(&key("host"), host.as_bytes())?;
+    // And the rate of the interface it listens on (empty: not known).
+    let gbps = net::link_gbps(ip).map_or_else(String::new, |g| g.to_string());
+    client.set(&key("gbps"), gbps.as_bytes())?;
+    client.set(&key("addr"), listen.to_string().as_bytes())?;
+    Ok(Published {
+        listener,
+        local,
+        listen,
     })
 }
 
@@ -386,25 +456,14 @@ fn local_listener(rank: usize) -> Option<(std::os::unix::net::UnixListener, Stri
     }
 }
 
-/// The Unix address of a peer that published `theirs`, if it runs on this
-/// host and network namespace (`mine` is this rank's own publication).
-fn same_host_unix_addr(mine: &str, theirs: &[u8]) -> Option<std::os::unix::net::SocketAddr> {
-    use std::os::linux::net::SocketAddrExt;
-    let theirs = std::str::from_utf8(theirs).ok()?;
-    let (my_host, _) = mine.split_once(' ')?;
-    let (host, name) = theirs.split_once(' ')?;
-    (host == my_host)
-        .then(|| std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes()).ok())
-        .flatten()
-}
-
 #[allow(clippy::too_many_arguments)] // who this rank is, and how its transport runs
-fn start_transport(
+pub(super) fn start_transport(
     listener: std::net::TcpListener,
     local: Option<LocalPeers>,
     rank: usize,
     job_id: u64,
     peers: Vec<SocketAddr>,
+    incarnations: Vec<u32>,
     t: &Tunables,
     sec: &Security,
     thread_cores: Vec<usize>,
@@ -439,7 +498,7 @@ fn start_transport(
     } else {
         peers
     };
-    Mesh::start(listener, local, rank, job_id, peers, config)
+    Mesh::start(listener, local, rank, job_id, peers, incarnations, config)
         .map(|t| Box::new(t) as Box<dyn Transport>)
         .map_err(|e| Error::io(format!("starting the {name} transport"), e))
         .inspect(|t| {

@@ -12,6 +12,7 @@
 //! themselves are in `join.rs`.
 
 mod join;
+mod rejoin;
 
 use crate::comm::Communicator;
 use crate::config::{self, DEFAULT_TCP_LANES, LocalLinks, Overrides, TransportKind, TwoLevel};
@@ -75,6 +76,9 @@ pub struct Builder {
     /// (`Builder::host_id`, RINGWIRE_HOST_ID); else its kernel and network
     /// namespace.
     host_id: Option<String>,
+    /// Join the running job in a lost rank's place (`Builder::rejoin`,
+    /// RINGWIRE_REJOIN).
+    rejoin: bool,
 }
 
 impl Builder {
@@ -120,6 +124,18 @@ impl Builder {
         {
             b = b.host_id(id.trim());
         }
+        if let Some(value) = lookup("RINGWIRE_REJOIN")
+            && !value.trim().is_empty()
+        {
+            let Some(on) = env::parse_switch(&value) else {
+                return Err(Error::Env(env::EnvError::Invalid {
+                    var: "RINGWIRE_REJOIN",
+                    value,
+                    expected: env::SWITCH_WORDS,
+                }));
+            };
+            b = b.rejoin(on);
+        }
         if let Some(value) = lookup("RINGWIRE_HOST_STORE")
             && !value.trim().is_empty()
         {
@@ -133,6 +149,18 @@ impl Builder {
             b = b.host_store(host);
         }
         Ok(b)
+    }
+
+    /// Joins the running job in the place of its lost rank [`Builder::rank`]
+    /// instead of meeting the others at launch (also `RINGWIRE_REJOIN=1`):
+    /// `build` waits until the job's members take this process in with
+    /// [`Communicator::admit`], and returns the communicator they made.
+    /// The job's store must outlive the rank this one replaces: a
+    /// standalone `ringwire-store`, or torchrun's agent store; rank 0's own
+    /// store ends with rank 0. See the guide's "Surviving a lost rank".
+    pub fn rejoin(mut self, on: bool) -> Builder {
+        self.rejoin = on;
+        self
     }
 
     /// This process's rank.
@@ -546,6 +574,12 @@ impl Builder {
         // Fail before claiming a rank at the store if the transport asked
         // for cannot run.
         tunables.transport.choose(security.tls.is_some())?;
+        if self.rejoin {
+            let (mut world, admission) = rejoin::rejoin(&self, rank, size, &tunables, &security)?;
+            world.local = self.local;
+            world.home_core = self.local.map(|(local_rank, _)| local_rank);
+            return Communicator::start_admitted(Arc::new(world), tunables, &admission);
+        }
         let mut world = rendezvous(&self, rank, size, &tunables, &security)?;
         if let Some((local_rank, _)) = self.local {
             world.home_core = Some(local_rank);

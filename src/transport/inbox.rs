@@ -439,6 +439,15 @@ impl Inboxes {
         self.resume_reading();
     }
 
+    /// A replacement took `peer`'s place (decision 0040): its frames count
+    /// again.
+    pub(crate) fn peer_back(&self, peer: usize) {
+        if let Some(dead) = self.dead.get(peer) {
+            let _ahead = lock(&self.run_ahead);
+            dead.store(false, Ordering::SeqCst);
+        }
+    }
+
     /// The transport is closing: no link is paused any more.
     pub(crate) fn close(&self) {
         self.closing.store(true, Ordering::SeqCst);

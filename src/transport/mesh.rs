@@ -19,11 +19,13 @@ use super::control::Control;
 use super::dispatch;
 use super::inbox::Inboxes;
 use super::link::{
-    Accepted, Established, Found, Link, LinkConfig, Linker, PeerTable, PlaneKinds, accept_loop,
-    open_files,
+    Accepted, Established, Found, Link, LinkConfig, Linker, PeerTable, PlaneKinds, Slot,
+    accept_loop, open_files,
 };
 use super::plane::{Fabric, PlaneConfig, Planes};
-use super::{AlignedBuf, Incoming, LinkError, PostedRecvs, Received, Transport, framing};
+use super::{
+    AlignedBuf, Incoming, LinkError, PeerPlace, PostedRecvs, Received, Transport, framing,
+};
 use crate::error::Error;
 use crate::error::link::{LinkFailure, Loss};
 use crate::refusals;
@@ -126,6 +128,7 @@ impl Mesh {
         me: usize,
         job_id: u64,
         addrs: Vec<SocketAddr>,
+        incarnations: Vec<u32>,
         config: MeshConfig,
     ) -> io::Result<Mesh> {
         let (local_listener, local_peers, crowded) = match local {
@@ -162,7 +165,22 @@ impl Mesh {
             me,
             max_payload: config.max_payload,
             peers: PeerTable::new(me, world),
-            linker: Linker::new(me, job_id, addrs, local_peers, link_config, kinds, epoch),
+            linker: Linker::new(
+                (me, incarnations.get(me).copied().unwrap_or(0)),
+                job_id,
+                addrs
+                    .iter()
+                    .enumerate()
+                    .map(|(q, &addr)| Slot {
+                        addr,
+                        local: local_peers.get(q).cloned().flatten(),
+                        incarnation: incarnations.get(q).copied().unwrap_or(0),
+                    })
+                    .collect(),
+                link_config,
+                kinds,
+                epoch,
+            ),
             inboxes: Inboxes::new(me, world, limits, planes.waker()),
             control: Control::new(
                 me,
@@ -652,5 +670,20 @@ impl Transport for Mesh {
 
     fn probe(&self, peer: usize, deadline: Instant) -> Result<(), LinkError> {
         self.hub.linker.probe(peer, deadline)
+    }
+
+    fn replace_peer(&self, peer: usize, place: PeerPlace) -> Result<(), LinkError> {
+        let hub = &self.hub;
+        // The old process's link is over; what it left in the inboxes of
+        // its communicators holds nobody back.
+        hub.peers.reset(peer)?;
+        hub.linker.replace(peer, place);
+        hub.inboxes.peer_back(peer);
+        hub.control.heard(peer);
+        Ok(())
+    }
+
+    fn incarnation(&self, peer: usize) -> u32 {
+        self.hub.linker.slot(peer).incarnation
     }
 }

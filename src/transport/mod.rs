@@ -33,6 +33,21 @@ use std::time::Instant;
 
 pub(crate) use ringwire_uring::AlignedBuf;
 
+/// Where a rank is, as this one knows it, and which of its processes
+/// links with this one.
+#[derive(Clone, Debug)]
+pub(crate) struct PeerPlace {
+    /// Its TCP listener.
+    pub(crate) addr: std::net::SocketAddr,
+    /// Its Unix listener, for a peer on this host (same kernel and network
+    /// namespace): dialed instead of TCP (decision 0009).
+    pub(crate) local: Option<std::os::unix::net::SocketAddr>,
+    /// The process of the rank this one links with: 0 at launch, one more
+    /// for each replacement admitted (decision 0040). A hello from any
+    /// other is refused.
+    pub(crate) incarnation: u32,
+}
+
 /// One frame received from a peer.
 pub(crate) struct Incoming {
     pub(crate) header: Header,
@@ -316,5 +331,21 @@ pub(crate) trait Transport: Send + Sync {
     fn probe(&self, peer: usize, deadline: Instant) -> Result<(), LinkError> {
         let _ = (peer, deadline);
         Ok(())
+    }
+    /// A replacement takes `peer`'s place (decision 0040): its failed link
+    /// is forgotten, and links from now on go to and come from the process
+    /// at `place` only. Fails if the link to `peer` has not failed (the
+    /// rank is not lost here).
+    fn replace_peer(&self, peer: usize, place: PeerPlace) -> Result<(), LinkError> {
+        let _ = place;
+        Err(LinkError::Lost(Loss::new(
+            peer,
+            LinkFailure::TransportClosed,
+        )))
+    }
+    /// Which process of `peer`'s rank links with this one (0 at launch).
+    fn incarnation(&self, peer: usize) -> u32 {
+        let _ = peer;
+        0
     }
 }

@@ -31,10 +31,17 @@
 //!
 //! ```text
 //! Hello:    protocol_version u16 | little_endian u8 (0/1) | security u8 | channel u8
-//!           | job_id u64 | rank u32 | world_size u32 | auth_len u16 | auth [auth_len]
+//!           | job_id u64 | rank u32 | world_size u32 | incarnation u32 | auth_len u16
+//!           | auth [auth_len]
 //! HelloAck: accepted u8 (0/1) | security u8 | lanes u8 (0-8) | reason_len u16
 //!           | auth_len u16 | reason [reason_len] (UTF-8) | auth [auth_len]
 //! ```
+//!
+//! The incarnation says which process of its rank the sender is: 0 for
+//! the one started with the job, raised by each replacement that took the
+//! rank's place (decision 0040). An acceptor links only with a rank's
+//! current incarnation, so a process that was excluded as hung and wakes
+//! up cannot link in its replacement's place.
 //!
 //! The channel byte is a kind in its low 3 bits (0 main, 1 main with
 //! lanes, 2 lane from the dialer, 3 lane to the dialer, 4 main with shared
@@ -60,6 +67,9 @@ pub struct Hello {
     pub rank: u32,
     /// The sender's idea of the world size.
     pub world_size: u32,
+    /// Which process of its rank the sender is: 0 at launch, one more for
+    /// each replacement (decision 0040).
+    pub incarnation: u32,
     /// The sender's security mode: [`SECURITY_SECRET`] | [`SECURITY_TLS`] | [`SECURITY_MTLS`].
     pub security: u8,
     /// Which connection of the link this is.
@@ -218,6 +228,7 @@ struct RawHello {
     job_id: U64,
     rank: U32,
     world_size: U32,
+    incarnation: U32,
     auth_len: U16,
 }
 
@@ -241,6 +252,7 @@ impl Hello {
             job_id,
             rank,
             world_size,
+            incarnation: 0,
             security: 0,
             channel: Channel::Main,
             auth: Vec::new(),
@@ -265,6 +277,7 @@ impl Hello {
             job_id: U64::new(self.job_id),
             rank: U32::new(self.rank),
             world_size: U32::new(self.world_size),
+            incarnation: U32::new(self.incarnation),
             auth_len: len_u16(self.auth.len()),
         };
         let mut out = Vec::with_capacity(size_of::<RawHello>() + self.auth.len());
@@ -293,6 +306,7 @@ impl Hello {
             job_id: raw.job_id.get(),
             rank: raw.rank.get(),
             world_size: raw.world_size.get(),
+            incarnation: raw.incarnation.get(),
             security,
             channel,
             auth: auth.to_vec(),
@@ -462,6 +476,7 @@ mod tests {
     fn hello() -> Hello {
         Hello {
             auth: b"token".to_vec(),
+            incarnation: 2,
             ..Hello::new(0xDEAD_BEEF_0000_0001, 3, 8)
         }
     }
@@ -469,17 +484,18 @@ mod tests {
     #[test]
     fn hello_layout() {
         let bytes = hello().encode().unwrap();
-        assert_eq!(size_of::<RawHello>(), 23);
-        assert_eq!(bytes.len(), 23 + 5);
-        assert_eq!(bytes[0..2], [4, 0]);
+        assert_eq!(size_of::<RawHello>(), 27);
+        assert_eq!(bytes.len(), 27 + 5);
+        assert_eq!(bytes[0..2], [5, 0]);
         assert_eq!(bytes[2], u8::from(cfg!(target_endian = "little")));
         assert_eq!(bytes[3], 0);
         assert_eq!(bytes[4], 0); // Channel::Main
         assert_eq!(bytes[5..13], 0xDEAD_BEEF_0000_0001u64.to_le_bytes());
         assert_eq!(bytes[13..17], 3u32.to_le_bytes());
         assert_eq!(bytes[17..21], 8u32.to_le_bytes());
-        assert_eq!(bytes[21..23], 5u16.to_le_bytes());
-        assert_eq!(&bytes[23..], b"token");
+        assert_eq!(bytes[21..25], 2u32.to_le_bytes());
+        assert_eq!(bytes[25..27], 5u16.to_le_bytes());
+        assert_eq!(&bytes[27..], b"token");
         for (channel, byte) in [
             (Channel::MainWithLanes(1), 1 | 1 << 3),
             (Channel::MainWithLanes(8), 1 | 8 << 3),
@@ -522,6 +538,7 @@ mod tests {
                 job_id: u64::MAX,
                 rank: u32::MAX,
                 world_size: u32::MAX,
+                incarnation: u32::MAX,
                 security: SECURITY_SECRET | SECURITY_TLS | SECURITY_MTLS,
                 channel: Channel::LaneToDialer(MAX_LANES - 1),
                 auth: vec![0xff; MAX_AUTH_LEN],
@@ -580,19 +597,19 @@ mod tests {
 
         let valid = hello().encode().unwrap();
         assert_eq!(
-            Hello::decode(&valid[..22]),
-            Err(WireError::PayloadTruncated {
-                what: "hello",
-                needed: 23,
-                got: 22
-            })
-        );
-        assert_eq!(
             Hello::decode(&valid[..26]),
             Err(WireError::PayloadTruncated {
                 what: "hello",
-                needed: 28,
+                needed: 27,
                 got: 26
+            })
+        );
+        assert_eq!(
+            Hello::decode(&valid[..30]),
+            Err(WireError::PayloadTruncated {
+                what: "hello",
+                needed: 32,
+                got: 30
             })
         );
         let mut trailing = valid.clone();
@@ -633,7 +650,7 @@ mod tests {
         );
         // A huge length is refused before anything is allocated for it.
         let mut huge = valid.clone();
-        huge[21..23].copy_from_slice(&u16::MAX.to_le_bytes());
+        huge[25..27].copy_from_slice(&u16::MAX.to_le_bytes());
         assert_eq!(
             Hello::decode(&huge),
             Err(WireError::FieldTooLong {

@@ -89,6 +89,24 @@ impl Linker {
         }
     }
 
+    /// Why a hello from `peer`'s process `incarnation` is refused: another
+    /// process holds the rank (decision 0040); `None` if it is the one.
+    fn stale(&self, peer: usize, incarnation: u32) -> Option<String> {
+        let current = self.slot(peer).incarnation;
+        match incarnation.cmp(&current) {
+            std::cmp::Ordering::Equal => None,
+            std::cmp::Ordering::Less => Some(format!(
+                "rank {peer} (incarnation {incarnation}) was replaced by incarnation {current}: \
+                 the job went on without this process"
+            )),
+            std::cmp::Ordering::Greater => Some(format!(
+                "rank {peer} (incarnation {incarnation}) is not admitted at rank {} yet \
+                 (it knows incarnation {current})",
+                self.me
+            )),
+        }
+    }
+
     /// Runs the accepting side of a handshake (TLS if configured, hello,
     /// secret check); returns the peer's rank and the link's byte streams,
     /// or why the dialer was refused (its kind, and the words it was told).
@@ -199,6 +217,8 @@ impl Linker {
                             } else if hello.channel == Channel::Probe {
                                 // Any rank may ask whether this one lives.
                                 Ok(peer)
+                            } else if let Some(why) = self.stale(peer, hello.incarnation) {
+                                Err((Reason::UnexpectedRank, why))
                             } else if peer > self.me {
                                 unexpected(format!(
                                     "rank {peer} dialed rank {}, but only lower ranks dial",

@@ -3,7 +3,7 @@
 //! the lanes the acceptor agreed to (decision 0018).
 
 use super::{
-    Established, Halves, LaneConns, Linker, describe_unix, link_context, plain_halves,
+    Established, Halves, LaneConns, Linker, Slot, describe_unix, link_context, plain_halves,
     plaintext_refusal, read_ack,
 };
 use crate::error::link::LinkFailure;
@@ -18,21 +18,20 @@ use crate::transport::plane::PlaneKind;
 use crate::wire::handshake::security_mismatch;
 use crate::wire::{self, Channel, FrameKind, Hello, HelloAck};
 use std::io;
-use std::net::TcpStream;
+use std::net::{SocketAddr, TcpStream};
 use std::os::unix::net::{SocketAddr as UnixAddr, UnixStream};
 use std::time::{Duration, Instant};
 
 impl Linker {
     /// Where `peer` is dialed (its Unix listener when local, else TCP),
     /// as shown in errors.
-    fn dial_address(&self, peer: usize) -> (Option<&UnixAddr>, String) {
-        let addr = self.addrs[peer];
-        let local = self.local_peers.get(peer).and_then(Option::as_ref);
-        let shown = match local {
+    fn dial_address(&self, peer: usize) -> (SocketAddr, Option<UnixAddr>, String) {
+        let Slot { addr, local, .. } = self.slot(peer);
+        let shown = match &local {
             Some(a) => describe_unix(a),
             None => addr.to_string(),
         };
-        (local, shown)
+        (addr, local, shown)
     }
 
     /// A connection to `peer`, retried with backoff until `deadline`.
@@ -43,12 +42,11 @@ impl Linker {
     /// A connection to `peer` within `deadline`, retried with backoff if
     /// `retry` (a peer that is still starting refuses for a while).
     fn connect_with(&self, peer: usize, deadline: Instant, retry: bool) -> Result<Conn, LinkError> {
-        let addr = self.addrs[peer];
-        let (local, shown) = self.dial_address(peer);
+        let (addr, local, shown) = self.dial_address(peer);
         let mut backoff = Duration::from_millis(10);
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
-            let connected = match local {
+            let connected = match &local {
                 Some(unix) => UnixStream::connect_addr(unix).map(Conn::Unix),
                 None => TcpStream::connect_timeout(
                     &addr,
@@ -89,7 +87,7 @@ impl Linker {
         deadline: Instant,
         retry: bool,
     ) -> Result<Established, LinkError> {
-        let (_, shown) = self.dial_address(peer);
+        let (_, _, shown) = self.dial_address(peer);
         let refused = |failure: LinkFailure, prefix: &str| LinkError::Connect {
             addr: shown.clone(),
             detail: format!("{prefix}{}", words(&failure)),
@@ -142,7 +140,7 @@ impl Linker {
     /// now is gone), and a handshake as a [`Channel::Probe`], which the
     /// peer answers (after the job's secret and TLS checks) and closes.
     pub(crate) fn probe(&self, peer: usize, deadline: Instant) -> Result<(), LinkError> {
-        let (_, shown) = self.dial_address(peer);
+        let (_, _, shown) = self.dial_address(peer);
         let conn = self.connect_with(peer, deadline, false)?;
         let who = format!("rank {peer} ({shown})");
         // A stopped process's kernel still accepts the connection: only
@@ -174,7 +172,7 @@ impl Linker {
         channel: Channel,
         timeout: Duration,
     ) -> Result<(Halves, u8), LinkFailure> {
-        let addr = self.addrs[peer];
+        let addr = self.addr(peer);
         let hs = |e: io::Error| handshake_error(&e, who);
         self.configure(stream).map_err(hs)?;
         stream.set_read_timeout(Some(timeout)).map_err(hs)?;
@@ -205,6 +203,7 @@ impl Linker {
             security: mine,
             channel,
             auth: client_nonce.map(|n| n.to_vec()).unwrap_or_default(),
+            incarnation: self.incarnation,
             ..Hello::new(self.job_id, self.me as u32, self.world as u32)
         };
         let payload = hello.encode().map_err(|e| LinkFailure::Handshake {

@@ -174,6 +174,24 @@ impl PeerTable {
         self.changed.notify_all();
     }
 
+    /// Forgets the link to `peer` (shutting it down if it is up): a
+    /// replacement takes the rank's place, and the next op dials it or
+    /// waits for its dial (decision 0040).
+    pub(crate) fn reset(&self, peer: usize) -> Result<(), LinkError> {
+        {
+            let mut states = lock(&self.states);
+            let Some(state) = states.get_mut(peer) else {
+                return Err(closed(peer));
+            };
+            if let PeerState::Ready(link) = state {
+                link.plane.shut_down();
+            }
+            *state = PeerState::Absent;
+        }
+        self.changed.notify_all();
+        Ok(())
+    }
+
     /// Why the link to `peer` is gone, if it is.
     pub(crate) fn failure(&self, peer: usize) -> Option<Loss> {
         match lock(&self.states).get(peer) {
@@ -258,10 +276,10 @@ pub(crate) struct Linker {
     pub(crate) me: usize,
     world: usize,
     job_id: u64,
-    addrs: Vec<SocketAddr>,
-    /// Peers on this host (same kernel and network namespace) that accept
-    /// on a Unix socket: its address, dialed instead of TCP (decision 0009).
-    local_peers: Vec<Option<UnixAddr>>,
+    /// Which process of its rank this one is (decision 0040).
+    incarnation: u32,
+    /// Where each rank listens, and which process of it links.
+    slots: Mutex<Vec<Slot>>,
     config: LinkConfig,
     /// Which plane a link over TCP or Unix sockets gets.
     planes: PlaneKinds,
@@ -274,6 +292,8 @@ pub(crate) struct Linker {
     pending_lanes: Mutex<HashMap<usize, PendingLanes>>,
     lanes_arrived: Condvar,
 }
+
+pub(crate) use super::PeerPlace as Slot;
 
 /// The lanes of a link accepted with them, as the dialer opens them: those
 /// it writes, those it reads, by index.
@@ -334,20 +354,19 @@ pub(crate) struct PlaneKinds {
 
 impl Linker {
     pub(crate) fn new(
-        me: usize,
+        (me, incarnation): (usize, u32),
         job_id: u64,
-        addrs: Vec<SocketAddr>,
-        local_peers: Vec<Option<UnixAddr>>,
+        slots: Vec<Slot>,
         config: LinkConfig,
         planes: PlaneKinds,
         epoch: Instant,
     ) -> Linker {
         Linker {
             me,
-            world: addrs.len(),
+            world: slots.len(),
             job_id,
-            addrs,
-            local_peers,
+            incarnation,
+            slots: Mutex::new(slots),
             config,
             planes,
             epoch,
@@ -369,7 +388,7 @@ impl Linker {
     pub(crate) fn place(&self) -> Place {
         Place::Link {
             rank: self.me,
-            port: self.addrs.get(self.me).map_or(0, SocketAddr::port),
+            port: lock(&self.slots).get(self.me).map_or(0, |s| s.addr.port()),
         }
     }
 
@@ -380,7 +399,18 @@ impl Linker {
 
     /// Where `peer` listens for TCP links.
     pub(crate) fn addr(&self, peer: usize) -> SocketAddr {
-        self.addrs[peer]
+        lock(&self.slots)[peer].addr
+    }
+
+    /// Where `peer` is and which of its processes links.
+    pub(crate) fn slot(&self, peer: usize) -> Slot {
+        lock(&self.slots)[peer].clone()
+    }
+
+    /// `peer`'s slot is taken by a replacement (decision 0040): its links
+    /// from now on go to, and come from, that process only.
+    pub(crate) fn replace(&self, peer: usize, slot: Slot) {
+        lock(&self.slots)[peer] = slot;
     }
 
     /// Sets a new connection's socket options for the plane it will get.

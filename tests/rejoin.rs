@@ -1,0 +1,257 @@
+//! A replacement takes a lost rank's place (issue 45, decision 0040): the
+//! survivors shrink, a new process started with `Builder::rejoin` waits,
+//! the survivors see it (`joiners_waiting`) and `admit` it, and the job
+//! goes on at its old size, the newcomer at the lost rank's place. Ranks
+//! are threads of this process over real links, with a standalone store
+//! (a job whose ranks rejoin needs one that outlives them).
+
+mod common;
+
+use common::{on_all, seed};
+use ringwire::store::{StoreClient, StoreServer};
+use ringwire::testing::Rng;
+use ringwire::wire::{self, FrameKind, HEADER_LEN, Header, Hello, HelloAck};
+use ringwire::{Builder, Communicator, Error, ReduceOp};
+use std::io::{Read, Write};
+use std::net::SocketAddr;
+use std::net::TcpStream;
+use std::time::{Duration, Instant};
+
+fn builder(addr: SocketAddr, rank: usize, world: usize) -> Builder {
+    Communicator::builder()
+        .rank(rank)
+        .world_size(world)
+        .store_addr(addr)
+        .host_store(false)
+        .timeout(Duration::from_secs(20))
+        .connect_timeout(Duration::from_secs(20))
+}
+
+fn launch(addr: SocketAddr, world: usize) -> Vec<Communicator> {
+    std::thread::scope(|s| {
+        let handles: Vec<_> = (0..world)
+            .map(|rank| s.spawn(move || builder(addr, rank, world).build().wait()))
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap().expect("launch"))
+            .collect()
+    })
+}
+
+/// Each rank's own random values, and the sum every rank must get.
+fn check_sum(comms: &[Communicator], rng_seed: u64, len: usize) {
+    let inputs: Vec<Vec<i64>> = (0..comms.len())
+        .map(|r| {
+            let mut rng = Rng::new(rng_seed ^ r as u64);
+            (0..len).map(|_| (rng.next_u64() % 1000) as i64).collect()
+        })
+        .collect();
+    let want: Vec<i64> = (0..len)
+        .map(|i| inputs.iter().map(|v| v[i]).sum())
+        .collect();
+    let got = on_all(comms, |c| {
+        c.all_reduce(inputs[c.rank()].clone(), ReduceOp::Sum)
+            .wait()
+            .unwrap()
+    });
+    for (rank, g) in got.iter().enumerate() {
+        assert_eq!(g, &want, "rank {rank}");
+    }
+}
+
+/// Waits until every member sees `n` replacements waiting.
+fn until_waiting(comms: &[Communicator], n: usize) {
+    let until = Instant::now() + Duration::from_secs(20);
+    for c in comms {
+        while c.joiners_waiting().unwrap() != n {
+            assert!(
+                Instant::now() < until,
+                "rank {} never saw {n} waiting",
+                c.rank()
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
+/// Drops rank `lost`, shrinks the others, starts its replacement and
+/// admits it: the communicators of the whole world again, in rank order.
+fn lose_and_replace(
+    mut comms: Vec<Communicator>,
+    lost: usize,
+    addr: SocketAddr,
+) -> Vec<Communicator> {
+    let world = comms.len();
+    drop(comms.remove(lost));
+    let _ = on_all(&comms, |c| c.all_reduce(vec![1u8; 4], ReduceOp::Sum).wait());
+    let survivors = on_all(&comms, |c| c.shrink().wait().unwrap());
+    drop(comms);
+    for c in &survivors {
+        assert_eq!(c.joiners_waiting().unwrap(), 0);
+    }
+    let newcomer =
+        std::thread::spawn(move || builder(addr, lost, world).rejoin(true).build().wait());
+    until_waiting(&survivors, 1);
+    let mut admitted = on_all(&survivors, |c| c.admit().wait().unwrap());
+    let newcomer = newcomer
+        .join()
+        .unwrap()
+        .expect("the replacement is admitted");
+    assert_eq!((newcomer.rank(), newcomer.world_size()), (lost, world));
+    admitted.insert(lost, newcomer);
+    for (rank, c) in admitted.iter().enumerate() {
+        assert_eq!((c.rank(), c.world_size()), (rank, world));
+        assert_eq!(c.world_ranks(), (0..world).collect::<Vec<_>>());
+        assert_eq!(c.joiners_waiting().unwrap(), 0);
+    }
+    admitted
+}
+
+#[test]
+fn a_replacement_takes_a_lost_ranks_place_and_the_job_goes_on() {
+    let seed = seed();
+    let store = StoreServer::bind("127.0.0.1:0".parse().unwrap()).unwrap();
+    let addr = store.local_addr();
+    let world = 4;
+    let mut comms = launch(addr, world);
+    check_sum(&comms, seed, 1000);
+    // Rank 2 is dialed by ranks 0 and 1 and dials rank 3; then rank 0,
+    // which dials everyone; then rank 2 again (its third process).
+    for (round, lost) in [2, 0, 2].into_iter().enumerate() {
+        comms = lose_and_replace(comms, lost, addr);
+        // Small (latency-bound schedules) and large (ring), uneven.
+        check_sum(&comms, seed + round as u64, 7);
+        check_sum(&comms, seed + round as u64, 300_001);
+        // The newcomer's data reaches everyone, and everyone's it.
+        let got = on_all(&comms, |c| {
+            c.broadcast(vec![c.rank() as i32; 33], lost).wait().unwrap()
+        });
+        assert!(got.iter().all(|v| v == &vec![lost as i32; 33]));
+        let gathered = on_all(&comms, |c| {
+            let (_, out) = c
+                .all_gather(vec![c.rank() as i32; 3], vec![0i32; 3 * world])
+                .wait()
+                .unwrap();
+            out
+        });
+        let want: Vec<i32> = (0..world as i32).flat_map(|r| [r; 3]).collect();
+        assert!(gathered.iter().all(|v| v == &want));
+    }
+}
+
+/// What rank `to` answers a hello from rank `from`'s process `incarnation`
+/// (the job's own id, world size and no secret): whether it accepts, and
+/// why not.
+fn hello_answer(store: SocketAddr, from: u32, incarnation: u32, to: usize) -> (bool, String) {
+    let c = StoreClient::connect(&[store], Duration::from_secs(5)).unwrap();
+    let get = |k: &str| {
+        c.get(&format!("ringwire/default/{k}"), Duration::from_secs(5))
+            .unwrap()
+    };
+    let job = u64::from_le_bytes(get("job").try_into().unwrap());
+    let addr: SocketAddr = String::from_utf8(get(&format!("addr/{to}")))
+        .unwrap()
+        .parse()
+        .unwrap();
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let hello = Hello {
+        incarnation,
+        ..Hello::new(job, from, 4)
+    };
+    s.write_all(&wire::encode_hello(0, 0, &hello).unwrap())
+        .unwrap();
+    let mut frame = vec![0u8; HEADER_LEN];
+    s.read_exact(&mut frame).unwrap();
+    let h = Header::decode(&frame, wire::MAX_CONTROL_PAYLOAD).unwrap();
+    assert_eq!(h.kind, FrameKind::HandshakeAck);
+    frame.resize(h.frame_len(), 0);
+    s.read_exact(&mut frame[HEADER_LEN..]).unwrap();
+    let start = h.payload_offset();
+    let ack = HelloAck::decode(&frame[start..start + h.payload_len_usize()]).unwrap();
+    (ack.accepted, ack.reason)
+}
+
+/// A process excluded as dead that wakes up (or any other with the old
+/// incarnation) cannot link in its replacement's place; one claiming an
+/// incarnation not admitted yet cannot either.
+#[test]
+fn the_process_a_replacement_took_the_place_of_cannot_link_again() {
+    let store = StoreServer::bind("127.0.0.1:0".parse().unwrap()).unwrap();
+    let addr = store.local_addr();
+    let comms = launch(addr, 4);
+    // Linked first: a rank lost before any link is only found out at
+    // the op timeout (its peers keep dialing a rank that may be starting).
+    check_sum(&comms, 4, 10);
+    let comms = lose_and_replace(comms, 2, addr);
+    check_sum(&comms, 5, 10);
+    let (accepted, why) = hello_answer(addr, 2, 0, 3);
+    assert!(!accepted);
+    assert!(
+        why.contains("rank 2 (incarnation 0) was replaced by incarnation 1"),
+        "{why}"
+    );
+    let (accepted, why) = hello_answer(addr, 2, 7, 3);
+    assert!(!accepted);
+    assert!(why.contains("is not admitted at rank 3 yet"), "{why}");
+    // The job goes on.
+    check_sum(&comms, 6, 10);
+}
+
+#[test]
+fn admitting_with_nobody_waiting_keeps_the_members() {
+    let store = StoreServer::bind("127.0.0.1:0".parse().unwrap()).unwrap();
+    let comms = launch(store.local_addr(), 3);
+    assert!(comms.iter().all(|c| c.joiners_waiting().unwrap() == 0));
+    let same = on_all(&comms, |c| c.admit().wait().unwrap());
+    for (rank, c) in same.iter().enumerate() {
+        assert_eq!((c.rank(), c.world_size()), (rank, 3));
+    }
+    check_sum(&same, 7, 100);
+}
+
+#[test]
+fn a_replacement_with_no_job_to_join_says_so() {
+    let store = StoreServer::bind("127.0.0.1:0".parse().unwrap()).unwrap();
+    let err = builder(store.local_addr(), 1, 4)
+        .connect_timeout(Duration::from_millis(300))
+        .job("nothing-runs-here")
+        .rejoin(true)
+        .build()
+        .wait()
+        .unwrap_err();
+    let text = err.to_string();
+    assert!(matches!(err, Error::Rendezvous(_)), "{err:?}");
+    assert!(text.contains("no job \"nothing-runs-here\" runs"), "{text}");
+}
+
+#[test]
+fn a_replacement_whose_store_is_gone_is_told_what_to_run() {
+    // A store that was rank 0's went with it: nothing listens there now.
+    let addr = {
+        let store = StoreServer::bind("127.0.0.1:0".parse().unwrap()).unwrap();
+        store.local_addr()
+    };
+    let err = builder(addr, 0, 2)
+        .connect_timeout(Duration::from_millis(300))
+        .rejoin(true)
+        .build()
+        .wait()
+        .unwrap_err();
+    let text = err.to_string();
+    assert!(text.contains("could not reach the job's store"), "{text}");
+    assert!(text.contains("ringwire-store"), "{text}");
+}
+
+/// Every test of this file, again on the portable transport.
+#[test]
+fn on_the_portable_transport_too() {
+    common::rerun_on_portable("on_the_portable_transport_too");
+}
+
+/// Every other test of this file, again with local ranks linked over TCP.
+#[test]
+fn over_tcp_local_links_too() {
+    common::rerun_over_tcp_local_links("over_tcp_local_links_too");
+}
