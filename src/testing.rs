@@ -170,3 +170,14 @@ pub fn in_a_child_with(name: &str, marker: &str, env: &[(&str, &str)]) {
     assert!(out.status.success(), "{text}");
     assert!(text.contains("1 passed"), "{text}");
 }
+
+/// `train::broadcast_state` with pieces of at most `piece_bytes` (a small
+/// state cut into many pieces).
+pub fn broadcast_state_in_pieces<T: Element>(
+    comm: &crate::Communicator,
+    root: usize,
+    parts: &mut [&mut [T]],
+    piece_bytes: usize,
+) -> Result<(), crate::train::TrainError> {
+    crate::train::broadcast_state_in_pieces(comm, root, parts, piece_bytes)
+}

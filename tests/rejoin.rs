@@ -10,8 +10,9 @@ mod common;
 use common::{on_all, seed};
 use ringwire::store::{StoreClient, StoreServer};
 use ringwire::testing::Rng;
+use ringwire::train::{GradReducer, Layout, ReducerConfig, TrainError};
 use ringwire::wire::{self, FrameKind, HEADER_LEN, Header, Hello, HelloAck};
-use ringwire::{Builder, Communicator, Error, ReduceOp};
+use ringwire::{Builder, Communicator, DType, Error, ReduceOp};
 use std::io::{Read, Write};
 use std::net::SocketAddr;
 use std::net::TcpStream;
@@ -254,4 +255,160 @@ fn on_the_portable_transport_too() {
 #[test]
 fn over_tcp_local_links_too() {
     common::rerun_over_tcp_local_links("over_tcp_local_links_too");
+}
+
+/// A state of parts of many lengths (some empty) crosses in pieces that
+/// end anywhere in a part: every rank ends with the root's, bit for bit.
+#[test]
+fn the_state_reaches_every_rank_in_pieces() {
+    let seed = seed();
+    let store = StoreServer::bind("127.0.0.1:0".parse().unwrap()).unwrap();
+    let comms = launch(store.local_addr(), 3);
+    let lens = [0usize, 1, 37, 0, 1000, 3, 4096];
+    for (root, piece_bytes) in [(2, 100), (0, 4), (1, 1 << 20)] {
+        let states = on_all(&comms, |c| {
+            let mut rng = Rng::new(seed ^ c.rank() as u64);
+            let mut state: Vec<Vec<f64>> = lens
+                .iter()
+                .map(|&n| (0..n).map(|_| rng.unit()).collect())
+                .collect();
+            let mut parts: Vec<&mut [f64]> = state.iter_mut().map(Vec::as_mut_slice).collect();
+            ringwire::testing::broadcast_state_in_pieces(c, root, &mut parts, piece_bytes).unwrap();
+            state
+        });
+        for s in &states {
+            assert!(s.iter().zip(&states[root]).all(|(a, b)| {
+                a.iter()
+                    .map(|x| x.to_bits())
+                    .eq(b.iter().map(|x| x.to_bits()))
+            }));
+        }
+    }
+    // Lengths that differ fail on every rank, before anything moves.
+    let errs = on_all(&comms, |c| {
+        let mut state = vec![0f32; 10 + usize::from(c.rank() == 1)];
+        ringwire::train::broadcast_state(c, 0, &mut [&mut state]).unwrap_err()
+    });
+    for e in errs {
+        assert!(matches!(e, TrainError::StateDiffers { .. }), "{e}");
+    }
+}
+
+/// Two steps of a data-parallel reducer (its buckets rebuilt after the
+/// first), a rank lost and replaced: the replacement takes the members'
+/// bucket order and the parameters, and every rank's parameters stay the
+/// same as the job goes on.
+#[test]
+fn a_replacement_trains_on_with_the_members_state() {
+    let store = StoreServer::bind("127.0.0.1:0".parse().unwrap()).unwrap();
+    let addr = store.local_addr();
+    let world = 3;
+    let lost = 1;
+    let layout = || {
+        let mut l = Layout::new();
+        for (name, len) in [("a", 300), ("b", 7), ("c", 5000)] {
+            l.push(name, len, DType::F32);
+        }
+        l
+    };
+    let config = || ReducerConfig {
+        bucket_cap_bytes: 4096,
+        first_bucket_bytes: 1024,
+        ..ReducerConfig::default()
+    };
+    // One step: gradient = the rank's number, backward in an order of its
+    // own (so the rebuilt buckets differ from the first ones), then SGD.
+    let step =
+        |ddp: &mut GradReducer, params: &mut [Vec<f32>], rank: usize| -> Result<(), TrainError> {
+            for id in [1usize, 0, 2] {
+                let p = ddp.layout().id(["a", "b", "c"][id]).unwrap();
+                ddp.grad_mut::<f32>(p)?.fill(rank as f32 + 1.0);
+                ddp.mark_ready(p)?;
+            }
+            ddp.finish()?;
+            for (id, param) in params.iter_mut().enumerate() {
+                let g = ddp.grad::<f32>(ddp.layout().id(["a", "b", "c"][id]).unwrap())?;
+                for (x, g) in param.iter_mut().zip(g) {
+                    *x -= 0.1 * g;
+                }
+            }
+            ddp.zero_grads();
+            Ok(())
+        };
+    let fresh = || vec![vec![1f32; 300], vec![1f32; 7], vec![1f32; 5000]];
+    let mut comms = launch(addr, world);
+    let mut ranks: Vec<(GradReducer, Vec<Vec<f32>>)> = on_all(&comms, |c| {
+        let mut ddp = GradReducer::new(c, layout(), config()).unwrap();
+        let mut params = fresh();
+        for _ in 0..2 {
+            step(&mut ddp, &mut params, c.rank()).unwrap();
+        }
+        (ddp, params)
+    })
+    .into_iter()
+    .collect();
+    let before = ranks[0].1.clone();
+    drop(comms.remove(lost));
+    ranks.remove(lost);
+    // The survivors' step fails; they shrink, and the reducers go on.
+    let survivors: Vec<Communicator> = std::thread::scope(|s| {
+        let hs: Vec<_> = comms
+            .iter()
+            .zip(ranks.iter_mut())
+            .map(|(c, (ddp, params))| {
+                s.spawn(move || {
+                    let mut kept = params.clone();
+                    assert!(step(ddp, &mut kept, c.rank()).is_err());
+                    let shrunk = c.shrink().wait().unwrap();
+                    ddp.recover(&shrunk).unwrap();
+                    shrunk
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let newcomer = std::thread::spawn(move || {
+        let comm = builder(addr, lost, world)
+            .rejoin(true)
+            .build()
+            .wait()
+            .unwrap();
+        let mut ddp = GradReducer::rejoin(&comm, layout(), config()).unwrap();
+        let mut params = vec![vec![0f32; 300], vec![0f32; 7], vec![0f32; 5000]];
+        {
+            let mut parts: Vec<&mut [f32]> = params.iter_mut().map(Vec::as_mut_slice).collect();
+            ringwire::train::broadcast_state(&comm, 0, &mut parts).unwrap();
+        }
+        step(&mut ddp, &mut params, comm.rank()).unwrap();
+        params
+    });
+    until_waiting(&survivors, 1);
+    let after: Vec<Vec<Vec<f32>>> = std::thread::scope(|s| {
+        let hs: Vec<_> = survivors
+            .iter()
+            .zip(ranks.iter_mut())
+            .map(|(c, (ddp, params))| {
+                s.spawn(move || {
+                    let admitted = c.admit().wait().unwrap();
+                    ddp.recover(&admitted).unwrap();
+                    let mut parts: Vec<&mut [f32]> =
+                        params.iter_mut().map(Vec::as_mut_slice).collect();
+                    ringwire::train::broadcast_state(&admitted, 0, &mut parts).unwrap();
+                    step(ddp, params, admitted.rank()).unwrap();
+                    params.clone()
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let newcomers = newcomer.join().unwrap();
+    // The step after: the average of 1, 2, 3 times 0.1 off what every
+    // rank held, on every rank alike.
+    let want: Vec<Vec<f32>> = before
+        .iter()
+        .map(|p| p.iter().map(|x| x - 0.1 * 2.0).collect())
+        .collect();
+    for got in after.iter().chain(std::iter::once(&newcomers)) {
+        assert_eq!(got, &want);
+    }
 }

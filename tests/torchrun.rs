@@ -316,13 +316,34 @@ fn each_rank_of_a_host_serves_metrics_at_its_own_port() {
 /// barrier for the dead rank's agent, 300 s: the test ends them.)
 #[test]
 fn survivors_of_a_killed_rank_go_on_with_an_agent_per_rank() {
-    use std::io::BufRead;
     let Some(torchrun_path) = common::launchers::torchrun() else {
         return;
     };
+    let (agents, lines) = agents_per_rank(&torchrun_path, "0", "survive");
+    let went_on = |said: &[String], rank: usize| {
+        said.iter()
+            .any(|l| l.contains(&format!("rank {rank} went on as {rank} of 2: ok")))
+    };
+    let said = lines_until(agents, &lines, |said| went_on(said, 0) && went_on(said, 1));
+    assert!(
+        went_on(&said, 0) && went_on(&said, 1),
+        "{}",
+        said.join("\n")
+    );
+}
+
+/// Three torchrun agents of one rank each (static rendezvous, at `port`),
+/// each running `scenario` with `restarts` restarts; every line their
+/// workers and they print comes through the receiver.
+fn agents_per_rank(
+    torchrun_path: &Path,
+    restarts: &str,
+    scenario: &str,
+) -> (Vec<std::process::Child>, std::sync::mpsc::Receiver<String>) {
+    use std::io::BufRead;
     let port = free_port().to_string();
     let (tx, lines) = std::sync::mpsc::channel::<String>();
-    let mut agents: Vec<std::process::Child> = (0..3)
+    let agents = (0..3)
         .map(|node| {
             let node = node.to_string();
             let launch = [
@@ -337,9 +358,9 @@ fn survivors_of_a_killed_rank_go_on_with_an_agent_per_rank() {
                 "--nproc-per-node",
                 "1",
                 "--max-restarts",
-                "0",
+                restarts,
             ];
-            let mut agent = child_command(&torchrun_path, &launch, "survive")
+            let mut agent = child_command(torchrun_path, &launch, scenario)
                 .stdout(std::process::Stdio::piped())
                 .stderr(std::process::Stdio::piped())
                 .spawn()
@@ -358,14 +379,20 @@ fn survivors_of_a_killed_rank_go_on_with_an_agent_per_rank() {
             agent
         })
         .collect();
-    drop(tx);
+    (agents, lines)
+}
+
+/// The lines that came until `done` says enough did (or two minutes
+/// passed); then the agents are ended (the survivors' would wait in
+/// torchrun's exit barrier for the dead rank's agent).
+fn lines_until(
+    mut agents: Vec<std::process::Child>,
+    lines: &std::sync::mpsc::Receiver<String>,
+    done: impl Fn(&[String]) -> bool,
+) -> Vec<String> {
     let deadline = std::time::Instant::now() + Duration::from_secs(120);
     let mut said = Vec::new();
-    let went_on = |said: &[String], rank: usize| {
-        said.iter()
-            .any(|l| l.contains(&format!("rank {rank} went on as {rank} of 2: ok")))
-    };
-    while !(went_on(&said, 0) && went_on(&said, 1)) {
+    while !done(&said) {
         let left = deadline.saturating_duration_since(std::time::Instant::now());
         match lines.recv_timeout(left) {
             Ok(line) => said.push(line),
@@ -376,8 +403,69 @@ fn survivors_of_a_killed_rank_go_on_with_an_agent_per_rank() {
         let _ = agent.kill();
         let _ = agent.wait();
     }
+    said
+}
+
+/// Issue 45, decision 0040: as above, but the dead rank's agent restarts
+/// it (`--max-restarts 1`, same RANK, TORCHELASTIC_RESTART_COUNT 1): the
+/// restarted worker rejoins in its old place, the survivors admit it, and
+/// all three run a correct all-reduce.
+#[test]
+fn a_killed_rank_restarted_by_its_agent_rejoins() {
+    let Some(torchrun_path) = common::launchers::torchrun() else {
+        return;
+    };
+    let (agents, lines) = agents_per_rank(&torchrun_path, "1", "rejoin");
+    let done = |said: &[String]| {
+        (0..3).all(|rank| {
+            said.iter()
+                .any(|l| l.contains(&format!("rank {rank} of 3 after the rejoin: ok")))
+        })
+    };
+    let said = lines_until(agents, &lines, done);
     let all = said.join("\n");
-    assert!(went_on(&said, 0) && went_on(&said, 1), "{all}");
+    assert!(done(&said), "{all}");
+    assert!(all.contains("rank 2 rejoined as incarnation"), "{all}");
+}
+
+/// The `rejoin` scenario: in the first attempt, rank 2 dies as in
+/// `survive` and the others shrink, then wait for its replacement and
+/// admit it; the restarted rank 2 rejoins. All three then all-reduce.
+fn rejoin() -> std::process::ExitCode {
+    let comm = if attempt() == 0 {
+        let comm = Communicator::from_env().wait().expect("join");
+        let rank = comm.rank();
+        let shrunk = common::lose_rank_2(&comm);
+        let until = std::time::Instant::now() + Duration::from_secs(90);
+        while shrunk.joiners_waiting().expect("joiners_waiting") == 0 {
+            assert!(
+                std::time::Instant::now() < until,
+                "rank {rank}: nobody came"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        shrunk.admit().wait().expect("admit")
+    } else {
+        let comm = ringwire::Builder::from_env()
+            .expect("launch variables")
+            .rejoin(true)
+            .build()
+            .wait()
+            .expect("rejoin");
+        println!("rank {} rejoined as incarnation {}", comm.rank(), attempt());
+        comm
+    };
+    let sum = comm
+        .all_reduce(vec![1.0f32; 1000], ReduceOp::Sum)
+        .wait()
+        .expect("all_reduce after the rejoin");
+    assert!(sum.iter().all(|&x| x == 3.0), "{}", sum[0]);
+    println!(
+        "rank {} of {} after the rejoin: ok",
+        comm.rank(),
+        comm.world_size()
+    );
+    std::process::ExitCode::SUCCESS
 }
 
 /// The `survive` scenario: rank 2 of 3 dies by SIGKILL after a few
@@ -399,6 +487,7 @@ fn child() {
         "mismatch" => ringwire::error_file::main(mismatch),
         "metrics-port" => ringwire::error_file::main(metrics_port),
         "survive" => survive(),
+        "rejoin" => rejoin(),
         "record-error" => {
             ringwire::error_file::report(
                 &"op \"all_reduce\" #7 failed: \"quoted\", back\\slash, tab\tend",

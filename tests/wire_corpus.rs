@@ -496,7 +496,7 @@ fn padding_seeds_fail_for_their_reason() {
         reason("bad_version_1.bin"),
         WireError::UnsupportedVersion {
             got: 1,
-            supported: 4
+            supported: 5
         }
     ));
 }

@@ -48,12 +48,16 @@ mod grads;
 mod layout;
 mod reducer;
 mod shard;
+mod state;
 mod stats;
 
 pub use grads::GradElement;
 pub use layout::{Caps, Layout, Param, ParamId};
 pub use reducer::{BucketInfo, CommHook, GradReducer, ReducerConfig, Unused};
 pub use shard::{CommPair, Direction, Padding, Recovered, ShardLayout, ShardedParams};
+#[cfg(any(test, feature = "internals"))]
+pub(crate) use state::broadcast_state_in_pieces;
+pub use state::{STATE_PIECE_BYTES, broadcast_state};
 pub use stats::StepStats;
 
 use crate::DType;
@@ -153,6 +157,19 @@ pub enum TrainError {
         expected: Vec<usize>,
         /// The lengths given.
         got: Vec<usize>,
+    },
+
+    /// The state [`broadcast_state`] was given differs across ranks: in
+    /// how many parts, or their lengths.
+    #[error(
+        "the state to broadcast differs across ranks: this rank has {parts} parts of {elements} \
+         elements in all, another rank has other parts or lengths"
+    )]
+    StateDiffers {
+        /// This rank's parts.
+        parts: usize,
+        /// This rank's elements in all.
+        elements: usize,
     },
 
     /// Ranks that do not make whole shard groups.

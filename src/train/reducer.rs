@@ -224,6 +224,10 @@ impl GradReducer {
     /// every rank alike: redo the step), and from then on the average over
     /// `comm`'s members. Collective over `comm`; checks the layout there as
     /// [`GradReducer::new`] does.
+    ///
+    /// Also after [`Communicator::admit`]: the members that were there call
+    /// this while each replacement calls [`GradReducer::rejoin`], which
+    /// takes their bucket order.
     pub fn recover(&mut self, comm: &Communicator) -> Result<(), TrainError> {
         // Buckets still in an all-reduce on the failed communicator end
         // now (it failed); their memory comes back or is made anew.
@@ -243,6 +247,67 @@ impl GradReducer {
         self.no_sync = false;
         if let Some(observed) = self.observed.as_mut() {
             observed.clear();
+        }
+        self.share_order(false)
+    }
+
+    /// A reducer for a replacement process that `comm` admitted
+    /// ([`Communicator::admit`]), made while the members that were there
+    /// call [`GradReducer::recover`] on it: the layout checked as
+    /// [`GradReducer::new`] checks it, and their bucket order (the one
+    /// they rebuilt to after their first step, or the first one and the
+    /// rebuild still to come), so that every member reduces the same
+    /// buckets. The parameters come separately
+    /// ([`broadcast_state`](super::broadcast_state)).
+    pub fn rejoin(
+        comm: &Communicator,
+        layout: Layout,
+        config: ReducerConfig,
+    ) -> Result<GradReducer, TrainError> {
+        let mut reducer = GradReducer::new(comm, layout, config)?;
+        reducer.share_order(true)?;
+        Ok(reducer)
+    }
+
+    /// Makes every member's bucket order, and whether its one rebuild is
+    /// still to come, that of the lowest-ranked member that was there
+    /// before (`newcomer`: this one was not). Collective.
+    fn share_order(&mut self, newcomer: bool) -> Result<(), TrainError> {
+        let me = if newcomer {
+            i64::MAX
+        } else {
+            self.comm.rank() as i64
+        };
+        let root = self
+            .comm
+            .all_reduce(vec![me], ReduceOp::Min)
+            .wait()
+            .map_err(|e| TrainError::from(e).context("choosing whose bucket order".into()))?[0];
+        let Ok(root) = usize::try_from(root)
+            .map_err(drop)
+            .and_then(|r| (r < self.comm.world_size()).then_some(r).ok_or(()))
+        else {
+            return Err(TrainError::Lost {
+                what: "the bucket order (every member of the communicator is a replacement)".into(),
+            });
+        };
+        let mut mine: Vec<i64> = self
+            .buckets
+            .iter()
+            .flat_map(|b| b.params.iter().map(|p| p.0 as i64))
+            .collect();
+        mine.push(i64::from(self.observed.is_some()));
+        let theirs = self
+            .comm
+            .broadcast(mine, root)
+            .wait()
+            .map_err(|e| TrainError::from(e).context("taking the bucket order".into()))?;
+        if newcomer {
+            let (pending, order) = theirs.split_last().expect("the order and a flag");
+            let order: Vec<ParamId> = order.iter().map(|&i| ParamId(i as usize)).collect();
+            self.buckets.clear();
+            self.build(&order);
+            self.observed = (*pending == 1).then(|| Vec::with_capacity(self.layout.len()));
         }
         Ok(())
     }

@@ -780,7 +780,7 @@ mod tests {
             ),
             Err(WireError::UnsupportedVersion {
                 got: 1,
-                supported: 4
+                supported: 5
             })
         );
         let foreign = Hello {

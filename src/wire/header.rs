@@ -376,7 +376,7 @@ pub(crate) mod tests {
         assert_eq!(align_of::<RawHeader>(), 1);
         let bytes = sample().encode();
         assert_eq!(&bytes[0..4], b"RGWR");
-        assert_eq!(bytes[4..6], [4, 0]);
+        assert_eq!(bytes[4..6], [5, 0]);
         assert_eq!(bytes[6], FrameKind::Data as u8);
         assert_eq!(bytes[7], 0);
         assert_eq!(bytes[8..16], 0x0102_0304_0506_0708u64.to_le_bytes());
@@ -502,14 +502,14 @@ pub(crate) mod tests {
             Header::decode(&patched(4, 1), u32::MAX),
             Err(WireError::UnsupportedVersion {
                 got: 1,
-                supported: 4
+                supported: 5
             })
         );
         assert_eq!(
             Header::decode(&patched(5, 1), u32::MAX),
             Err(WireError::UnsupportedVersion {
-                got: 260,
-                supported: 4
+                got: 261,
+                supported: 5
             })
         );
         let unknown = |field, value| Err(WireError::UnknownField { field, value });

@@ -54,8 +54,9 @@ pub const MAGIC: [u8; 4] = *b"RGWR";
 /// Version 2 added the header's `pad` and whole 64-byte frames (decision 0016);
 /// version 3 the hello's channel and the ack's lanes (decision 0018);
 /// version 4 several lanes each way, numbered in the hello, and laned
-/// payloads as pieces that name their frame and offset (decision 0034).
-pub const PROTOCOL_VERSION: u16 = 4;
+/// payloads as pieces that name their frame and offset (decision 0034);
+/// version 5 the hello's incarnation (decision 0040).
+pub const PROTOCOL_VERSION: u16 = 5;
 
 /// Most lanes a link has each way (decision 0034).
 pub const MAX_LANES: u8 = 8;
