@@ -105,6 +105,7 @@ fn lose_and_replace(
         assert_eq!((c.rank(), c.world_size()), (rank, world));
         assert_eq!(c.world_ranks(), (0..world).collect::<Vec<_>>());
         assert_eq!(c.joiners_waiting().unwrap(), 0);
+        assert_eq!(c.newcomers(), [lost]);
     }
     admitted
 }
@@ -208,6 +209,7 @@ fn admitting_with_nobody_waiting_keeps_the_members() {
     let same = on_all(&comms, |c| c.admit().wait().unwrap());
     for (rank, c) in same.iter().enumerate() {
         assert_eq!((c.rank(), c.world_size()), (rank, 3));
+        assert!(c.newcomers().is_empty());
     }
     check_sum(&same, 7, 100);
 }

@@ -526,3 +526,30 @@ fn large_value_round_trip() {
     c.set("big", &value).unwrap();
     assert_eq!(c.get("big", SHORT).unwrap(), value);
 }
+
+/// A first request whose length starts with the byte a TLS record starts
+/// with (22) is a plaintext request all the same: it was refused as a TLS
+/// handshake once (a `try_get` of a 17-byte key).
+#[test]
+fn a_first_request_that_starts_like_a_tls_record_is_served() {
+    let server = local_server();
+    client(&server).set("elastic/killed_at", b"7").unwrap();
+    for key in ["elastic/killed_at", &"k".repeat(273)] {
+        let mut request = Vec::new();
+        Request::TryGet { key: key.into() }
+            .encode(&mut request)
+            .unwrap();
+        assert_eq!(request[0], 22, "{key}: the first byte of the length");
+        let mut raw = TcpStream::connect(server.local_addr()).unwrap();
+        raw.write_all(&request).unwrap();
+        let want = match key {
+            "elastic/killed_at" => Some(b"7".to_vec()),
+            _ => None,
+        };
+        match read_response(&mut raw) {
+            Some(Response::Value(v)) => assert_eq!(Some(v), want, "{key}"),
+            Some(Response::NotFound) => assert_eq!(want, None, "{key}"),
+            other => panic!("{key}: {other:?}"),
+        }
+    }
+}

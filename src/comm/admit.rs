@@ -72,6 +72,15 @@ impl Communicator {
         super::recovery::spawn_recovery("ringwire-admit", move || comm.run_admit(quorum))
     }
 
+    /// The ranks of this communicator that [`Communicator::admit`] took
+    /// in when it made it (replacements, which hold no training state
+    /// yet), in order; empty for any other communicator. The first rank
+    /// not listed is a member that was there before: the one to send the
+    /// state from.
+    pub fn newcomers(&self) -> &[usize] {
+        &self.inner.newcomers
+    }
+
     /// The world ranks not in this communicator, in order: the slots a
     /// replacement may take (at most 64 per admission: one bit each).
     fn missing_slots(&self) -> Vec<usize> {
@@ -158,14 +167,27 @@ impl Communicator {
                 "admitted replacements"
             );
         }
-        let flat = self.inner.flat || !joined.is_empty();
+        let kind = match joined.is_empty() {
+            true => CommKind::derived(self.inner.flat),
+            false => CommKind::admitted(
+                joined
+                    .iter()
+                    .map(|j| {
+                        members
+                            .iter()
+                            .position(|m| m == j)
+                            .expect("joined are members")
+                    })
+                    .collect(),
+            ),
+        };
         Communicator::start_group(
             world.clone(),
             self.inner.tunables.clone(),
             rank,
             comm_id,
             Arc::new(members),
-            CommKind::derived(flat),
+            kind,
         )
         .map(|mut c| {
             c.timeout = self.timeout;
@@ -190,13 +212,18 @@ impl Communicator {
                     admission.members, world.rank
                 ))
             })?;
+        let newcomers = admission
+            .joined
+            .iter()
+            .filter_map(|j| admission.members.iter().position(|m| m == j))
+            .collect();
         Communicator::start_group(
             world,
             tunables,
             rank,
             admission.comm_id,
             Arc::new(admission.members.clone()),
-            CommKind::derived(true),
+            CommKind::admitted(newcomers),
         )
     }
 }

@@ -290,6 +290,9 @@ pub(super) struct Inner {
     /// whose facts a replacement on another host does not share
     /// (decision 0040).
     pub(super) flat: bool,
+    /// The ranks `admit` took in when it made this communicator:
+    /// replacements that hold no training state yet.
+    pub(super) newcomers: Vec<usize>,
     pub(super) executor: Mutex<Option<JoinHandle<()>>>,
 }
 
@@ -363,13 +366,15 @@ impl std::fmt::Debug for Communicator {
 /// A 64-bit mixer (splitmix64's finaliser) to derive sub-group ids that all
 /// members compute alike.
 /// What kind of communicator `Communicator::start_group` makes.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub(crate) struct CommKind {
     /// Served in the process's metrics (not the groups of two-level ops,
     /// which count in their parent's).
     pub(crate) listed: bool,
     /// Runs over the links alone (see `Inner::flat`).
     pub(crate) flat: bool,
+    /// Its ranks that `admit` took in (see `Inner::newcomers`).
+    pub(crate) newcomers: Vec<usize>,
 }
 
 impl CommKind {
@@ -377,16 +382,31 @@ impl CommKind {
     pub(crate) const LISTED: CommKind = CommKind {
         listed: true,
         flat: false,
+        newcomers: Vec::new(),
     };
     /// One of the groups a two-level op runs in.
     pub(crate) const IN_TWO_LEVELS: CommKind = CommKind {
         listed: false,
         flat: false,
+        newcomers: Vec::new(),
     };
 
     /// A communicator made from one that is `flat` or not (split, shrink).
     pub(crate) fn derived(flat: bool) -> CommKind {
-        CommKind { listed: true, flat }
+        CommKind {
+            listed: true,
+            flat,
+            newcomers: Vec::new(),
+        }
+    }
+
+    /// A communicator `admit` made, with the ranks it took in.
+    pub(crate) fn admitted(newcomers: Vec<usize>) -> CommKind {
+        CommKind {
+            listed: true,
+            flat: true,
+            newcomers,
+        }
     }
 }
 

@@ -69,7 +69,11 @@ impl Communicator {
         members: Arc<Vec<usize>>,
         kind: CommKind,
     ) -> Result<Communicator, Error> {
-        let CommKind { listed, flat } = kind;
+        let CommKind {
+            listed,
+            flat,
+            newcomers,
+        } = kind;
         let failed = Arc::new(Mutex::new(None));
         let stats = Arc::new(StatsRecorder::default());
         let recorder = Arc::new(FlightRecorder::new(tunables.flight_recorder_ops));
@@ -136,6 +140,7 @@ impl Communicator {
                 recoveries: Mutex::new(0),
                 agreements_ended: Mutex::new(Vec::new()),
                 flat,
+                newcomers,
                 executor: Mutex::new(Some(handle)),
             }),
             timeout,

@@ -222,12 +222,29 @@ pub(crate) fn opening_of(first: u8) -> Opening {
     }
 }
 
-/// Looks at the first byte a dialer sent, without consuming it.
+/// Looks at the first bytes a dialer sent, without consuming them: a TLS
+/// record starts 22, 3, then 1 to 4 (the record's version, 0x0301 to
+/// 0x0304). One byte is not enough where plaintext starts with a length,
+/// as the store's requests do: a first request of 22 bytes (or 278, ...)
+/// starts with 22 too, and was refused as TLS.
 pub(crate) fn peek_opening(sock: &TcpStream) -> Opening {
-    let mut b = [0u8; 1];
-    match sock.peek(&mut b) {
-        Ok(1) => opening_of(b[0]),
-        _ => Opening::Nothing,
+    let mut b = [0u8; 3];
+    // The rest of a record's opening is waited for as long as a read
+    // would be.
+    let wait = sock.read_timeout().ok().flatten();
+    let until = std::time::Instant::now() + wait.unwrap_or(std::time::Duration::from_secs(1));
+    let seen = loop {
+        match sock.peek(&mut b) {
+            Ok(0) | Err(_) => return Opening::Nothing,
+            // A first byte that is not TLS's decides at once.
+            Ok(n) if n == b.len() || b[0] != 22 || std::time::Instant::now() >= until => break n,
+            Ok(_) => std::thread::sleep(std::time::Duration::from_millis(1)),
+        }
+    };
+    match (seen, b) {
+        (3, [22, 3, 1..=4]) => Opening::Tls,
+        (3, _) => Opening::Plain,
+        (_, [first, ..]) => opening_of(first),
     }
 }
 
