@@ -146,6 +146,11 @@ fn spawn_rank_0(world: usize, command: impl Fn(u16) -> Command) -> (Child, u16) 
 }
 
 fn spawn_ranks(world: usize, seed: u64, extra_env: &[(&str, String)]) -> Vec<Child> {
+    spawn_ranks_at(world, seed, extra_env).0
+}
+
+/// [`spawn_ranks`], and the port of rank 0's store.
+fn spawn_ranks_at(world: usize, seed: u64, extra_env: &[(&str, String)]) -> (Vec<Child>, u16) {
     let command = |rank: usize, port: u16| {
         let mut cmd = rank_command(rank, world, port, seed);
         for (k, v) in extra_env {
@@ -154,9 +159,10 @@ fn spawn_ranks(world: usize, seed: u64, extra_env: &[(&str, String)]) -> Vec<Chi
         cmd
     };
     let (first, port) = spawn_rank_0(world, |port| command(0, port));
-    std::iter::once(first)
+    let children = std::iter::once(first)
         .chain((1..world).map(|rank| command(rank, port).spawn().expect("spawn rank")))
-        .collect()
+        .collect();
+    (children, port)
 }
 
 /// Copies of every socket of process `pid` (pidfd_getfd), as a child it
@@ -396,6 +402,10 @@ fn child_rank() {
                 );
             }
             println!("CHILD-OK rank {rank}");
+            return;
+        }
+        if mode == "rejoin" {
+            rejoin_child(comm);
             return;
         }
         if mode == "mismatch" {
@@ -753,6 +763,141 @@ fn processes_sigstop_is_caught_by_heartbeats() {
     kill(pid, Signal::SIGCONT).unwrap();
     kill(pid, Signal::SIGKILL).ok();
     let _ = stopped.wait_with_output();
+}
+
+/// The `rejoin` mode (decision 0040). A member all-reduces until an op
+/// fails, shrinks, waits for a replacement and admits it, then
+/// all-reduces on the whole world again for two seconds. The replacement
+/// (RINGWIRE_REJOIN) joins in `from_env` and does the same. A process that
+/// was stopped and excluded meanwhile, woken, finds its op failed and
+/// cannot go on: its shrink fails (nobody agrees with it any more).
+fn rejoin_child(comm: ringwire::Communicator) {
+    let rank = comm.rank();
+    // A fixed number of ops (every member runs the same), then a pause in
+    // which the woken zombie tries to come back, then one more.
+    let go_on = |c: &ringwire::Communicator| {
+        for op in 0..=200 {
+            if op == 200 {
+                std::thread::sleep(Duration::from_secs(2));
+            }
+            let got = c
+                .all_reduce(vec![1.0f32; 4096], ringwire::ReduceOp::Sum)
+                .wait()
+                .unwrap_or_else(|e| panic!("rank {rank}: all-reduce {op} after the rejoin: {e}"));
+            assert!(got.iter().all(|&v| v == c.world_size() as f32));
+        }
+    };
+    if std::env::var_os("RINGWIRE_REJOIN").is_some() {
+        println!("CHILD-REJOINED rank {rank} of {}", comm.world_size());
+        go_on(&comm);
+        println!("CHILD-OK rank {rank}");
+        return;
+    }
+    let err = loop {
+        if let Err(e) = comm
+            .all_reduce(vec![1.0f32; 4096], ringwire::ReduceOp::Sum)
+            .wait()
+        {
+            break e;
+        }
+    };
+    println!("CHILD-LOOP-ERR {} {err}", unix_ms());
+    let shrunk = match comm.shrink().wait() {
+        Ok(s) => s,
+        Err(e) => {
+            // The process that was stopped: the others went on without it.
+            println!("CHILD-SHRINK-FAILED rank {rank}: {e}");
+            return;
+        }
+    };
+    let until = Instant::now() + Duration::from_secs(60);
+    while shrunk.joiners_waiting().expect("joiners_waiting") == 0 {
+        assert!(Instant::now() < until, "rank {rank}: no replacement came");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let whole = shrunk.admit().wait().expect("admit");
+    println!("CHILD-ADMITTED rank {rank} of {}", whole.world_size());
+    go_on(&whole);
+    println!("CHILD-OK rank {rank}");
+}
+
+/// Decision 0040: rank 2 of 4 is stopped (SIGSTOP); the others find it by
+/// its silence, shrink, and admit a replacement started in its place;
+/// then it is woken (SIGCONT), a zombie: the job goes on undisturbed, and
+/// its own attempt to go on fails (its links went silent while it slept:
+/// it is cut off from the majority). Were it to dial a member, its old
+/// incarnation would be refused (tests/rejoin.rs).
+#[test]
+fn processes_a_stopped_rank_is_replaced_and_cannot_come_back() {
+    use nix::sys::signal::{Signal, kill};
+    use nix::unistd::Pid;
+    use std::io::BufRead;
+    let env = [
+        ("RINGWIRE_TEST_MODE", "rejoin".to_string()),
+        ("RINGWIRE_TIMEOUT", "5".into()),
+        ("RINGWIRE_HEARTBEAT_TIMEOUT", "1".into()),
+    ];
+    let (mut children, port) = spawn_ranks_at(4, 1, &env);
+    std::thread::sleep(Duration::from_millis(1000));
+    let zombie = children.remove(2);
+    let pid = Pid::from_raw(zombie.id() as i32);
+    kill(pid, Signal::SIGSTOP).unwrap();
+    // The store is rank 0's, which stays: the replacement finds it there.
+    let mut replacement = rank_command(2, 4, port, 1);
+    for (k, v) in &env {
+        replacement.env(k, v);
+    }
+    let mut replacement = replacement
+        .env("RINGWIRE_REJOIN", "1")
+        .spawn()
+        .expect("spawn the replacement");
+    // Woken once the replacement is in (its output read to the end
+    // meanwhile: a closed pipe would fail its prints).
+    let stdout = replacement.stdout.take().unwrap();
+    let (tx, lines) = std::sync::mpsc::channel();
+    let reader = std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stdout)
+            .lines()
+            .map_while(Result::ok)
+        {
+            let _ = tx.send(line.clone());
+        }
+    });
+    let mut said = Vec::new();
+    while let Ok(line) = lines.recv_timeout(Duration::from_secs(60)) {
+        let rejoined = line.contains("CHILD-REJOINED");
+        said.push(line);
+        if rejoined {
+            break;
+        }
+    }
+    kill(pid, Signal::SIGCONT).unwrap();
+    let zombie = zombie.wait_with_output().unwrap();
+    let zombie_said = String::from_utf8_lossy(&zombie.stdout).into_owned();
+    let rest = replacement.wait_with_output().unwrap();
+    reader.join().unwrap();
+    said.extend(lines.try_iter());
+    let said = said.join("\n");
+    assert!(
+        said.contains("CHILD-OK rank 2"),
+        "the replacement:\n{said}\n{}",
+        String::from_utf8_lossy(&rest.stderr)
+    );
+    for (rank, child) in [0, 1, 3].into_iter().zip(children) {
+        let out = child.wait_with_output().unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(
+            text.contains(&format!("CHILD-ADMITTED rank {rank} of 4"))
+                && text.contains(&format!("CHILD-OK rank {rank}")),
+            "rank {rank}:\n{text}\n{err}"
+        );
+    }
+    assert!(
+        zombie_said.contains("CHILD-SHRINK-FAILED rank 2"),
+        "the zombie:\n{zombie_said}\n{}",
+        String::from_utf8_lossy(&zombie.stderr)
+    );
 }
 
 /// Every other test of this file, again on the portable transport (the

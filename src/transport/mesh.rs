@@ -344,8 +344,9 @@ impl Hub {
             link.plane.stop_sending();
             return;
         }
-        self.peers.fail(Loss::new(peer, failure));
-        self.inboxes.peer_lost(peer);
+        if self.peers.fail(Loss::new(peer, failure)) {
+            self.inboxes.peer_lost(peer);
+        }
     }
 
     /// Records an abort (see [`Control::on_abort`]).

@@ -43,6 +43,9 @@ pub(crate) struct Link {
 
 enum PeerState {
     Absent,
+    /// Absent, the rank's process replaced (decision 0040): what its old
+    /// link's plane reports late is not about the replacement's link.
+    Replaced,
     Dialing,
     Ready(Arc<Link>),
     Failed(Loss),
@@ -95,7 +98,7 @@ impl PeerTable {
                 None => return Err(closed(peer)),
                 Some(PeerState::Ready(link)) => return Ok(Found::Ready(link.clone())),
                 Some(PeerState::Failed(loss)) => return Err(LinkError::Lost(loss.clone())),
-                Some(PeerState::Absent) if self.me < peer => {
+                Some(PeerState::Absent | PeerState::Replaced) if self.me < peer => {
                     states[peer] = PeerState::Dialing;
                     return Ok(Found::Claimed);
                 }
@@ -119,7 +122,7 @@ impl PeerTable {
     pub(crate) fn claim_absent(&self, peer: usize) -> bool {
         let mut states = lock(&self.states);
         match states.get(peer) {
-            Some(PeerState::Absent) => {
+            Some(PeerState::Absent | PeerState::Replaced) => {
                 states[peer] = PeerState::Dialing;
                 true
             }
@@ -155,11 +158,16 @@ impl PeerTable {
     }
 
     /// Marks the link to `peer` failed (shutting it down) unless it failed
-    /// already: the first failure is the one reported.
-    pub(crate) fn fail(&self, loss: Loss) {
+    /// already: the first failure is the one reported. False if the rank
+    /// was replaced since its link was made: the failure is the old
+    /// link's, reported late, and changes nothing.
+    pub(crate) fn fail(&self, loss: Loss) -> bool {
         {
             let mut states = lock(&self.states);
             if let Some(state) = states.get_mut(loss.peer) {
+                if let PeerState::Replaced = state {
+                    return false;
+                }
                 if let PeerState::Ready(link) = state {
                     link.plane.shut_down();
                 }
@@ -172,6 +180,7 @@ impl PeerTable {
             }
         }
         self.changed.notify_all();
+        true
     }
 
     /// Forgets the link to `peer` (shutting it down if it is up): a
@@ -186,7 +195,7 @@ impl PeerTable {
             if let PeerState::Ready(link) = state {
                 link.plane.shut_down();
             }
-            *state = PeerState::Absent;
+            *state = PeerState::Replaced;
         }
         self.changed.notify_all();
         Ok(())
@@ -211,7 +220,10 @@ impl PeerTable {
 
     /// Whether no link to `peer` is up, being made, or failed.
     pub(crate) fn is_absent(&self, peer: usize) -> bool {
-        matches!(lock(&self.states).get(peer), Some(PeerState::Absent))
+        matches!(
+            lock(&self.states).get(peer),
+            Some(PeerState::Absent | PeerState::Replaced)
+        )
     }
 
     /// Every established link, with its peer.
