@@ -63,6 +63,13 @@ impl JobKeys<'_> {
         self.key(&format!("admit/{comm_id:016x}/{slot}"))
     }
 
+    /// Which communicator took `slot`'s process `incarnation` in (the
+    /// first admission to write it: two communicators that both lost the
+    /// rank do not both take the same process).
+    pub(crate) fn taken(&self, slot: usize, incarnation: u32) -> String {
+        self.key(&format!("slot/{slot}/{incarnation}/taken"))
+    }
+
     /// What the members tell `slot`'s process `incarnation` once they
     /// admitted it: an [`Admission`].
     pub(crate) fn admitted(&self, slot: usize, incarnation: u32) -> String {
@@ -76,17 +83,21 @@ impl JobKeys<'_> {
     }
 
     /// The incarnation of `slot` waiting to be admitted that is newer than
-    /// `current`, if any.
+    /// `current` and no communicator took yet, if any.
     pub(crate) fn waiting_incarnation(
         &self,
         store: &dyn Store,
         slot: usize,
         current: u32,
     ) -> Result<Option<u32>, StoreError> {
-        Ok(store
+        let waiting = store
             .try_get(&self.waiting(slot))?
             .and_then(|v| std::str::from_utf8(&v).ok()?.parse::<u32>().ok())
-            .filter(|&inc| inc > current))
+            .filter(|&inc| inc > current);
+        match waiting {
+            Some(inc) if store.try_get(&self.taken(slot, inc))?.is_none() => Ok(Some(inc)),
+            _ => Ok(None),
+        }
     }
 }
 
@@ -101,19 +112,23 @@ pub(crate) struct Admission {
     pub(crate) members: Vec<usize>,
     pub(crate) incarnations: Vec<u32>,
     pub(crate) joined: Vec<usize>,
+    /// The world ranks of the communicator the members' line began with
+    /// (the places later admissions may fill).
+    pub(crate) line: Vec<usize>,
 }
 
 impl Admission {
-    /// As stored: `{comm_id:016x} {members} {incarnations} {joined}`, each
-    /// list comma-separated.
+    /// As stored: `{comm_id:016x} {members} {incarnations} {joined}
+    /// {line}`, each list comma-separated.
     pub(crate) fn encode(&self) -> String {
         let list = |v: &mut dyn Iterator<Item = String>| v.collect::<Vec<_>>().join(",");
         format!(
-            "{:016x} {} {} {}",
+            "{:016x} {} {} {} {}",
             self.comm_id,
             list(&mut self.members.iter().map(usize::to_string)),
             list(&mut self.incarnations.iter().map(u32::to_string)),
             list(&mut self.joined.iter().map(usize::to_string)),
+            list(&mut self.line.iter().map(usize::to_string)),
         )
     }
 
@@ -127,7 +142,8 @@ impl Admission {
         };
         let text = std::str::from_utf8(text).map_err(|_| bad())?;
         let mut parts = text.split(' ');
-        let (Some(id), Some(members), Some(incs), Some(joined), None) = (
+        let (Some(id), Some(members), Some(incs), Some(joined), Some(line), None) = (
+            parts.next(),
             parts.next(),
             parts.next(),
             parts.next(),
@@ -136,17 +152,16 @@ impl Admission {
         ) else {
             return Err(bad());
         };
-        let joined = joined
-            .split(',')
-            .map(|m| m.parse::<usize>())
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(|_| bad())?;
+        let ranks = |list: &str| {
+            list.split(',')
+                .map(|m| m.parse::<usize>())
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|_| bad())
+        };
+        let joined = ranks(joined)?;
+        let line = ranks(line)?;
         let comm_id = u64::from_str_radix(id, 16).map_err(|_| bad())?;
-        let members = members
-            .split(',')
-            .map(|m| m.parse::<usize>())
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(|_| bad())?;
+        let members = ranks(members)?;
         let incarnations = incs
             .split(',')
             .map(|m| m.parse::<u32>())
@@ -154,6 +169,7 @@ impl Admission {
             .map_err(|_| bad())?;
         if members.iter().any(|&m| m >= incarnations.len())
             || joined.iter().any(|j| !members.contains(j))
+            || members.iter().any(|m| !line.contains(m))
         {
             return Err(bad());
         }
@@ -162,6 +178,7 @@ impl Admission {
             members,
             incarnations,
             joined,
+            line,
         })
     }
 }
@@ -177,16 +194,18 @@ mod tests {
             members: vec![0, 1, 3],
             incarnations: vec![0, 0, 0, 2],
             joined: vec![3],
+            line: vec![0, 1, 2, 3],
         };
-        assert_eq!(a.encode(), "feed000000000001 0,1,3 0,0,0,2 3");
+        assert_eq!(a.encode(), "feed000000000001 0,1,3 0,0,0,2 3 0,1,2,3");
         assert_eq!(Admission::decode(a.encode().as_bytes()).unwrap(), a);
         for bad in [
             "",
-            "x 0 0 0",
-            "01 0,1 0,0",
-            "01 0,5 0,0 0",
-            "01 0 0 1",
-            "01 0 0 0 extra",
+            "x 0 0 0 0",
+            "01 0,1 0,0 0",
+            "01 0,5 0,0 0 0,5",
+            "01 0 0 1 0,1",
+            "01 0,1 0,0 1 0",
+            "01 0 0 0 0 extra",
         ] {
             assert!(Admission::decode(bad.as_bytes()).is_err(), "{bad}");
         }

@@ -182,11 +182,8 @@ fn hello_answer(store: SocketAddr, from: u32, incarnation: u32, to: usize) -> (b
 fn the_process_a_replacement_took_the_place_of_cannot_link_again() {
     let store = StoreServer::bind("127.0.0.1:0".parse().unwrap()).unwrap();
     let addr = store.local_addr();
-    let comms = launch(addr, 4);
-    // Linked first: a rank lost before any link is only found out at
-    // the op timeout (its peers keep dialing a rank that may be starting).
-    check_sum(&comms, 4, 10);
-    let comms = lose_and_replace(comms, 2, addr);
+    // Lost before any link was made: its peers' dials are refused.
+    let comms = lose_and_replace(launch(addr, 4), 2, addr);
     check_sum(&comms, 5, 10);
     let (accepted, why) = hello_answer(addr, 2, 0, 3);
     assert!(!accepted);
@@ -413,4 +410,44 @@ fn a_replacement_trains_on_with_the_members_state() {
     for got in after.iter().chain(std::iter::once(&newcomers)) {
         assert_eq!(got, &want);
     }
+}
+
+/// A communicator takes in only the ranks its own line lost: a split
+/// that never had the rank sees nobody waiting, and where two
+/// communicators lost it, the one that admits first takes the process.
+#[test]
+fn a_communicator_takes_in_only_ranks_of_its_own_line() {
+    let store = StoreServer::bind("127.0.0.1:0".parse().unwrap()).unwrap();
+    let addr = store.local_addr();
+    let mut comms = launch(addr, 4);
+    check_sum(&comms, 9, 10);
+    // Halves {0, 1} and {2, 3}.
+    let mut halves = on_all(&comms, |c| {
+        c.split(Some((c.rank() / 2) as u32), 0).unwrap().unwrap()
+    });
+    drop(halves.remove(2));
+    drop(comms.remove(2));
+    let _ = on_all(&comms, |c| c.all_reduce(vec![1u8; 4], ReduceOp::Sum).wait());
+    let survivors = on_all(&comms, |c| c.shrink().wait().unwrap());
+    // Rank 3's half lost rank 2 too; alone, it shrinks with a quorum of 1.
+    let _ = halves[2].all_reduce(vec![1u8; 4], ReduceOp::Sum).wait();
+    let alone = halves[2].shrink_with_quorum(1).wait().unwrap();
+    let newcomer = std::thread::spawn(move || builder(addr, 2, 4).rejoin(true).build().wait());
+    until_waiting(&survivors, 1);
+    assert_eq!(alone.joiners_waiting().unwrap(), 1);
+    for half in &halves[..2] {
+        assert_eq!(
+            half.joiners_waiting().unwrap(),
+            0,
+            "the half {{0, 1}} never had rank 2"
+        );
+    }
+    let mut whole = on_all(&survivors, |c| c.admit().wait().unwrap());
+    whole.insert(2, newcomer.join().unwrap().unwrap());
+    check_sum(&whole, 10, 1000);
+    // Taken by the whole: rank 3's half no longer sees it waiting, and
+    // its own admit goes on without it.
+    assert_eq!(alone.joiners_waiting().unwrap(), 0);
+    let still_alone = alone.admit().wait().unwrap();
+    assert_eq!(still_alone.world_size(), 1);
 }

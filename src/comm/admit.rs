@@ -28,9 +28,12 @@ const ADMIT_SALT: u64 = 0x4144_4d49_5434_3530; // "ADMIT450"
 
 impl Communicator {
     /// How many replacement processes wait to take the place of ranks
-    /// this communicator lost (started with [`Builder::rejoin`]); one
-    /// store read per missing rank, cheap enough to ask every step. Then
-    /// [`Communicator::admit`] takes them in.
+    /// this communicator lost (started with [`Builder::rejoin`]); a store
+    /// read or two per missing rank, cheap enough to ask every step. Then
+    /// [`Communicator::admit`] takes them in. Members read the store at
+    /// different moments, so they may get different counts: decide
+    /// together whether to admit (with [`Communicator::agree`], as the
+    /// guide's loop does).
     ///
     /// [`Builder::rejoin`]: crate::Builder::rejoin
     pub fn joiners_waiting(&self) -> Result<usize, Error> {
@@ -53,6 +56,11 @@ impl Communicator {
     /// [`Communicator::shrink`] agrees on who is left, with the same
     /// guarantees and errors, and a member lost meanwhile is left out.
     /// With nobody waiting it is `shrink`.
+    ///
+    /// The places it fills are those this communicator's line lost: the
+    /// world's ranks, or a split's, that are not members now (at most 64
+    /// per call). Where two communicators lost the same rank, the first
+    /// to admit its replacement takes it; the other goes on without.
     ///
     /// The new communicator runs its collectives over the links alone (no
     /// shared-memory arena and no two-level algorithms, whose facts a
@@ -81,11 +89,16 @@ impl Communicator {
         &self.inner.newcomers
     }
 
-    /// The world ranks not in this communicator, in order: the slots a
-    /// replacement may take (at most 64 per admission: one bit each).
+    /// The world ranks of this communicator's line (the communicator it
+    /// was shrunk or admitted from, back to the world or a split) that
+    /// are not members now, in order: the places a replacement may take
+    /// (at most 64 per admission: one bit each). The same on every member.
     fn missing_slots(&self) -> Vec<usize> {
         let members = &self.inner.members;
-        (0..self.inner.world.size)
+        self.inner
+            .line
+            .iter()
+            .copied()
             .filter(|w| !members.contains(w))
             .take(64)
             .collect()
@@ -94,20 +107,28 @@ impl Communicator {
     fn run_admit(&self, quorum: usize) -> Result<Communicator, Error> {
         let world = &self.inner.world;
         let transport = &world.transport;
+        // Counted first: a member that fails below must not run its next
+        // agreements one behind the others'.
+        let instance = self.next_recovery();
         let (store, keys) = store_of(world)?;
         let missing = self.missing_slots();
-        // What this member saw waiting: a bit per missing slot.
+        // What this member saw waiting: a bit per missing slot (a read
+        // that fails counts as nothing seen: the AND leaves it out).
         let mut seen = Vec::with_capacity(missing.len());
         let mut mask = 0u64;
         for (bit, &slot) in missing.iter().enumerate() {
             let current = transport.incarnation(slot);
-            let waiting = keys.waiting_incarnation(store, slot, current)?;
+            let waiting = keys
+                .waiting_incarnation(store, slot, current)
+                .unwrap_or_else(|e| {
+                    tracing::warn!(rank = world.rank, slot, error = %e, "could not read who waits");
+                    None
+                });
             if waiting.is_some() {
                 mask |= 1 << bit;
             }
             seen.push(waiting);
         }
-        let instance = self.next_recovery();
         let decision = self.run_agreement_instance(mask, quorum, instance)?;
         let comm_id = mix(mix(self.inner.comm_id, ADMIT_SALT), instance);
         let mut joined = Vec::new();
@@ -130,6 +151,13 @@ impl Communicator {
                 .ok_or_else(|| {
                     Error::Rendezvous(format!("a bad incarnation for rank {slot} at the store"))
                 })?;
+            // Another communicator that lost the rank may have taken this
+            // process first; every member here reads the same answer.
+            let mine = format!("{comm_id:016x}");
+            let owner = store.compare_set(&keys.taken(slot, incarnation), b"", mine.as_bytes())?;
+            if owner != mine.as_bytes() {
+                continue;
+            }
             let place = place_of(world, store, &keys, slot, incarnation)?;
             transport
                 .replace_peer(slot, place)
@@ -153,6 +181,7 @@ impl Communicator {
                 members: members.clone(),
                 incarnations: (0..world.size).map(|q| transport.incarnation(q)).collect(),
                 joined: joined.clone(),
+                line: self.inner.line.to_vec(),
             };
             let told = admission.encode();
             for &slot in &joined {
@@ -167,8 +196,9 @@ impl Communicator {
                 "admitted replacements"
             );
         }
+        let line = self.inner.line.clone();
         let kind = match joined.is_empty() {
-            true => CommKind::derived(self.inner.flat),
+            true => CommKind::shrunk(self.inner.flat, line),
             false => CommKind::admitted(
                 joined
                     .iter()
@@ -179,6 +209,7 @@ impl Communicator {
                             .expect("joined are members")
                     })
                     .collect(),
+                line,
             ),
         };
         Communicator::start_group(
@@ -223,7 +254,7 @@ impl Communicator {
             rank,
             admission.comm_id,
             Arc::new(admission.members.clone()),
-            CommKind::admitted(newcomers),
+            CommKind::admitted(newcomers, Arc::new(admission.line.clone())),
         )
     }
 }

@@ -293,6 +293,10 @@ pub(super) struct Inner {
     /// The ranks `admit` took in when it made this communicator:
     /// replacements that hold no training state yet.
     pub(super) newcomers: Vec<usize>,
+    /// The world ranks of the communicator this one's line began with
+    /// (the world, or a split), kept through shrinks and admissions: the
+    /// places a replacement may take in it.
+    pub(super) line: Arc<Vec<usize>>,
     pub(super) executor: Mutex<Option<JoinHandle<()>>>,
 }
 
@@ -375,6 +379,9 @@ pub(crate) struct CommKind {
     pub(crate) flat: bool,
     /// Its ranks that `admit` took in (see `Inner::newcomers`).
     pub(crate) newcomers: Vec<usize>,
+    /// The world ranks of the communicator its line began with (see
+    /// `Inner::line`); `None`: its own members (a line begins here).
+    pub(crate) line: Option<Arc<Vec<usize>>>,
 }
 
 impl CommKind {
@@ -383,29 +390,43 @@ impl CommKind {
         listed: true,
         flat: false,
         newcomers: Vec::new(),
+        line: None,
     };
     /// One of the groups a two-level op runs in.
     pub(crate) const IN_TWO_LEVELS: CommKind = CommKind {
         listed: false,
         flat: false,
         newcomers: Vec::new(),
+        line: None,
     };
 
-    /// A communicator made from one that is `flat` or not (split, shrink).
-    pub(crate) fn derived(flat: bool) -> CommKind {
+    /// A communicator split from one that is `flat` or not.
+    pub(crate) fn split(flat: bool) -> CommKind {
         CommKind {
             listed: true,
             flat,
             newcomers: Vec::new(),
+            line: None,
         }
     }
 
-    /// A communicator `admit` made, with the ranks it took in.
-    pub(crate) fn admitted(newcomers: Vec<usize>) -> CommKind {
+    /// A communicator shrunk from one that is `flat` or not, of `line`.
+    pub(crate) fn shrunk(flat: bool, line: Arc<Vec<usize>>) -> CommKind {
+        CommKind {
+            listed: true,
+            flat,
+            newcomers: Vec::new(),
+            line: Some(line),
+        }
+    }
+
+    /// A communicator `admit` made, of `line`, with the ranks it took in.
+    pub(crate) fn admitted(newcomers: Vec<usize>, line: Arc<Vec<usize>>) -> CommKind {
         CommKind {
             listed: true,
             flat: true,
             newcomers,
+            line: Some(line),
         }
     }
 }

@@ -73,7 +73,9 @@ impl Communicator {
             listed,
             flat,
             newcomers,
+            line,
         } = kind;
+        let line = line.unwrap_or_else(|| members.clone());
         let failed = Arc::new(Mutex::new(None));
         let stats = Arc::new(StatsRecorder::default());
         let recorder = Arc::new(FlightRecorder::new(tunables.flight_recorder_ops));
@@ -141,6 +143,7 @@ impl Communicator {
                 agreements_ended: Mutex::new(Vec::new()),
                 flat,
                 newcomers,
+                line,
                 executor: Mutex::new(Some(handle)),
             }),
             timeout,
@@ -751,7 +754,7 @@ impl Communicator {
             rank,
             comm_id,
             Arc::new(members),
-            CommKind::derived(self.inner.flat),
+            CommKind::split(self.inner.flat),
         )
         .map(|mut c| {
             c.timeout = self.timeout;

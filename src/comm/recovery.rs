@@ -160,7 +160,7 @@ impl Communicator {
                 rank,
                 comm_id,
                 Arc::new(members),
-                CommKind::derived(comm.inner.flat),
+                CommKind::shrunk(comm.inner.flat, comm.inner.line.clone()),
             )
             .map(|mut c| {
                 c.timeout = comm.timeout;

@@ -154,7 +154,9 @@ impl Builder {
     /// Joins the running job in the place of its lost rank [`Builder::rank`]
     /// instead of meeting the others at launch (also `RINGWIRE_REJOIN=1`):
     /// `build` waits until the job's members take this process in with
-    /// [`Communicator::admit`], and returns the communicator they made.
+    /// [`Communicator::admit`], and returns the communicator they made;
+    /// it waits as long as setup waits for the other ranks
+    /// ([`Builder::connect_timeout`], `RINGWIRE_CONNECT_TIMEOUT`).
     /// The job's store must outlive the rank this one replaces: a
     /// standalone `ringwire-store`, or torchrun's agent store; rank 0's own
     /// store ends with rank 0. See the guide's "Surviving a lost rank".

@@ -101,17 +101,22 @@ pub(super) fn rejoin(
         incarnation,
         "waiting to be admitted (the members call Communicator::admit)"
     );
-    let admission = client
-        .get(&keys.admitted(rank, incarnation), t.connect_timeout)
-        .map_err(|e| match e {
-            StoreError::Timeout { .. } => Error::Rendezvous(format!(
+    let admission = match client.get(&keys.admitted(rank, incarnation), t.connect_timeout) {
+        Ok(a) => a,
+        Err(StoreError::Timeout { .. }) => {
+            // No longer waiting (unless a newer replacement is): the
+            // members must not admit a process that gave up.
+            let _ =
+                client.compare_set(&keys.waiting(rank), incarnation.to_string().as_bytes(), b"");
+            return Err(Error::Rendezvous(format!(
                 "rank {rank} (incarnation {incarnation}) was not admitted within {:?}: the \
                  members take a replacement in when they call Communicator::admit (and \
                  another replacement of the rank may have been taken instead)",
                 t.connect_timeout
-            )),
-            other => Error::Store(other),
-        })?;
+            )));
+        }
+        Err(other) => return Err(Error::Store(other)),
+    };
     let admission = Admission::decode(&admission)?;
     // Every member that was there before points its transport here
     // before it counts itself ready; only then may this process dial.

@@ -288,7 +288,8 @@ impl GradReducer {
             .and_then(|r| (r < self.comm.world_size()).then_some(r).ok_or(()))
         else {
             return Err(TrainError::Lost {
-                what: "the bucket order (every member of the communicator is a replacement)".into(),
+                what: "the members that held the bucket order (every member is a replacement)"
+                    .into(),
             });
         };
         let mut mine: Vec<i64> = self

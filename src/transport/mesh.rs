@@ -675,10 +675,13 @@ impl Transport for Mesh {
 
     fn replace_peer(&self, peer: usize, place: PeerPlace) -> Result<(), LinkError> {
         let hub = &self.hub;
-        // The old process's link is over; what it left in the inboxes of
-        // its communicators holds nobody back.
-        hub.peers.reset(peer)?;
+        // The new place first: a dial or hello from now on meets it.
         hub.linker.replace(peer, place);
+        // The old process's link is over (shut down if this rank still
+        // held it); what it left in the inboxes of its communicators, run
+        // ahead or pausing its link, holds nobody back.
+        hub.peers.reset(peer)?;
+        hub.inboxes.peer_lost(peer);
         hub.inboxes.peer_back(peer);
         hub.control.heard(peer);
         Ok(())

@@ -332,10 +332,11 @@ pub(crate) trait Transport: Send + Sync {
         let _ = (peer, deadline);
         Ok(())
     }
-    /// A replacement takes `peer`'s place (decision 0040): its failed link
-    /// is forgotten, and links from now on go to and come from the process
-    /// at `place` only. Fails if the link to `peer` has not failed (the
-    /// rank is not lost here).
+    /// A replacement takes `peer`'s place (decision 0040): the old
+    /// process's link is forgotten (shut down if this rank still held it:
+    /// the members decided that process is gone), and links from now on
+    /// go to and come from the process at `place` only. Fails only if the
+    /// transport closed.
     fn replace_peer(&self, peer: usize, place: PeerPlace) -> Result<(), LinkError> {
         let _ = place;
         Err(LinkError::Lost(Loss::new(

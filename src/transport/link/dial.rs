@@ -40,7 +40,11 @@ impl Linker {
     }
 
     /// A connection to `peer` within `deadline`, retried with backoff if
-    /// `retry` (a peer that is still starting refuses for a while).
+    /// `retry` (a network that drops the first tries). A refused one is
+    /// not retried: every rank listens before setup ends (its transport
+    /// starts before the store barrier, and a replacement's before it
+    /// says it waits), so a refusal says the peer's process is gone, and
+    /// retrying it held the op until its timeout.
     fn connect_with(&self, peer: usize, deadline: Instant, retry: bool) -> Result<Conn, LinkError> {
         let (addr, local, shown) = self.dial_address(peer);
         let mut backoff = Duration::from_millis(10);
@@ -59,7 +63,10 @@ impl Linker {
                 // Out of descriptors is not a peer that is still starting:
                 // say so now rather than at the deadline.
                 Err(e)
-                    if retry && Instant::now() + backoff < deadline && !open_files::ran_out(&e) =>
+                    if retry
+                        && Instant::now() + backoff < deadline
+                        && !open_files::ran_out(&e)
+                        && e.kind() != io::ErrorKind::ConnectionRefused =>
                 {
                     tracing::debug!(peer, addr = %shown, error = %e, "connect failed, retrying");
                     std::thread::sleep(backoff);
