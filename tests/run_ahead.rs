@@ -362,6 +362,51 @@ fn what_a_dropped_communicator_held_is_released() {
     });
 }
 
+/// As above, but rank 0 revokes the communicator instead of dropping it
+/// (what a rank whose op failed does before the survivors agree): its ops
+/// end at once from then on, so what rank 1 sent ahead for it stops
+/// counting, and the link that carries the agreement is read again. It
+/// stayed paused before, and the agreement after a failure waited behind
+/// it until the op timeout (seen in debug chaos trials).
+#[test]
+fn what_a_revoked_communicator_held_is_released() {
+    common::init_logging();
+    let (_store, comms) = local_group(2, limited(64 << 10));
+    on_all(&comms, |c| {
+        let sub = c.split(Some(0), 0).unwrap().expect("every rank is in");
+        if c.rank() == 1 {
+            // One frame past the limit (too large for the arena): the
+            // broadcast ends here once rank 0's transport took it in,
+            // held there, its link paused.
+            sub.broadcast(vec![7u8; 1 << 20], 1).wait().unwrap();
+        } else {
+            let start = std::time::Instant::now();
+            while c.stats().held_ahead_bytes < 64 << 10 {
+                assert!(
+                    start.elapsed() < Duration::from_secs(20),
+                    "rank 1 never ran ahead"
+                );
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            sub.revoke();
+            assert_eq!(
+                c.stats().held_ahead_bytes,
+                0,
+                "released when the communicator was revoked"
+            );
+        }
+        // The world communicator's link is read again: the two agree.
+        let agreed = c.agree(1).wait().unwrap();
+        assert_eq!(agreed.members, [0, 1]);
+        c.barrier().wait().unwrap();
+        assert_eq!(
+            c.stats().held_ahead_bytes,
+            0,
+            "frames that came later were kept"
+        );
+    });
+}
+
 /// A rank's own sends begin nothing it receives: after rank 0 sent 8
 /// messages, the broadcasts rank 1 runs ahead with (ops 1-8 of the
 /// communicator, not started on rank 0) still count against its limit.

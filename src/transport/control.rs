@@ -143,6 +143,11 @@ impl Control {
         );
         peers.notify();
         inboxes.wake(|c, _| c == comm_id);
+        // Its ops end at once from now on, so what peers sent ahead for it
+        // will never be taken: held, it would keep their links paused past
+        // the run-ahead limit (decision 0019), with the agreement the
+        // survivors need next queued behind it.
+        inboxes.forget(comm_id);
         let nested = lock(&self.nested)
             .get(&comm_id)
             .cloned()
