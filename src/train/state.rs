@@ -69,8 +69,8 @@ pub(crate) fn broadcast_state_in_pieces<T: Element>(
     let mut left = elements;
     while left > 0 {
         let n = per_piece.min(left);
-        staging.clear();
         if is_root {
+            staging.clear();
             let mut cursor = at;
             while staging.len() < n {
                 let part = &parts[cursor.0];
@@ -79,6 +79,9 @@ pub(crate) fn broadcast_state_in_pieces<T: Element>(
                 cursor = advance(parts, cursor, take);
             }
         } else {
+            // Overwritten by the broadcast: filled only where it grows
+            // (the first piece), not once per piece.
+            staging.truncate(n);
             staging.resize(n, T::default());
         }
         staging = comm
