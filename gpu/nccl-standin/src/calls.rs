@@ -15,6 +15,7 @@ use crate::lasterror;
 use crate::ops::{Op, OpKind};
 use crate::rendezvous::{self, BootstrapId};
 use crate::setup;
+use crate::shrink::{self, Publish};
 use crate::stream::Stream;
 use std::ffi::{CStr, c_int, c_void};
 use std::sync::Arc;
@@ -83,7 +84,7 @@ pub(crate) fn init_rank(
         return Err(UNHANDLED_CUDA_ERROR);
     }
     let polls = envcfg::inprogress_polls();
-    let comm = Arc::new(Comm::new(nranks, rank, blocking, faults, polls));
+    let comm = Arc::new(Comm::new(nranks, rank, blocking, id.nonce, faults, polls));
     if blocking && !group::active() {
         setup::run(&comm, id);
         return match comm.wait_setup() {
@@ -145,6 +146,77 @@ pub(crate) fn close(handle: *const c_void, abort: bool) -> NcclResult {
         None => return invalid(what, "not a live communicator"),
     }
     SUCCESS
+}
+
+/// `NCCL_SHRINK_ABORT`.
+pub(crate) const SHRINK_ABORT: c_int = 0x01;
+
+/// The first release with `ncclCommShrink`: 2.27.3.
+const SHRINK_SINCE: c_int = 22703;
+
+/// `ncclCommShrink`, after the ABI layer has read its arguments: `exclude`
+/// is the caller's list (sorted in place, as NCCL does), `blocking` the
+/// config's (`None`: inherit the parent's), and `publish` writes
+/// `*newcomm` (at once for a blocking parent, else from the setup thread
+/// before the parent stops reporting in progress).
+pub(crate) fn shrink(
+    handle: *const c_void,
+    exclude: Option<&mut [c_int]>,
+    blocking: Option<bool>,
+    flags: c_int,
+    publish: Publish,
+) -> NcclResult {
+    let what = "ncclCommShrink";
+    let version = version();
+    if version < SHRINK_SINCE {
+        lasterror::set(&format!(
+            "stand-in NCCL: {what} is not in NCCL {version} (it came in 2.27.3)"
+        ));
+        return codes::INVALID_USAGE;
+    }
+    let parent = match comm(handle, what) {
+        Ok(parent) => parent,
+        Err(code) => return code,
+    };
+    // NCCL stops the parent's kernels before it looks at the arguments.
+    if flags & SHRINK_ABORT != 0 {
+        parent.revoke_and_drain();
+    }
+    let Some(exclude) = exclude else {
+        return invalid(what, "excludeRanksList is NULL");
+    };
+    if exclude.is_empty() {
+        return invalid(what, "excludeRanksCount must be positive");
+    }
+    exclude.sort_unstable();
+    if exclude.binary_search(&(parent.rank as c_int)).is_ok() {
+        return invalid(
+            what,
+            &format!(
+                "rank {} is in excludeRanksList: excluded ranks must not call it",
+                parent.rank
+            ),
+        );
+    }
+    if let Err((code, why)) = parent.ready_to_shrink() {
+        parent.set_last_error(&format!(
+            "stand-in NCCL: {what}: the parent cannot shrink: {why}"
+        ));
+        return code;
+    }
+    let faults = match envcfg::var(envcfg::FAULT) {
+        Some(text) => match fault::parse(&text) {
+            Ok(faults) => faults,
+            Err(e) => return invalid(what, &format!("{}: {e}", envcfg::FAULT)),
+        },
+        None => Vec::new(),
+    };
+    let excluded: Vec<usize> = exclude
+        .iter()
+        .filter_map(|&r| usize::try_from(r).ok())
+        .collect();
+    let blocking = blocking.unwrap_or(parent.blocking);
+    shrink::start(&parent, excluded, blocking, &faults, publish)
 }
 
 /// A call's arguments as C gave them, before checks.

@@ -3,13 +3,17 @@
 //! the count of queued ops, so that abort (which sets its flag under the
 //! lock and wakes all) reaches every waiter: setup, receives, hung ops and
 //! a blocking finalize.
+//!
+//! `ncclCommShrink` with `NCCL_SHRINK_ABORT` revokes a comm: its queued
+//! and later ops end at once without writing, as after an abort, but its
+//! mesh stays open because the child is set up over it.
 
 use crate::codes::{IN_PROGRESS, INVALID_USAGE, NcclResult, SUCCESS};
 use crate::fault::RankFaults;
 use crate::inbox::Inbox;
 use crate::lasterror;
 use crate::mesh::Mesh;
-use crate::wire::{Tag, kind_name};
+use crate::wire::{self, Tag, kind_name};
 use std::ffi::CStr;
 use std::net::Shutdown;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -27,6 +31,14 @@ pub(crate) enum Setup {
 pub(crate) struct State {
     setup: Setup,
     aborted: bool,
+    /// Ops end at once (`NCCL_SHRINK_ABORT`); the mesh stays up.
+    revoked: bool,
+    /// Shrinks of this comm still being set up: its async error reports
+    /// in progress meanwhile, as NCCL's does for the parent of a child
+    /// being made.
+    shrinking: usize,
+    /// Shrinks started so far: numbers each one's frames.
+    shrinks: u64,
     async_error: Option<NcclResult>,
     inbox: Inbox,
     pending: usize,
@@ -55,8 +67,10 @@ impl Shared {
         self.cv.notify_all();
     }
 
+    /// Aborted or revoked: ops give up.
     pub(crate) fn is_aborted(&self) -> bool {
-        self.lock().aborted
+        let state = self.lock();
+        state.aborted || state.revoked
     }
 }
 
@@ -87,6 +101,9 @@ pub(crate) struct Comm {
     pub(crate) nranks: usize,
     pub(crate) rank: usize,
     pub(crate) blocking: bool,
+    /// The bootstrap nonce every rank of this comm shares (from the unique
+    /// id, or derived from the parent's for a shrunk comm).
+    pub(crate) nonce: u64,
     pub(crate) faults: RankFaults,
     /// Polls of the async error that report in-progress whatever the setup.
     inprogress_polls: u32,
@@ -100,6 +117,7 @@ impl Comm {
         nranks: usize,
         rank: usize,
         blocking: bool,
+        nonce: u64,
         faults: RankFaults,
         inprogress_polls: u32,
     ) -> Comm {
@@ -107,6 +125,7 @@ impl Comm {
             nranks,
             rank,
             blocking,
+            nonce,
             faults,
             inprogress_polls,
             polls: AtomicU32::new(0),
@@ -120,6 +139,9 @@ impl Comm {
                 state: Mutex::new(State {
                     setup: Setup::Running,
                     aborted: false,
+                    revoked: false,
+                    shrinking: 0,
+                    shrinks: 0,
                     async_error: None,
                     inbox: Inbox::new(nranks),
                     pending: 0,
@@ -196,7 +218,7 @@ impl Comm {
     pub(crate) fn wait_ready(&self) -> Option<Arc<Mesh>> {
         let mut state = self.shared.lock();
         loop {
-            if state.aborted || state.async_error.is_some() {
+            if state.aborted || state.revoked || state.async_error.is_some() {
                 return None;
             }
             match &state.setup {
@@ -207,16 +229,107 @@ impl Comm {
         }
     }
 
-    /// Blocks until the comm is aborted (a hung op or setup).
+    /// Blocks until the comm is aborted or revoked (a hung op or setup).
     pub(crate) fn wait_aborted(&self) {
         let mut state = self.shared.lock();
-        while !state.aborted {
+        while !state.aborted && !state.revoked {
             state = self.shared.wait(state);
         }
     }
 
+    /// Aborted or revoked: ops give up.
     pub(crate) fn is_aborted(&self) -> bool {
         self.shared.is_aborted()
+    }
+
+    /// Aborted or destroyed: its sockets are closed (a revoked comm is not).
+    pub(crate) fn is_closed(&self) -> bool {
+        self.shared.lock().aborted
+    }
+
+    /// Whether the comm may be shrunk, as NCCL's `ncclCommEnsureReady`
+    /// decides: its setup done and no async error.
+    pub(crate) fn ready_to_shrink(&self) -> Result<(), (NcclResult, &'static str)> {
+        let state = self.shared.lock();
+        match state.setup {
+            Setup::Running => {
+                return Err((crate::codes::INVALID_ARGUMENT, "its init has not finished"));
+            }
+            Setup::Failed(code) => return Err((code, "its init failed")),
+            Setup::Closed => return Err((crate::codes::INVALID_ARGUMENT, "it was aborted")),
+            Setup::Ready(_) => {}
+        }
+        if state.shrinking > 0 {
+            return Err((
+                crate::codes::INVALID_ARGUMENT,
+                "a shrink of it is still in progress",
+            ));
+        }
+        match state.async_error {
+            Some(code) => Err((code, "it has an async error")),
+            None => Ok(()),
+        }
+    }
+
+    /// `NCCL_SHRINK_ABORT`: revokes the comm and waits, as NCCL waits for
+    /// its device stream, until none of its ops is queued any more.
+    pub(crate) fn revoke_and_drain(&self) {
+        let mut state = self.shared.lock();
+        state.revoked = true;
+        self.shared.cv.notify_all();
+        while state.pending > 0 && !state.aborted {
+            state = self.shared.wait(state);
+        }
+    }
+
+    /// Starts a shrink: its number, and the mesh to set the child up over.
+    pub(crate) fn begin_shrink(&self) -> Option<(u64, Arc<Mesh>)> {
+        let mut state = self.shared.lock();
+        let Setup::Ready(mesh) = &state.setup else {
+            return None;
+        };
+        let mesh = Arc::clone(mesh);
+        let seq = state.shrinks;
+        state.shrinks += 1;
+        state.shrinking += 1;
+        Some((seq, mesh))
+    }
+
+    /// A shrink ended: its error, if any, becomes the comm's async error
+    /// (NCCL sets the parent's to the child job's result).
+    pub(crate) fn end_shrink(&self, outcome: NcclResult, text: &str) {
+        let mut state = self.shared.lock();
+        state.shrinking = state.shrinking.saturating_sub(1);
+        if outcome != SUCCESS && outcome != IN_PROGRESS {
+            state.async_error.get_or_insert(outcome);
+            state.last_error = Some(lasterror::set(text));
+        }
+        drop(state);
+        self.shared.cv.notify_all();
+    }
+
+    /// Waits for shrink frame `seq` from `peer`, until this comm is closed
+    /// or `stop` says so (checked every [`wire::POLL`]).
+    pub(crate) fn recv_shrink(
+        &self,
+        peer: usize,
+        seq: u64,
+        stop: &dyn Fn() -> bool,
+    ) -> Option<Vec<u8>> {
+        loop {
+            // `stop` may lock this comm too: called without the lock.
+            if stop() {
+                return None;
+            }
+            let mut state = self.shared.lock();
+            if state.aborted {
+                return None;
+            }
+            if let Some(payload) = state.inbox.take_shrink(peer, seq) {
+                return Some(payload);
+            }
+            let _ = self.shared.cv.wait_timeout(state, wire::POLL);
+        }
     }
 
     /// Sets the async error (the first one stays) and logs `text`.
@@ -244,7 +357,7 @@ impl Comm {
     pub(crate) fn recv(&self, peer: usize, expected: Tag) -> Result<Vec<u8>, RecvError> {
         let mut state = self.shared.lock();
         loop {
-            if state.aborted {
+            if state.aborted || state.revoked {
                 return Err(RecvError::Aborted);
             }
             match state.inbox.take(peer, expected) {
@@ -290,6 +403,7 @@ impl Comm {
         let earlier_polls = self.polls.fetch_add(1, Ordering::Relaxed);
         let state = self.shared.lock();
         if matches!(state.setup, Setup::Running)
+            || state.shrinking > 0
             || (!self.blocking && earlier_polls < self.inprogress_polls)
         {
             return IN_PROGRESS;

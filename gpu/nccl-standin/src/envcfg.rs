@@ -11,7 +11,8 @@ use std::cell::RefCell;
 use std::collections::HashMap;
 
 /// Faults to inject: `hang:<rank>:<op>`, `error:<rank>:<op>:<code>`,
-/// `initfail:<rank>`, `initstall:<rank>`, comma-separated.
+/// `initfail:<rank>`, `initstall:<rank>`, `shrinkfail:<rank>`,
+/// `shrinkstall:<rank>`, comma-separated.
 pub const FAULT: &str = "RINGWIRE_STANDIN_NCCL_FAULT";
 /// How many `ncclCommGetAsyncError` polls of a non-blocking comm report
 /// `ncclInProgress` even when its setup has finished (default 2).

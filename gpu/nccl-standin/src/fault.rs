@@ -19,6 +19,11 @@ pub(crate) enum Fault {
     InitFail { rank: usize },
     /// Init on `rank` never finishes (until abort).
     InitStall { rank: usize },
+    /// `ncclCommShrink` on (parent) `rank` fails before it sends anything.
+    ShrinkFail { rank: usize },
+    /// `ncclCommShrink` on (parent) `rank` never finishes (until the
+    /// parent or the child is aborted).
+    ShrinkStall { rank: usize },
 }
 
 /// What a given rank's op does instead of running.
@@ -33,6 +38,8 @@ pub(crate) enum OpFault {
 pub(crate) struct RankFaults {
     pub(crate) init_fail: bool,
     pub(crate) init_stall: bool,
+    pub(crate) shrink_fail: bool,
+    pub(crate) shrink_stall: bool,
     ops: Vec<(u64, OpFault)>,
 }
 
@@ -48,6 +55,8 @@ impl RankFaults {
                 }
                 Fault::InitFail { rank: r } if r == rank => mine.init_fail = true,
                 Fault::InitStall { rank: r } if r == rank => mine.init_stall = true,
+                Fault::ShrinkFail { rank: r } if r == rank => mine.shrink_fail = true,
+                Fault::ShrinkStall { rank: r } if r == rank => mine.shrink_stall = true,
                 _ => {}
             }
         }
@@ -78,6 +87,8 @@ pub(crate) fn parse(text: &str) -> Result<Vec<Fault>, String> {
             },
             ["initfail", rank] => rank.parse().ok().map(|rank| Fault::InitFail { rank }),
             ["initstall", rank] => rank.parse().ok().map(|rank| Fault::InitStall { rank }),
+            ["shrinkfail", rank] => rank.parse().ok().map(|rank| Fault::ShrinkFail { rank }),
+            ["shrinkstall", rank] => rank.parse().ok().map(|rank| Fault::ShrinkStall { rank }),
             _ => None,
         };
         faults.push(fault.ok_or_else(|| format!("cannot read fault item '{item}'"))?);
@@ -91,7 +102,8 @@ mod tests {
 
     #[test]
     fn parses_every_kind() {
-        let all = parse("hang:1:3, error:0:2:6,initfail:2,initstall:3,").unwrap();
+        let all = parse("hang:1:3, error:0:2:6,initfail:2,initstall:3,shrinkfail:4,shrinkstall:5")
+            .unwrap();
         assert_eq!(
             all,
             vec![
@@ -103,8 +115,13 @@ mod tests {
                 },
                 Fault::InitFail { rank: 2 },
                 Fault::InitStall { rank: 3 },
+                Fault::ShrinkFail { rank: 4 },
+                Fault::ShrinkStall { rank: 5 },
             ]
         );
+        assert!(RankFaults::for_rank(&all, 4).shrink_fail);
+        assert!(RankFaults::for_rank(&all, 5).shrink_stall);
+        assert!(!RankFaults::for_rank(&all, 5).shrink_fail);
         let r0 = RankFaults::for_rank(&all, 0);
         assert_eq!(r0.op(2), Some(OpFault::Error(6)));
         assert_eq!(r0.op(3), None);

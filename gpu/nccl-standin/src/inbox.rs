@@ -4,19 +4,24 @@
 //! number, and a frame with that number but another kind, type or length
 //! is a mismatched collective.
 
-use crate::wire::{KIND_P2P, Tag};
+use crate::wire::{KIND_P2P, KIND_SHRINK, Tag};
 use std::collections::VecDeque;
 
 /// Frames from one peer, in arrival order.
 type Queue = VecDeque<(Tag, Vec<u8>)>;
 
-/// Per peer, two queues: collectives and point-to-point.
+/// Per peer, three queues: collectives, point-to-point, and the setup
+/// frames of shrinks (which must not be taken for a hung op's data).
 pub(crate) struct Inbox {
-    queues: Vec<[Queue; 2]>,
+    queues: Vec<[Queue; 3]>,
 }
 
 fn class(kind: u8) -> usize {
-    usize::from(kind == KIND_P2P)
+    match kind {
+        KIND_P2P => 1,
+        KIND_SHRINK => 2,
+        _ => 0,
+    }
 }
 
 impl Inbox {
@@ -46,6 +51,13 @@ impl Inbox {
             Err(tag)
         })
     }
+
+    /// The shrink frame number `seq` from `peer`, whatever its length.
+    pub(crate) fn take_shrink(&mut self, peer: usize, seq: u64) -> Option<Vec<u8>> {
+        let queue = &mut self.queues.get_mut(peer)?[class(KIND_SHRINK)];
+        let at = queue.iter().position(|(tag, _)| tag.seq == seq)?;
+        queue.remove(at).map(|(_, payload)| payload)
+    }
 }
 
 #[cfg(test)]
@@ -73,5 +85,16 @@ mod tests {
         assert_eq!(inbox.take(1, tag(KIND_P2P, 0, 1)), Some(Ok(vec![9])));
         assert_eq!(inbox.take(0, tag(1, 0, 1)), None);
         assert_eq!(inbox.take(5, tag(1, 0, 1)), None);
+    }
+
+    #[test]
+    fn shrink_frames_are_a_class_of_their_own() {
+        let mut inbox = Inbox::new(2);
+        inbox.push(1, tag(KIND_SHRINK, 0, 6), vec![1; 6]);
+        inbox.push(1, tag(1, 0, 4), vec![2; 4]);
+        assert_eq!(inbox.take_shrink(1, 1), None);
+        assert_eq!(inbox.take_shrink(1, 0), Some(vec![1; 6]));
+        assert_eq!(inbox.take(1, tag(1, 0, 4)), Some(Ok(vec![2; 4])));
+        assert_eq!(inbox.take_shrink(1, 0), None);
     }
 }

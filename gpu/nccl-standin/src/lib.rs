@@ -18,6 +18,9 @@
 //! collective sends whole buffers to every rank that needs them). Only the
 //! functions listed in `abi` exist; no `pncclXxx` aliases, no
 //! `ncclCommSplit`, no user-defined reduction operators, no fp8.
+//! `ncclCommShrink` is there (faithful to NCCL 2.27.3's checks: see
+//! `abi::ncclCommShrink`), refused with `ncclInvalidUsage` when the
+//! reported version is older than 2.27.3.
 //!
 //! # Behaviour a consumer may rely on
 //!
@@ -61,8 +64,13 @@
 //!   comm's async error becomes `<code>`, its last error "stand-in NCCL:
 //!   injected error <code> at op <op> on rank <rank>". `initfail:<rank>`:
 //!   init fails with `ncclUnhandledCudaError` (1) and no comm.
-//!   `initstall:<rank>`: the setup never finishes (until aborted). An item
-//!   it cannot read makes init fail with `ncclInvalidArgument`.
+//!   `initstall:<rank>`: the setup never finishes (until aborted).
+//!   `shrinkfail:<rank>`: `ncclCommShrink` on that parent rank fails with
+//!   `ncclSystemError` before it sends anything (the other ranks wait for
+//!   it until aborted). `shrinkstall:<rank>`: that rank's shrink never
+//!   finishes until the parent or the child is aborted. A child's op
+//!   faults name its own (new) rank. An item it cannot read makes init
+//!   (or the shrink) fail with `ncclInvalidArgument`.
 //! - `RINGWIRE_STANDIN_NCCL_INPROGRESS_POLLS`: the first N (default 2)
 //!   `ncclCommGetAsyncError` polls of a non-blocking comm report
 //!   `ncclInProgress` even when its setup is done.
@@ -87,5 +95,6 @@ mod ops;
 mod reduce;
 mod rendezvous;
 mod setup;
+mod shrink;
 mod stream;
 mod wire;

@@ -56,6 +56,9 @@ pub(crate) struct Tag {
 
 /// `Tag::kind` of point-to-point frames; collectives use 1 to 5.
 pub(crate) const KIND_P2P: u8 = 6;
+/// `Tag::kind` of the frames `ncclCommShrink` exchanges over the parent's
+/// mesh (each staying rank's data port and exclusion list).
+pub(crate) const KIND_SHRINK: u8 = 7;
 
 /// The name of a frame kind, for messages.
 pub(crate) fn kind_name(kind: u8) -> &'static str {
@@ -66,6 +69,7 @@ pub(crate) fn kind_name(kind: u8) -> &'static str {
         4 => "AllGather",
         5 => "ReduceScatter",
         KIND_P2P => "Send/Recv",
+        KIND_SHRINK => "CommShrink",
         _ => "unknown",
     }
 }

@@ -143,6 +143,69 @@ pub unsafe extern "C" fn ncclCommInitRankConfig(
     })
 }
 
+/// `NCCL_SHRINK_DEFAULT`: shrink the parent as it is.
+pub const SHRINK_DEFAULT: c_int = 0x00;
+/// `NCCL_SHRINK_ABORT`: end the parent's queued ops first, then shrink.
+pub const SHRINK_ABORT: c_int = calls::SHRINK_ABORT;
+
+/// `ncclCommShrink` (NCCL 2.27.3): a comm of the parent's ranks that are
+/// not in `exclude_ranks_list` (sorted in place), renumbered in order, set
+/// up over the parent's connections. Collective over the staying ranks; an
+/// excluded rank must not call it. `*newcomm` is NULL until the child is
+/// made: at once for a blocking one, else written when the parent's async
+/// error stops reporting `ncclInProgress` (a failed child is written too,
+/// its own async error saying why). A NULL config inherits the parent's.
+///
+/// # Safety
+/// `newcomm` must be NULL or point to a writable `ncclComm_t` that stays
+/// writable until the parent no longer reports `ncclInProgress`;
+/// `exclude_ranks_list` NULL or `exclude_ranks_count` writable ints;
+/// `config` as for [`ncclCommInitRankConfig`].
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ncclCommShrink(
+    comm: NcclComm,
+    exclude_ranks_list: *mut c_int,
+    exclude_ranks_count: c_int,
+    newcomm: *mut NcclComm,
+    config: *mut NcclConfig,
+    shrink_flags: c_int,
+) -> NcclResult {
+    guard(|| {
+        if newcomm.is_null() {
+            return calls_invalid("ncclCommShrink: newcomm is NULL");
+        }
+        // SAFETY: non-NULL, and writable by the caller's contract.
+        unsafe { newcomm.write(std::ptr::null_mut()) };
+        let blocking = if config.is_null() {
+            None
+        } else {
+            // SAFETY: the caller's contract on `config`.
+            match unsafe { read_blocking(config) } {
+                Ok(blocking) => Some(blocking),
+                Err(code) => return code,
+            }
+        };
+        let exclude = match usize::try_from(exclude_ranks_count) {
+            _ if exclude_ranks_list.is_null() => None,
+            Ok(len) if len > 0 => {
+                // SAFETY: the caller vouches for `len` writable ints; the
+                // slice lives only for this call (the job copies it).
+                Some(unsafe { std::slice::from_raw_parts_mut(exclude_ranks_list, len) })
+            }
+            _ => Some(&mut [][..]),
+        };
+        let slot = newcomm.expose_provenance();
+        let publish: crate::shrink::Publish = Box::new(move |handle| {
+            let newcomm = std::ptr::with_exposed_provenance_mut::<NcclComm>(slot);
+            // SAFETY: the caller keeps `*newcomm` writable until the
+            // parent stops reporting in progress, which happens only after
+            // this write (NCCL's contract for a non-blocking shrink).
+            unsafe { newcomm.write(handle) };
+        });
+        calls::shrink(comm, exclude, blocking, shrink_flags, publish)
+    })
+}
+
 /// `ncclCommFinalize`: blocking comms wait for their queued ops;
 /// non-blocking ones return `ncclInProgress` (poll the async error).
 #[unsafe(no_mangle)]

@@ -10,4 +10,5 @@ mod faults;
 mod lifecycle;
 mod p2p;
 mod processes;
+mod shrink;
 mod streams;
