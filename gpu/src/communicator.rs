@@ -5,8 +5,8 @@
 use crate::buffer::{DeviceBuffer, DeviceElement};
 use crate::enqueue::Call;
 use crate::error::{GpuError, GpuOp};
-use crate::flight::CommShared;
-use crate::init::{Options, init};
+use crate::flight::{CommShared, MadeBy};
+use crate::init::{Options, Parent, init};
 use crate::nccl::codes::{NcclDataType, NcclRedOp};
 use crate::nccl::library::NcclLibrary;
 use crate::pending::PendingCollective;
@@ -87,7 +87,7 @@ impl GpuBuilder<'_> {
             init_timeout: self.init_timeout.unwrap_or(timeout),
             compute: self.compute,
         };
-        let shared = init(self.cpu, &self.device, lib, options)?;
+        let shared = init(self.cpu, &self.device, lib, options, None)?;
         Ok(GpuCommunicator { shared })
     }
 }
@@ -178,20 +178,42 @@ impl GpuCommunicator {
     }
 
     /// Goes on after a lost rank (issue 45): `cpu` is the communicator
-    /// [`Communicator::shrink`] made from this one's CPU communicator. This
-    /// NCCL communicator is aborted (on a helper thread, under a deadline:
-    /// an op stuck on the lost rank does not hold it), and a new one is
-    /// made over `cpu`'s members, with a unique id of its own sent over
-    /// `cpu`, on the same device, library, timeout and compute stream.
-    /// Every member of `cpu` calls it.
+    /// [`Communicator::shrink`] made from this one's CPU communicator, and
+    /// every member of `cpu` calls it. The result is a GPU communicator of
+    /// `cpu`'s members on the same device, library, timeout and compute
+    /// stream. Where every member's NCCL has `ncclCommShrink` (2.27.3 and
+    /// newer) and the old communicator has no error of NCCL's own, it is
+    /// made by `ncclCommShrink` with `NCCL_SHRINK_ABORT` (no new unique
+    /// id; ops stuck on the lost rank are ended first); otherwise, or if
+    /// that fails on any member, this NCCL communicator is aborted and a
+    /// new one is made with a unique id sent over `cpu`. A `cpu` with
+    /// members this one did not have (after [`Communicator::admit`]) takes
+    /// the second way; a member that had no GPU communicator before calls
+    /// [`GpuCommunicator::new`] on `cpu` instead, and takes part in the
+    /// same exchange. Either way this communicator stays failed.
     pub fn shrink(&self, cpu: &Communicator) -> Result<GpuCommunicator, GpuError> {
-        self.shared
-            .abort("shrunk: a new communicator goes on without the lost ranks");
-        GpuCommunicator::builder(cpu, &self.shared.device)
-            .library(self.shared.lib.clone())
-            .timeout(self.shared.timeout)
-            .compute_stream(self.shared.compute.clone())
-            .build()
+        let shared = &self.shared;
+        shared.abort("shrunk: a new communicator goes on without the lost ranks");
+        let parent = shared.take_parked().map(|parked| Parent {
+            parked,
+            rank: shared.rank,
+            size: shared.size,
+            lineage: shared.lineage,
+        });
+        let options = Options {
+            timeout: shared.timeout,
+            init_timeout: shared.timeout,
+            compute: Some(shared.compute.clone()),
+        };
+        let shared = init(cpu, &shared.device, Ok(shared.lib.clone()), options, parent)?;
+        Ok(GpuCommunicator { shared })
+    }
+
+    /// Whether `ncclCommShrink` made this communicator (for tests: which
+    /// way [`GpuCommunicator::shrink`] went).
+    #[doc(hidden)]
+    pub fn made_by_nccl_shrink(&self) -> bool {
+        self.shared.made_by == MadeBy::Shrink
     }
 
     fn invalid<R: Send + 'static>(&self, op: GpuOp, detail: String) -> PendingCollective<R> {

@@ -6,6 +6,12 @@
 //! its own deadline, the CPU communicator's abort carries the failure to
 //! every rank (whose watchdogs then abort too: NCCL peers hang otherwise),
 //! and buffers are freed only once the stream has drained.
+//!
+//! Where the library has `ncclCommShrink`, a communicator failed by a
+//! lost peer (not by NCCL's own error) is *parked* instead of aborted:
+//! NCCL can shrink only a parent that is still there. `shrink` takes it
+//! (decision 0041); if nobody does within [`PARK_GRACE`] (or the
+//! communicator is dropped), it is aborted as above.
 
 use crate::enqueue::{Call, enqueue};
 use crate::error::{GpuError, GpuOp, OpAt};
@@ -25,6 +31,16 @@ pub(crate) const ABORT_DEADLINE: Duration = Duration::from_secs(30);
 /// How long an aborted communicator's stream may take to drain before its
 /// ops' buffers are leaked rather than freed under a possible writer.
 const DRAIN_DEADLINE: Duration = Duration::from_secs(10);
+/// How long ops may stay in flight after a member's links have failed
+/// before the communicator fails: ops the lost rank had already served
+/// finish within it.
+const LOST_GRACE: Duration = Duration::from_secs(1);
+/// How often the watchdog looks for lost members while ops are in flight.
+const LOST_CHECK_EVERY: Duration = Duration::from_millis(100);
+
+/// How long a failed communicator stays parked for a shrink, beyond its
+/// op timeout (the survivors' CPU shrink may take that long first).
+pub(crate) const PARK_GRACE: Duration = Duration::from_secs(30);
 
 /// An op queued on the device.
 pub(crate) struct InFlight {
@@ -35,15 +51,39 @@ pub(crate) struct InFlight {
     pub(crate) slot: Arc<dyn Completion>,
 }
 
+/// A failed NCCL communicator kept for `ncclCommShrink`, with the ops it
+/// failed (their buffers wait for its abort and drain).
+pub(crate) struct Parked {
+    pub(crate) comm: RawComm,
+    pub(crate) inflight: Vec<InFlight>,
+    /// When the watchdog aborts it if no shrink has taken it.
+    pub(crate) until: Instant,
+}
+
+/// How the NCCL communicator was made.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum MadeBy {
+    /// `ncclCommInitRankConfig` with a unique id.
+    UniqueId,
+    /// `ncclCommShrink` of the parent.
+    Shrink,
+}
+
 pub(crate) struct State {
-    /// `None` once aborted or destroyed.
+    /// `None` once aborted, destroyed or parked.
     pub(crate) comm: Option<RawComm>,
+    /// Failed, and kept for a shrink.
+    pub(crate) parked: Option<Parked>,
     pub(crate) inflight: VecDeque<InFlight>,
     pub(crate) next_seq: u64,
     /// The last op seen finished, for timeout messages.
     pub(crate) last_done: Option<u64>,
     /// Why the communicator failed, once it has.
     pub(crate) failure: Option<String>,
+    /// When the watchdog last looked for lost members, and since when it
+    /// has seen some while ops were in flight.
+    pub(crate) lost_check: Option<Instant>,
+    pub(crate) lost_since: Option<Instant>,
 }
 
 /// Why a communicator fails.
@@ -68,6 +108,12 @@ pub(crate) struct CommShared {
     pub(crate) cpu: Communicator,
     pub(crate) rank: usize,
     pub(crate) size: usize,
+    /// The same on every rank of this NCCL communicator, and different
+    /// for another (from the unique id, or from the parent's and the
+    /// excluded ranks): tells a shrink that all its ranks shrink one
+    /// parent.
+    pub(crate) lineage: u64,
+    pub(crate) made_by: MadeBy,
     pub(crate) timeout: Duration,
     pub(crate) compute: Stream,
     pub(crate) stream: Stream,
@@ -216,6 +262,17 @@ impl CommShared {
             return;
         };
         if state.failure.is_some() {
+            if state
+                .parked
+                .as_ref()
+                .is_some_and(|p| Instant::now() > p.until)
+            {
+                tracing::warn!(
+                    rank = self.rank,
+                    "no shrink took the failed GPU communicator within its grace; aborting it"
+                );
+                self.release_parked(&mut state);
+            }
             return;
         }
         while let Some(front) = state.inflight.front() {
@@ -255,6 +312,35 @@ impl CommShared {
         }
         if let Some(reason) = self.cpu.failure() {
             self.fail_locked(&mut state, Cause::Remote(reason));
+            return;
+        }
+        self.check_lost(&mut state);
+    }
+
+    /// Fails the communicator when ops are still in flight [`LOST_GRACE`]
+    /// after a member's links failed: NCCL would wait for it forever.
+    fn check_lost(&self, state: &mut State) {
+        let now = Instant::now();
+        if state.inflight.is_empty() {
+            state.lost_since = None;
+            return;
+        }
+        if state
+            .lost_check
+            .is_some_and(|at| now < at + LOST_CHECK_EVERY)
+        {
+            return;
+        }
+        state.lost_check = Some(now);
+        let lost = self.cpu.lost_ranks();
+        if lost.is_empty() {
+            state.lost_since = None;
+            return;
+        }
+        let since = *state.lost_since.get_or_insert(now);
+        if now >= since + LOST_GRACE {
+            let why = format!("lost rank(s) {lost:?}: their links failed with ops in flight");
+            self.fail_locked(state, Cause::Remote(why));
         }
     }
 
@@ -324,14 +410,30 @@ impl CommShared {
             self.cpu.abort(&format!("GPU communicator: {reason}"));
         }
         let comm = state.comm.take();
-        let lib = self.lib.clone();
-        let device = self.device.clone();
-        let rank = self.rank;
-        let spawned = std::thread::Builder::new()
-            .name("ringwire-gpu-abort".into())
-            .spawn(move || abort_and_drain(lib, device, comm, inflight, rank));
-        if let Err(e) = spawned {
-            tracing::error!(error = %e, "could not start the abort thread; the communicator leaks");
+        let by_peer = matches!(cause, Cause::Remote(_) | Cause::Timeout | Cause::Local(_));
+        if by_peer
+            && self.lib.has_shrink()
+            && let Some(comm) = comm
+        {
+            state.parked = Some(Parked {
+                comm,
+                inflight,
+                until: Instant::now() + self.timeout + PARK_GRACE,
+            });
+            return;
+        }
+        spawn_abort(&self.lib, &self.device, comm, inflight, self.rank);
+    }
+
+    /// Takes the parked communicator, for a shrink.
+    pub(crate) fn take_parked(&self) -> Option<Parked> {
+        lock(&self.state).parked.take()
+    }
+
+    fn release_parked(&self, state: &mut State) {
+        if let Some(parked) = state.parked.take() {
+            let Parked { comm, inflight, .. } = parked;
+            spawn_abort(&self.lib, &self.device, Some(comm), inflight, self.rank);
         }
     }
 
@@ -349,6 +451,7 @@ impl CommShared {
             std::thread::sleep(Duration::from_micros(200));
         }
         let mut state = lock(&self.state);
+        self.release_parked(&mut state);
         let Some(comm) = state.comm.take() else {
             return;
         };
@@ -398,6 +501,23 @@ impl Watched for CommShared {
 impl Drop for CommShared {
     fn drop(&mut self) {
         self.close();
+    }
+}
+
+/// [`abort_and_drain`] on a thread of its own.
+pub(crate) fn spawn_abort(
+    lib: &Arc<NcclLibrary>,
+    device: &Device,
+    comm: Option<RawComm>,
+    inflight: Vec<InFlight>,
+    rank: usize,
+) {
+    let (lib, device) = (lib.clone(), device.clone());
+    let spawned = std::thread::Builder::new()
+        .name("ringwire-gpu-abort".into())
+        .spawn(move || abort_and_drain(lib, device, comm, inflight, rank));
+    if let Err(e) = spawned {
+        tracing::error!(error = %e, "could not start the abort thread; the communicator leaks");
     }
 }
 

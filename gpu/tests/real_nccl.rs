@@ -66,7 +66,15 @@ fn the_real_library_loads_with_every_symbol_and_a_supported_version() {
                 path.display()
             );
         }
+        // ncclCommShrink came in 2.27.3: found exactly where it should be.
+        let exported = exports.lines().any(|l| l.ends_with(" ncclCommShrink"));
+        assert_eq!(exported, lib.version() >= NcclVersion::SHRINK, "{lib:?}");
     }
+    assert_eq!(
+        lib.has_shrink(),
+        lib.version() >= NcclVersion::SHRINK,
+        "{lib:?}"
+    );
 }
 
 #[test]

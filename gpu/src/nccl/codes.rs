@@ -132,6 +132,11 @@ impl NcclVersion {
     /// non-blocking communicators, which abort needs.
     pub const MINIMUM: NcclVersion = NcclVersion::new(2, 14, 3);
 
+    /// The first NCCL with `ncclCommShrink`, which
+    /// [`GpuCommunicator::shrink`](crate::GpuCommunicator::shrink) uses
+    /// where the library has it.
+    pub const SHRINK: NcclVersion = NcclVersion::new(2, 27, 3);
+
     /// The version `major.minor.patch`.
     pub const fn new(major: u32, minor: u32, patch: u32) -> NcclVersion {
         NcclVersion {

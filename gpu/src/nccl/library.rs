@@ -87,6 +87,14 @@ type CommCall = unsafe extern "C" fn(*mut c_void) -> NcclResult;
 type GetAsyncError = unsafe extern "C" fn(*mut c_void, *mut NcclResult) -> NcclResult;
 type CommInt = unsafe extern "C" fn(*mut c_void, *mut c_int) -> NcclResult;
 type Group = unsafe extern "C" fn() -> NcclResult;
+type Shrink = unsafe extern "C" fn(
+    *mut c_void,
+    *mut c_int,
+    c_int,
+    *mut *mut c_void,
+    *mut Config,
+    c_int,
+) -> NcclResult;
 type AllReduce = unsafe extern "C" fn(
     *const c_void,
     *mut c_void,
@@ -192,11 +200,47 @@ pub(crate) const REQUIRED_SYMBOLS: [&str; 21] = [
     "ncclRecv",
 ];
 
+/// `NCCL_SHRINK_ABORT`: end the parent's running ops before shrinking.
+const SHRINK_ABORT: c_int = 0x01;
+
+/// Where a non-blocking `ncclCommShrink` writes the new communicator: a
+/// heap cell NCCL's thread writes when the job ends, which may be after
+/// the caller has given up on it. [`ShrinkSlot::take`] frees it once
+/// the parent has settled; a slot dropped without it is leaked, never
+/// freed under a late write.
+#[derive(Debug)]
+pub(crate) struct ShrinkSlot(usize);
+
+impl ShrinkSlot {
+    fn new() -> ShrinkSlot {
+        let cell: Box<*mut c_void> = Box::new(std::ptr::null_mut());
+        ShrinkSlot(Box::into_raw(cell).expose_provenance())
+    }
+
+    fn ptr(&self) -> *mut *mut c_void {
+        std::ptr::with_exposed_provenance_mut(self.0)
+    }
+
+    /// The communicator NCCL wrote, if any; call only once the parent's
+    /// async error no longer reports in progress (NCCL writes the cell
+    /// before that).
+    pub(crate) fn take(self) -> Option<RawComm> {
+        // SAFETY: the cell came from `Box::into_raw` in `new` and is freed
+        // only here, by value; NCCL's job wrote it before the parent left
+        // in-progress, which the caller has seen, so nothing writes it now.
+        let cell = unsafe { Box::from_raw(self.ptr()) };
+        let comm = *cell;
+        (!comm.is_null()).then_some(RawComm(comm as usize))
+    }
+}
+
 /// An opened NCCL (or the stand-in): its path, version and symbols.
 pub struct NcclLibrary {
     path: PathBuf,
     version: NcclVersion,
     symbols: Symbols,
+    /// `ncclCommShrink`, where the library is 2.27.3 or newer.
+    shrink: Option<Shrink>,
     /// The loaded library, for the stand-in's host streams
     /// (`runtime::host`), which it exports beside NCCL's symbols.
     pub(crate) library: &'static Library,
@@ -294,10 +338,19 @@ impl NcclLibrary {
                 minimum: NcclVersion::MINIMUM,
             });
         }
+        let shrink = if version >= NcclVersion::SHRINK {
+            // SAFETY: the prototype of nccl.h 2.27.3 to 2.30
+            // (`ncclCommShrink(ncclComm_t, int*, int, ncclComm_t*,
+            // ncclConfig_t*, int)`), unchanged since it came.
+            unsafe { symbol::<Shrink>(library, "ncclCommShrink") }.ok()
+        } else {
+            None
+        };
         Ok(Arc::new(NcclLibrary {
             path: path.to_path_buf(),
             version,
             symbols,
+            shrink,
             library,
         }))
     }
@@ -312,7 +365,6 @@ impl NcclLibrary {
         GLOBAL.get_or_init(find).clone()
     }
 
-    /// Where it was loaded from.
     /// The C symbols ringwire binds, every one of which a library must
     /// export to open (NCCL 2.14 and newer do).
     pub const REQUIRED_SYMBOLS: [&'static str; 21] = REQUIRED_SYMBOLS;
@@ -325,6 +377,13 @@ impl NcclLibrary {
     /// What `ncclGetVersion` said.
     pub fn version(&self) -> NcclVersion {
         self.version
+    }
+
+    /// Whether the library has `ncclCommShrink` (NCCL 2.27.3 and newer),
+    /// which [`GpuCommunicator::shrink`](crate::GpuCommunicator::shrink)
+    /// then uses instead of making a new communicator.
+    pub fn has_shrink(&self) -> bool {
+        self.shrink.is_some()
     }
 
     /// `ncclGetErrorString(code)`.
@@ -380,6 +439,39 @@ impl NcclLibrary {
         };
         let comm = (!comm.is_null()).then_some(RawComm(comm as usize));
         (comm, result)
+    }
+
+    /// `ncclCommShrink(parent, exclude, .., NULL config, flags)` with
+    /// `NCCL_SHRINK_ABORT` when `abort_first`: the call's result (usually
+    /// `ncclInProgress`: poll the parent) and the slot the child is
+    /// written to. `None` when the library has no `ncclCommShrink`. The
+    /// parent must be non-blocking (ringwire's are): NULL inherits that.
+    pub(crate) fn shrink_non_blocking(
+        &self,
+        parent: &RawComm,
+        exclude: &[usize],
+        abort_first: bool,
+    ) -> Option<(NcclResult, ShrinkSlot)> {
+        let shrink = self.shrink?;
+        // NCCL sorts the list in place: it gets a copy of its own.
+        let mut list: Vec<c_int> = exclude.iter().map(|&r| r as c_int).collect();
+        let slot = ShrinkSlot::new();
+        let flags = if abort_first { SHRINK_ABORT } else { 0 };
+        // SAFETY: a live comm; the list is valid for its length during the
+        // call (NCCL copies it for its job); the slot is a heap cell that
+        // outlives any write (see `ShrinkSlot`); a NULL config inherits the
+        // parent's.
+        let result = unsafe {
+            shrink(
+                parent.ptr(),
+                list.as_mut_ptr(),
+                list.len() as c_int,
+                slot.ptr(),
+                std::ptr::null_mut(),
+                flags,
+            )
+        };
+        Some((result, slot))
     }
 
     /// `ncclCommGetAsyncError`: the comm's state (in progress, success or
