@@ -13,22 +13,16 @@ use std::time::Duration;
 const RANK: &str = "RINGWIRE_GPU_TEST_RANK";
 const WORLD: usize = 3;
 
-#[test]
-fn three_processes_reduce_gather_and_meet() {
-    if let Ok(rank) = std::env::var(RANK) {
-        return child(rank.parse().unwrap());
-    }
+/// Starts `WORLD` children running test `name`, each told its rank and
+/// the store; their outputs, in rank order.
+fn spawn_ranks(name: &str) -> Vec<(std::process::ExitStatus, String)> {
     let store = ringwire::store::StoreServer::bind("127.0.0.1:0".parse().unwrap()).unwrap();
     let port = store.local_addr().port().to_string();
     let lib = common::standin_path();
     let children: Vec<_> = (0..WORLD)
         .map(|rank| {
             std::process::Command::new(std::env::current_exe().unwrap())
-                .args([
-                    "--exact",
-                    "three_processes_reduce_gather_and_meet",
-                    "--nocapture",
-                ])
+                .args(["--exact", name, "--nocapture"])
                 .env(RANK, rank.to_string())
                 .env("RINGWIRE_TEST_STORE_PORT", &port)
                 .env("RINGWIRE_STANDIN_NCCL", &lib)
@@ -38,22 +32,22 @@ fn three_processes_reduce_gather_and_meet() {
                 .unwrap()
         })
         .collect();
-    for (rank, child) in children.into_iter().enumerate() {
-        let out = child.wait_with_output().unwrap();
-        let text = format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        assert!(out.status.success(), "rank {rank}:\n{text}");
-        assert!(
-            text.contains(&format!("rank {rank} checked")),
-            "rank {rank}:\n{text}"
-        );
-    }
+    children
+        .into_iter()
+        .map(|child| {
+            let out = child.wait_with_output().unwrap();
+            let text = format!(
+                "{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+            (out.status, text)
+        })
+        .collect()
 }
 
-fn child(rank: usize) {
+/// A rank's CPU and GPU communicators, from the store the parent hosts.
+fn join(rank: usize) -> (Communicator, GpuCommunicator) {
     let port: u16 = std::env::var("RINGWIRE_TEST_STORE_PORT")
         .unwrap()
         .parse()
@@ -73,6 +67,82 @@ fn child(rank: usize) {
         .library(lib)
         .build()
         .expect("gpu communicator");
+    (cpu, gpu)
+}
+
+/// Issue 45 in processes: rank 2 is killed (SIGKILL) while the others'
+/// all-reduce waits for it. Their op fails naming it, they shrink the
+/// CPU communicator and then the GPU one through `ncclCommShrink`, and
+/// the two go on.
+#[test]
+fn a_killed_rank_is_shrunk_away_by_the_others() {
+    const NAME: &str = "a_killed_rank_is_shrunk_away_by_the_others";
+    if let Ok(rank) = std::env::var(RANK) {
+        return survive_a_kill(rank.parse().unwrap());
+    }
+    for (rank, (status, text)) in spawn_ranks(NAME).into_iter().enumerate() {
+        if rank == 2 {
+            use std::os::unix::process::ExitStatusExt;
+            assert_eq!(status.signal(), Some(9), "rank 2 was killed:\n{text}");
+            continue;
+        }
+        assert!(status.success(), "rank {rank}:\n{text}");
+        assert!(
+            text.contains(&format!("rank {rank} went on")),
+            "rank {rank}:\n{text}"
+        );
+    }
+}
+
+fn survive_a_kill(rank: usize) {
+    let (cpu, gpu) = join(rank);
+    gpu.barrier().wait().expect("a barrier of all three");
+    if rank == 2 {
+        // The process ends here, as a crash would end it.
+        let _ = std::process::Command::new("kill")
+            .args(["-9", &std::process::id().to_string()])
+            .status();
+        std::thread::sleep(Duration::from_secs(60));
+        unreachable!("SIGKILL ends the process");
+    }
+    let stuck = gpu
+        .all_reduce(HostBuffer::new(vec![1f32; 64]), ReduceOp::Sum)
+        .wait()
+        .expect_err("an op that waits for the killed rank");
+    assert!(stuck.to_string().contains("lost rank(s) [2]"), "{stuck}");
+    let _ = cpu.all_reduce(vec![1u8; 4], ReduceOp::Sum).wait();
+    let shrunk = cpu.shrink().wait().expect("CPU shrink");
+    let smaller = gpu.shrink(&shrunk).expect("GPU shrink");
+    assert!(smaller.made_by_nccl_shrink());
+    let sum = smaller
+        .all_reduce(
+            HostBuffer::new(vec![rank as f32 + 1.0; 1001]),
+            ReduceOp::Sum,
+        )
+        .wait()
+        .expect("an all-reduce of the two")
+        .into_vec();
+    assert!(sum.iter().all(|&x| x == 3.0), "{:?}", &sum[..4]);
+    println!("rank {rank} went on");
+}
+
+#[test]
+fn three_processes_reduce_gather_and_meet() {
+    if let Ok(rank) = std::env::var(RANK) {
+        return child(rank.parse().unwrap());
+    }
+    let ranks = spawn_ranks("three_processes_reduce_gather_and_meet");
+    for (rank, (status, text)) in ranks.into_iter().enumerate() {
+        assert!(status.success(), "rank {rank}:\n{text}");
+        assert!(
+            text.contains(&format!("rank {rank} checked")),
+            "rank {rank}:\n{text}"
+        );
+    }
+}
+
+fn child(rank: usize) {
+    let (_cpu, gpu) = join(rank);
     let summed = gpu
         .all_reduce(
             HostBuffer::new(vec![rank as f32 + 1.0; 1001]),

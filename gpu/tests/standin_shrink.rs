@@ -210,3 +210,68 @@ fn a_communicator_failed_by_nccls_own_error_is_not_shrunk() {
         3,
     );
 }
+
+/// Rank 2 of 3 goes; the survivors shrink (through `ncclCommShrink`), a
+/// replacement joins and is admitted, and the members shrink their GPU
+/// communicator onto the admitted CPU one while the newcomer makes its
+/// first: a newcomer has no parent to shrink, so all of them make a new
+/// NCCL communicator together, of all three.
+#[test]
+fn a_replacement_joins_the_members_gpu_communicator() {
+    let (store, mut cpu) = cpu_group(3, TIMEOUT);
+    let addr = store.local_addr();
+    let mut gpus = on_all(&cpu, build);
+    lose_last(&mut cpu, &mut gpus);
+    let pairs: Vec<_> = cpu.iter().zip(gpus.iter()).collect();
+    let survivors = on_all(&pairs, |(c, g)| survive(c, g));
+    drop(pairs);
+    drop((cpu, gpus));
+    let newcomer = std::thread::spawn(move || {
+        let c = Communicator::builder()
+            .rank(2)
+            .world_size(3)
+            .store_addr(addr)
+            .host_store(false)
+            .timeout(TIMEOUT)
+            .connect_timeout(Duration::from_secs(20))
+            .rejoin(true)
+            .build()
+            .wait()
+            .expect("the replacement is admitted");
+        let g = build(&c);
+        (c, g)
+    });
+    for (c, ..) in &survivors {
+        while c.joiners_waiting().expect("the store") == 0 {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+    let members = on_all(&survivors, |(c, g, _, native)| {
+        assert!(native);
+        let admitted = c.admit().wait().expect("admit");
+        let g = g
+            .shrink(&admitted)
+            .expect("the GPU communicator of all three");
+        (admitted, g)
+    });
+    let (c2, g2) = newcomer.join().expect("the newcomer's thread");
+    let mut all: Vec<(Communicator, GpuCommunicator)> = members;
+    all.push((c2, g2));
+    let sums = on_all(&all, |(c, g)| {
+        assert_eq!((g.rank(), g.world_size()), (c.rank(), 3));
+        assert!(
+            !g.made_by_nccl_shrink(),
+            "a newcomer needs a new communicator"
+        );
+        g.all_reduce(
+            HostBuffer::new(vec![(c.rank() + 1) as f32; 77]),
+            ReduceOp::Sum,
+        )
+        .wait()
+        .expect("an all-reduce of all three")
+        .into_vec()
+    });
+    for sum in sums {
+        assert!(sum.iter().all(|&x| x == 6.0), "{}", sum[0]);
+    }
+}
