@@ -351,3 +351,63 @@ fn hierarchical_all_reduce_across_two_hosts_on_one_gpu() {
         }
     }
 }
+
+/// Issue 45 on real NCCL (decision 0041): three ranks on one GPU, rank 2
+/// goes while the others' all-reduce waits for it; they shrink the CPU
+/// communicator, then the GPU one. Prints which way it was made
+/// (`ncclCommShrink`, or a new unique id where NCCL refused the parent)
+/// and how long it took: the number decision 0041 asks a GPU for.
+#[test]
+#[ignore = "needs a GPU: run gpu/scripts/gpu-test.sh"]
+fn survivors_shrink_on_real_nccl() {
+    let lib = NcclLibrary::global().expect("NCCL");
+    if lib.version() < NcclVersion::new(2, 30, 0)
+        || std::env::var("NCCL_MULTI_RANK_GPU_ENABLE").as_deref() != Ok("1")
+    {
+        eprintln!(
+            "skipped: three ranks on one GPU need NCCL 2.30 and NCCL_MULTI_RANK_GPU_ENABLE=1"
+        );
+        return;
+    }
+    let ctx = context();
+    let (_store, mut cpu) = cpu_group(3);
+    let device = Device::from_cuda_context(ctx.clone());
+    let mut gpus: Vec<_> = on_all(&cpu, |c| {
+        GpuCommunicator::builder(c, &device)
+            .timeout(Duration::from_secs(20))
+            .build()
+            .expect("init")
+    });
+    let stream = ctx.default_stream();
+    let stuck: Vec<_> = gpus[..2]
+        .iter()
+        .map(|g| g.all_reduce(up(&stream, &[1.0f32; 4096]), ReduceOp::Sum))
+        .collect();
+    std::thread::sleep(Duration::from_millis(200));
+    drop(gpus.pop());
+    drop(cpu.pop());
+    for op in stuck {
+        let err = op.wait().expect_err("the op waited for the lost rank");
+        eprintln!("the stuck op: {err}");
+    }
+    let pairs: Vec<_> = cpu.iter().zip(gpus.iter()).collect();
+    let outcomes = on_all(&pairs, |(c, g)| {
+        let _ = c.all_reduce(vec![1u8; 4], ReduceOp::Sum).wait();
+        let shrunk = c.shrink().wait().expect("CPU shrink");
+        let started = std::time::Instant::now();
+        let smaller = g.shrink(&shrunk).expect("GPU shrink");
+        let took = started.elapsed();
+        let stream = ctx.default_stream();
+        let sum = smaller
+            .all_reduce(up(&stream, &[(c.rank() + 1) as f32; 1000]), ReduceOp::Sum)
+            .wait()
+            .expect("an all-reduce of the two");
+        (down(&stream, &sum), smaller.made_by_nccl_shrink(), took)
+    });
+    for (rank, (sum, native, took)) in outcomes.into_iter().enumerate() {
+        eprintln!(
+            "rank {rank}: made by ncclCommShrink: {native}; GpuCommunicator::shrink took {took:?}"
+        );
+        assert!(sum.iter().all(|&x| x == 3.0), "rank {rank}: {}", sum[0]);
+    }
+}
