@@ -451,3 +451,81 @@ fn a_communicator_takes_in_only_ranks_of_its_own_line() {
     let still_alone = alone.admit().wait().unwrap();
     assert_eq!(still_alone.world_size(), 1);
 }
+
+/// A replacement whose `ReducerConfig` differs from the members' (other
+/// bucket caps: other buckets) fails on every rank, naming it, instead of
+/// reducing mismatched buckets later.
+#[test]
+fn a_replacement_with_another_reducer_config_is_refused_on_every_rank() {
+    let store = StoreServer::bind("127.0.0.1:0".parse().unwrap()).unwrap();
+    let addr = store.local_addr();
+    let (world, lost) = (3, 2);
+    let layout = || {
+        let mut l = Layout::new();
+        l.push("w", 1000, DType::F32);
+        l.push("b", 10, DType::F32);
+        l
+    };
+    let config = |cap: usize| ReducerConfig {
+        bucket_cap_bytes: cap,
+        first_bucket_bytes: 1024,
+        ..ReducerConfig::default()
+    };
+    let mut comms = launch(addr, world);
+    let mut reducers: Vec<GradReducer> = on_all(&comms, |c| {
+        GradReducer::new(c, layout(), config(2048)).unwrap()
+    });
+    drop(comms.remove(lost));
+    reducers.remove(lost);
+    let _ = on_all(&comms, |c| c.all_reduce(vec![1u8; 4], ReduceOp::Sum).wait());
+    let survivors: Vec<Communicator> = std::thread::scope(|s| {
+        let hs: Vec<_> = comms
+            .iter()
+            .zip(reducers.iter_mut())
+            .map(|(c, ddp)| {
+                s.spawn(move || {
+                    let shrunk = c.shrink().wait().unwrap();
+                    ddp.recover(&shrunk).unwrap();
+                    shrunk
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let newcomer = std::thread::spawn(move || {
+        let comm = builder(addr, lost, world)
+            .rejoin(true)
+            .build()
+            .wait()
+            .unwrap();
+        GradReducer::rejoin(&comm, layout(), config(8192)).map(drop)
+    });
+    until_waiting(&survivors, 1);
+    let members: Vec<Result<(), TrainError>> = std::thread::scope(|s| {
+        let hs: Vec<_> = survivors
+            .iter()
+            .zip(reducers.iter_mut())
+            .map(|(c, ddp)| {
+                s.spawn(move || {
+                    let admitted = c.admit().wait().unwrap();
+                    ddp.recover(&admitted)
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for outcome in members.into_iter().chain([newcomer.join().unwrap()]) {
+        match outcome {
+            Err(TrainError::ConfigDiffers {
+                rank,
+                root,
+                ref theirs,
+                ..
+            }) => {
+                assert_eq!((rank, root), (lost, 0), "{outcome:?}");
+                assert!(theirs.contains("bucket_cap_bytes 8192"), "{theirs}");
+            }
+            other => panic!("expected ConfigDiffers, got {other:?}"),
+        }
+    }
+}

@@ -172,6 +172,23 @@ pub enum TrainError {
         elements: usize,
     },
 
+    /// A replacement's [`ReducerConfig`] differs from the members': its
+    /// buckets would not match theirs.
+    #[error(
+        "the GradReducer config differs across ranks: rank {rank} has {theirs}, rank {root} \
+         (whose bucket order the others take) has {reference}"
+    )]
+    ConfigDiffers {
+        /// The first rank whose config differs.
+        rank: usize,
+        /// Its config.
+        theirs: String,
+        /// The rank whose config the others were checked against.
+        root: usize,
+        /// That rank's config.
+        reference: String,
+    },
+
     /// Ranks that do not make whole shard groups.
     #[error("{ranks} ranks do not make groups of {group}: the group size must divide the ranks")]
     BadGroups {

@@ -292,6 +292,7 @@ impl GradReducer {
                     .into(),
             });
         };
+        self.same_config(root)?;
         let mut mine: Vec<i64> = self
             .buckets
             .iter()
@@ -311,6 +312,56 @@ impl GradReducer {
             self.observed = (*pending == 1).then(|| Vec::with_capacity(self.layout.len()));
         }
         Ok(())
+    }
+
+    /// Fails on every rank, naming the first that differs, unless every
+    /// rank's config is `root`'s: a replacement made with other bucket
+    /// caps or another hook would build other buckets. Collective.
+    fn same_config(&self, root: usize) -> Result<(), TrainError> {
+        let c = &self.config;
+        let hook = match c.hook {
+            CommHook::Avg => 0,
+            CommHook::Bf16Wire => 1,
+            CommHook::F16Wire => 2,
+        };
+        let unused = match c.unused {
+            Unused::Error => 0,
+            Unused::Zero => 1,
+        };
+        let mine = [
+            c.bucket_cap_bytes as i64,
+            c.first_bucket_bytes as i64,
+            hook,
+            i64::from(c.rebuild_buckets),
+            unused,
+        ];
+        let mut all = vec![0i64; mine.len() * self.comm.world_size()];
+        self.comm
+            .all_gather_slice(&mine, &mut all)
+            .map_err(|e| TrainError::from(e).context("comparing the reducer configs".into()))?;
+        let configs: Vec<&[i64]> = all.chunks_exact(mine.len()).collect();
+        let describe = |v: &[i64]| {
+            let hook = ["Avg", "Bf16Wire", "F16Wire"]
+                .get(v[2] as usize)
+                .unwrap_or(&"?");
+            let unused = ["Error", "Zero"].get(v[4] as usize).unwrap_or(&"?");
+            format!(
+                "bucket_cap_bytes {}, first_bucket_bytes {}, hook {hook}, rebuild_buckets {}, \
+                 unused {unused}",
+                v[0],
+                v[1],
+                v[3] != 0,
+            )
+        };
+        match configs.iter().position(|v| *v != configs[root]) {
+            None => Ok(()),
+            Some(rank) => Err(TrainError::ConfigDiffers {
+                rank,
+                theirs: describe(configs[rank]),
+                root,
+                reference: describe(configs[root]),
+            }),
+        }
     }
 
     /// The layout this reducer was made with.
