@@ -164,7 +164,7 @@ impl Mesh {
         let hub = Arc::new(Hub {
             me,
             max_payload: config.max_payload,
-            peers: PeerTable::new(me, world),
+            peers: PeerTable::new(me, world, &incarnations),
             linker: Linker::new(
                 (me, incarnations.get(me).copied().unwrap_or(0)),
                 job_id,
@@ -306,7 +306,13 @@ impl Hub {
     /// Starts the plane of an established link to `peer`.
     fn start_link(self: &Arc<Self>, peer: usize, link: Established) -> io::Result<Arc<Link>> {
         let kind = link.conn.kind();
-        let fabric: Arc<dyn Fabric> = self.clone();
+        // Made to the peer's current process (a dial goes to its place, an
+        // accepted hello was checked against it).
+        let fabric: Arc<dyn Fabric> = Arc::new(LinkFabric {
+            hub: self.clone(),
+            peer,
+            incarnation: self.peers.incarnation(peer),
+        });
         let plane = self.planes.make(&fabric, peer, link)?;
         Ok(Arc::new(Link { kind, plane }))
     }
@@ -329,6 +335,22 @@ impl Hub {
     /// a heartbeat meeting the closed socket first must not throw away),
     /// and the link fails when its receiving side ends.
     fn fail(&self, peer: usize, failure: LinkFailure) {
+        self.fail_link(peer, failure, None);
+    }
+
+    /// [`Hub::fail`], for a failure the link to `peer`'s process `from`
+    /// reported (`None`: not a link's): a replaced process's link
+    /// reporting late changes nothing.
+    fn fail_link(&self, peer: usize, failure: LinkFailure, from: Option<u32>) {
+        if from.is_some_and(|inc| !self.peers.is_current(peer, inc)) {
+            tracing::debug!(
+                rank = self.me,
+                peer,
+                ?failure,
+                "a replaced process's link failed late; ignored"
+            );
+            return;
+        }
         // (A link this rank stopped reading, its peer far ahead, might
         // not see its end: it fails now.)
         if matches!(failure, LinkFailure::Io { sending: true, .. })
@@ -344,7 +366,12 @@ impl Hub {
             link.plane.stop_sending();
             return;
         }
-        if self.peers.fail(Loss::new(peer, failure)) {
+        let loss = Loss::new(peer, failure);
+        let failed = match from {
+            Some(incarnation) => self.peers.fail_from(loss, incarnation),
+            None => self.peers.fail(loss),
+        };
+        if failed {
             self.inboxes.peer_lost(peer);
         }
     }
@@ -423,6 +450,53 @@ impl Fabric for Hub {
 
     fn inboxes(&self) -> &Inboxes {
         &self.inboxes
+    }
+}
+
+/// The hub as the plane of one link sees it: the link's failures are
+/// tagged with the process it was made to, so that a replaced rank's old
+/// link, failing late, cannot fail the link to its replacement. Only its
+/// own peer's: the shared-memory and io_uring planes also drain other
+/// links through a link's fabric, and those reports go by index alone
+/// (decision 0040 says what is left open).
+struct LinkFabric {
+    hub: Arc<Hub>,
+    peer: usize,
+    incarnation: u32,
+}
+
+impl Fabric for LinkFabric {
+    fn header(&self, peer: usize, head: &[u8]) -> Result<Header, LinkFailure> {
+        self.hub.header(peer, head)
+    }
+
+    fn arrived(&self, peer: usize, header: Header, payload: AlignedBuf, wake: bool) {
+        self.hub.arrived(peer, header, payload, wake);
+    }
+
+    fn failed(&self, peer: usize, failure: LinkFailure) {
+        let from = (peer == self.peer).then_some(self.incarnation);
+        self.hub.fail_link(peer, failure, from);
+    }
+
+    fn aborted(&self, comm_id: u64) -> Option<LinkError> {
+        self.hub.aborted(comm_id)
+    }
+
+    fn failure(&self, peer: usize) -> Option<Loss> {
+        self.hub.failure(peer)
+    }
+
+    fn sent(&self, peer: usize) {
+        self.hub.sent(peer);
+    }
+
+    fn heard(&self, peer: usize) {
+        self.hub.heard(peer);
+    }
+
+    fn inboxes(&self) -> &Inboxes {
+        self.hub.inboxes()
     }
 }
 
@@ -676,11 +750,12 @@ impl Transport for Mesh {
     fn replace_peer(&self, peer: usize, place: PeerPlace) -> Result<(), LinkError> {
         let hub = &self.hub;
         // The new place first: a dial or hello from now on meets it.
+        let incarnation = place.incarnation;
         hub.linker.replace(peer, place);
         // The old process's link is over (shut down if this rank still
         // held it); what it left in the inboxes of its communicators, run
         // ahead or pausing its link, holds nobody back.
-        hub.peers.reset(peer)?;
+        hub.peers.reset(peer, incarnation)?;
         hub.inboxes.peer_lost(peer);
         hub.inboxes.peer_back(peer);
         hub.control.heard(peer);

@@ -29,7 +29,7 @@ use std::collections::HashMap;
 use std::io::{self, Read};
 use std::net::SocketAddr;
 use std::os::unix::net::SocketAddr as UnixAddr;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
@@ -64,18 +64,56 @@ pub(crate) enum Found {
 pub(crate) struct PeerTable {
     me: usize,
     states: Mutex<Vec<PeerState>>,
+    /// Each peer's process (its incarnation, decision 0040): what a link
+    /// made now links to. A link's failure counts only while it matches.
+    incarnations: Vec<AtomicU32>,
     changed: Condvar,
     closing: AtomicBool,
 }
 
 impl PeerTable {
-    pub(crate) fn new(me: usize, world: usize) -> PeerTable {
+    /// A table of `world` peers; `incarnations` says each's current
+    /// process (0 where it says nothing).
+    pub(crate) fn new(me: usize, world: usize, incarnations: &[u32]) -> PeerTable {
         PeerTable {
             me,
             states: Mutex::new((0..world).map(|_| PeerState::Absent).collect()),
+            incarnations: (0..world)
+                .map(|p| AtomicU32::new(incarnations.get(p).copied().unwrap_or(0)))
+                .collect(),
             changed: Condvar::new(),
             closing: AtomicBool::new(false),
         }
+    }
+
+    /// The process of `peer` that links are made to now.
+    pub(crate) fn incarnation(&self, peer: usize) -> u32 {
+        self.incarnations
+            .get(peer)
+            .map_or(0, |i| i.load(Ordering::Acquire))
+    }
+
+    /// Whether a link made to `peer`'s process `incarnation` is still the
+    /// peer's (not a replaced process's, reporting late).
+    pub(crate) fn is_current(&self, peer: usize, incarnation: u32) -> bool {
+        self.incarnation(peer) == incarnation
+    }
+
+    /// [`PeerTable::fail`] for a failure a link to process `incarnation`
+    /// reported: ignored (false) once the peer's place went to another
+    /// process, whatever the state of the link to that one (being dialed,
+    /// up, or failed for its own reason).
+    pub(crate) fn fail_from(&self, loss: Loss, incarnation: u32) -> bool {
+        if !self.is_current(loss.peer, incarnation) {
+            tracing::debug!(
+                rank = self.me,
+                peer = loss.peer,
+                incarnation,
+                "a replaced process's link failed late; ignored"
+            );
+            return false;
+        }
+        self.fail(loss)
     }
 
     /// The link to `peer`, or the claim to dial it (a lower rank's job),
@@ -184,14 +222,17 @@ impl PeerTable {
     }
 
     /// Forgets the link to `peer` (shutting it down if it is up): a
-    /// replacement takes the rank's place, and the next op dials it or
-    /// waits for its dial (decision 0040).
-    pub(crate) fn reset(&self, peer: usize) -> Result<(), LinkError> {
+    /// replacement (process `incarnation`) takes the rank's place, and the
+    /// next op dials it or waits for its dial (decision 0040).
+    pub(crate) fn reset(&self, peer: usize, incarnation: u32) -> Result<(), LinkError> {
         {
             let mut states = lock(&self.states);
             let Some(state) = states.get_mut(peer) else {
                 return Err(closed(peer));
             };
+            // Under the lock: a dial that finds the peer absent sees the
+            // new process's number.
+            self.incarnations[peer].store(incarnation, Ordering::Release);
             if let PeerState::Ready(link) = state {
                 link.plane.shut_down();
             }
@@ -476,5 +517,34 @@ pub(crate) fn describe_unix(addr: &UnixAddr) -> String {
         (Some(name), _) => format!("unix:@{}", String::from_utf8_lossy(name)),
         (None, Some(path)) => format!("unix:{}", path.display()),
         (None, None) => "unix:(unnamed)".into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn loss(peer: usize) -> Loss {
+        Loss::new(peer, LinkFailure::TransportClosed)
+    }
+
+    /// Decision 0040's window: the replaced process's old link reports
+    /// its failure after the link to the replacement is being made.
+    #[test]
+    fn a_replaced_processs_late_failure_leaves_the_new_link_alone() {
+        let table = PeerTable::new(0, 3, &[]);
+        assert!(table.claim_absent(2));
+        table.reset(2, 1).unwrap();
+        assert_eq!(table.incarnation(2), 1);
+        assert!(table.claim_absent(2), "the replacement is dialed");
+        assert!(!table.fail_from(loss(2), 0), "the old link's failure");
+        assert!(table.failure(2).is_none());
+        assert!(!table.is_absent(2), "still being dialed");
+        // The replacement's own link failing does count.
+        assert!(table.fail_from(loss(2), 1));
+        assert!(table.failure(2).is_some());
+        // Other peers are untouched by either.
+        assert!(table.is_absent(1));
+        assert!(table.fail_from(loss(1), 0));
     }
 }
