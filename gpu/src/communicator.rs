@@ -150,7 +150,8 @@ impl GpuCommunicator {
 
     /// Fails the communicator here and on every rank: pending and later
     /// ops end with [`GpuError::Aborted`], and NCCL's communicator is
-    /// aborted (on a helper thread, under a deadline).
+    /// aborted (on a helper thread, under a deadline), also one that a
+    /// failure kept for [`GpuCommunicator::shrink`].
     pub fn abort(&self, reason: &str) {
         self.shared.abort(reason);
     }
@@ -193,8 +194,7 @@ impl GpuCommunicator {
     /// same exchange. Either way this communicator stays failed.
     pub fn shrink(&self, cpu: &Communicator) -> Result<GpuCommunicator, GpuError> {
         let shared = &self.shared;
-        shared.abort("shrunk: a new communicator goes on without the lost ranks");
-        let parent = shared.take_parked().map(|parked| Parent {
+        let parent = shared.park_for_shrink().map(|parked| Parent {
             parked,
             rank: shared.rank,
             size: shared.size,
@@ -202,7 +202,7 @@ impl GpuCommunicator {
         });
         let options = Options {
             timeout: shared.timeout,
-            init_timeout: shared.timeout,
+            init_timeout: shared.init_timeout,
             compute: Some(shared.compute.clone()),
         };
         let shared = init(cpu, &shared.device, Ok(shared.lib.clone()), options, parent)?;

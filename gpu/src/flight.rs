@@ -8,9 +8,10 @@
 //! and buffers are freed only once the stream has drained.
 //!
 //! Where the library has `ncclCommShrink`, a communicator failed by a
-//! lost peer (not by NCCL's own error) is *parked* instead of aborted:
-//! NCCL can shrink only a parent that is still there. `shrink` takes it
-//! (decision 0041); if nobody does within [`PARK_GRACE`] (or the
+//! lost or hung peer (not by NCCL's own error, nor by a user's abort) is
+//! *parked* instead of aborted: NCCL can shrink only a parent that is
+//! still there. `shrink` takes it (decision 0041); if nobody does within
+//! the op timeout plus [`PARK_GRACE`] (or `abort()` is called, or the
 //! communicator is dropped), it is aborted as above.
 
 use crate::enqueue::{Call, enqueue};
@@ -31,10 +32,10 @@ pub(crate) const ABORT_DEADLINE: Duration = Duration::from_secs(30);
 /// How long an aborted communicator's stream may take to drain before its
 /// ops' buffers are leaked rather than freed under a possible writer.
 const DRAIN_DEADLINE: Duration = Duration::from_secs(10);
-/// How long ops may stay in flight after a member's links have failed
-/// before the communicator fails: ops the lost rank had already served
-/// finish within it.
-const LOST_GRACE: Duration = Duration::from_secs(1);
+/// How long ops may stay in flight, none finishing, after a member's
+/// links have failed before the communicator fails: ops the lost rank had
+/// already served finish within it.
+const LOST_GRACE: Duration = Duration::from_secs(2);
 /// How often the watchdog looks for lost members while ops are in flight.
 const LOST_CHECK_EVERY: Duration = Duration::from_millis(100);
 
@@ -81,9 +82,10 @@ pub(crate) struct State {
     /// Why the communicator failed, once it has.
     pub(crate) failure: Option<String>,
     /// When the watchdog last looked for lost members, and since when it
-    /// has seen some while ops were in flight.
+    /// has seen some while ops were in flight and none finished (with the
+    /// last finished op then).
     pub(crate) lost_check: Option<Instant>,
-    pub(crate) lost_since: Option<Instant>,
+    pub(crate) lost_since: Option<(Instant, Option<u64>)>,
 }
 
 /// Why a communicator fails.
@@ -98,6 +100,23 @@ pub(crate) enum Cause {
     Cuda(String),
     /// `abort()` on this rank.
     Local(String),
+    /// Members' links failed with ops in flight (told to every rank).
+    Lost(String),
+    /// `shrink()` on this rank: the communicator is kept for it.
+    Shrink(String),
+}
+
+impl Cause {
+    /// Whether the communicator is kept for `ncclCommShrink` (where the
+    /// library has it) rather than aborted: failures a lost or hung peer
+    /// caused, which a shrink is the answer to. A user's `abort()`, NCCL's
+    /// own errors and CUDA's abort at once.
+    fn parks(&self) -> bool {
+        matches!(
+            self,
+            Cause::Remote(_) | Cause::Timeout | Cause::Lost(_) | Cause::Shrink(_)
+        )
+    }
 }
 
 pub(crate) struct CommShared {
@@ -115,6 +134,8 @@ pub(crate) struct CommShared {
     pub(crate) lineage: u64,
     pub(crate) made_by: MadeBy,
     pub(crate) timeout: Duration,
+    /// How long NCCL may take to make a communicator (a shrink's too).
+    pub(crate) init_timeout: Duration,
     pub(crate) compute: Stream,
     pub(crate) stream: Stream,
     pub(crate) scratch: Box<dyn DeviceMemory>,
@@ -337,10 +358,21 @@ impl CommShared {
             state.lost_since = None;
             return;
         }
-        let since = *state.lost_since.get_or_insert(now);
+        // Ops still finishing (those the lost rank served, or others among
+        // the rest) restart the count.
+        let last_done = state.last_done;
+        let since = match state.lost_since {
+            Some((since, done)) if done == last_done => since,
+            _ => {
+                state.lost_since = Some((now, last_done));
+                now
+            }
+        };
         if now >= since + LOST_GRACE {
-            let why = format!("lost rank(s) {lost:?}: their links failed with ops in flight");
-            self.fail_locked(state, Cause::Remote(why));
+            let why = format!(
+                "lost rank(s) {lost:?}: their links failed and no op finished for {LOST_GRACE:?}"
+            );
+            self.fail_locked(state, Cause::Lost(why));
         }
     }
 
@@ -352,13 +384,30 @@ impl CommShared {
     }
 
     /// Fails the communicator on purpose (every rank's ops end with
-    /// [`GpuError::Aborted`]).
+    /// [`GpuError::Aborted`]) and aborts NCCL's, also one a failure had
+    /// kept for a shrink.
     pub(crate) fn abort(&self, reason: &str) {
         let mut state = lock(&self.state);
         if state.failure.is_none() {
             let why = format!("rank {} called abort(): {reason}", self.rank);
             self.fail_locked(&mut state, Cause::Local(why));
         }
+        self.release_parked(&mut state);
+    }
+
+    /// Fails the communicator for a shrink (every rank's ops end with
+    /// [`GpuError::Aborted`]) and hands over NCCL's, if it was kept (see
+    /// the module docs).
+    pub(crate) fn park_for_shrink(&self) -> Option<Parked> {
+        let mut state = lock(&self.state);
+        if state.failure.is_none() {
+            let why = format!(
+                "rank {} shrank it: a new communicator goes on without the lost ranks",
+                self.rank
+            );
+            self.fail_locked(&mut state, Cause::Shrink(why));
+        }
+        state.parked.take()
     }
 
     /// See the module docs.
@@ -370,7 +419,11 @@ impl CommShared {
             .last_done
             .map_or("none yet".to_string(), |s| format!("#{s}"));
         let reason = match &cause {
-            Cause::Nccl(_, text) | Cause::Cuda(text) | Cause::Local(text) => text.clone(),
+            Cause::Nccl(_, text)
+            | Cause::Cuda(text)
+            | Cause::Local(text)
+            | Cause::Lost(text)
+            | Cause::Shrink(text) => text.clone(),
             Cause::Remote(text) => format!("the CPU communicator failed: {text}"),
             Cause::Timeout => {
                 let f = state.inflight.front().expect("a timeout has a front op");
@@ -410,8 +463,7 @@ impl CommShared {
             self.cpu.abort(&format!("GPU communicator: {reason}"));
         }
         let comm = state.comm.take();
-        let by_peer = matches!(cause, Cause::Remote(_) | Cause::Timeout | Cause::Local(_));
-        if by_peer
+        if cause.parks()
             && self.lib.has_shrink()
             && let Some(comm) = comm
         {
@@ -423,11 +475,6 @@ impl CommShared {
             return;
         }
         spawn_abort(&self.lib, &self.device, comm, inflight, self.rank);
-    }
-
-    /// Takes the parked communicator, for a shrink.
-    pub(crate) fn take_parked(&self) -> Option<Parked> {
-        lock(&self.state).parked.take()
     }
 
     fn release_parked(&self, state: &mut State) {
@@ -474,6 +521,7 @@ impl CommShared {
             let _ = std::thread::Builder::new()
                 .name("ringwire-gpu-abort".into())
                 .spawn(move || abort_and_drain(lib, device, Some(comm), Vec::new(), rank));
+            // (Whether it returned in time is logged there.)
         }
     }
 }
@@ -512,10 +560,23 @@ pub(crate) fn spawn_abort(
     inflight: Vec<InFlight>,
     rank: usize,
 ) {
+    spawn_abort_then(lib, device, comm, inflight, rank, |_| {});
+}
+
+/// [`abort_and_drain`] on a thread of its own, then `then` with whether
+/// `ncclCommAbort` returned in time.
+pub(crate) fn spawn_abort_then(
+    lib: &Arc<NcclLibrary>,
+    device: &Device,
+    comm: Option<RawComm>,
+    inflight: Vec<InFlight>,
+    rank: usize,
+    then: impl FnOnce(bool) + Send + 'static,
+) {
     let (lib, device) = (lib.clone(), device.clone());
     let spawned = std::thread::Builder::new()
         .name("ringwire-gpu-abort".into())
-        .spawn(move || abort_and_drain(lib, device, comm, inflight, rank));
+        .spawn(move || then(abort_and_drain(lib, device, comm, inflight, rank)));
     if let Err(e) = spawned {
         tracing::error!(error = %e, "could not start the abort thread; the communicator leaks");
     }
@@ -523,14 +584,15 @@ pub(crate) fn spawn_abort(
 
 /// `ncclCommAbort` under [`ABORT_DEADLINE`], then the drain of the failed
 /// ops' stream: their buffers are dropped once their end events pass, or
-/// leaked if they do not within [`DRAIN_DEADLINE`].
+/// leaked if they do not within [`DRAIN_DEADLINE`]. False if the abort
+/// did not return in time.
 fn abort_and_drain(
     lib: Arc<NcclLibrary>,
     device: Device,
     comm: Option<RawComm>,
     inflight: Vec<InFlight>,
     rank: usize,
-) {
+) -> bool {
     if let Some(comm) = comm {
         let (tx, rx) = std::sync::mpsc::channel();
         let lib2 = lib.clone();
@@ -552,7 +614,7 @@ fn abort_and_drain(
                     inflight.len()
                 );
                 std::mem::forget(inflight);
-                return;
+                return false;
             }
         }
     }
@@ -573,4 +635,5 @@ fn abort_and_drain(
         );
         std::mem::forget(pending);
     }
+    true
 }

@@ -12,9 +12,11 @@
 //! while ringwire's links are (decision 0026).
 
 use crate::error::{GpuError, GpuOp, OpAt};
-use crate::flight::{ABORT_DEADLINE, CommShared, MadeBy, Parked, State, spawn_abort};
+use crate::flight::{
+    ABORT_DEADLINE, CommShared, MadeBy, Parked, State, spawn_abort, spawn_abort_then,
+};
 use crate::nccl::codes::NcclResult;
-use crate::nccl::library::{NcclLibrary, RawComm, UniqueId};
+use crate::nccl::library::{NcclLibrary, RawComm, ShrinkSlot, UniqueId};
 use crate::runtime::Device;
 use ringwire::Communicator;
 use std::collections::VecDeque;
@@ -135,7 +137,13 @@ pub(crate) fn init(
         at: at.clone(),
         source: Box::new(source),
     };
-    let twin = make_twin(cpu, &options).map_err(cpu_error)?;
+    let twin = match make_twin(cpu, &options) {
+        Ok(twin) => twin,
+        Err(e) => {
+            release(parent, &lib, device, rank);
+            return Err(cpu_error(e));
+        }
+    };
 
     // Every rank says whether it has NCCL (and what it could shrink)
     // before anyone waits on NCCL.
@@ -156,9 +164,7 @@ pub(crate) fn init(
     let lib = match (gathered, lib) {
         (Ok(()), Ok(lib)) => lib,
         (gathered, lib) => {
-            if let (Some(p), Ok(lib)) = (parent, &lib) {
-                spawn_abort(lib, device, Some(p.parked.comm), p.parked.inflight, rank);
-            }
+            release(parent, &lib, device, rank);
             gathered.map_err(cpu_error)?;
             return Err(lib.expect_err("one of the two failed").into());
         }
@@ -166,9 +172,7 @@ pub(crate) fn init(
     let offers: Vec<Offer> = offers.chunks_exact(OFFER_LEN).map(Offer::decode).collect();
     let missing: Vec<usize> = (0..size).filter(|&r| !offers[r].loaded).collect();
     if !missing.is_empty() {
-        if let Some(p) = parent {
-            spawn_abort(&lib, device, Some(p.parked.comm), p.parked.inflight, rank);
-        }
+        release(parent, &Ok(lib.clone()), device, rank);
         return Err(GpuError::Aborted {
             at,
             reason: format!("rank(s) {missing:?} could not load NCCL (their errors say why)"),
@@ -195,10 +199,7 @@ pub(crate) fn init(
                 }
             }
         }
-        (Some(parent), None) => {
-            let Parked { comm, inflight, .. } = parent.parked;
-            spawn_abort(&lib, device, Some(comm), inflight, rank);
-        }
+        (Some(parent), None) => release(Some(parent), &Ok(lib.clone()), device, rank),
         (None, _) => {}
     }
     let (comm, id) = init_with_id(&twin, &lib, device, &at, &options)?;
@@ -221,6 +222,23 @@ pub(crate) fn init(
         MadeBy::UniqueId,
         at,
     )
+}
+
+/// Aborts the parked parent (and drains its ops) on a helper thread; with
+/// no library to abort it, leaks it and its ops' buffers, never freeing
+/// memory the device may still write.
+fn release(
+    parent: Option<Parent>,
+    lib: &Result<Arc<NcclLibrary>, crate::Unavailable>,
+    device: &Device,
+    rank: usize,
+) {
+    let Some(parent) = parent else { return };
+    let Parked { comm, inflight, .. } = parent.parked;
+    match lib {
+        Ok(lib) => spawn_abort(lib, device, Some(comm), inflight, rank),
+        Err(_) => std::mem::forget((comm, inflight)),
+    }
 }
 
 /// The GPU communicator's own CPU communicator: a split of `cpu` with the
@@ -254,7 +272,29 @@ fn shrink(
         ..
     } = parent.parked;
     let made = shrink_locally(twin, lib, device, &parent_comm, excluded, options);
-    spawn_abort(lib, device, Some(parent_comm), inflight, rank);
+    // A shrink given up on may still write its child: once the parent's
+    // abort has returned (NCCL ends the child's job with it), the slot is
+    // read and what it holds aborted; if the abort hangs, the slot leaks.
+    let (made, abandoned) = match made {
+        Ok(child) => (Ok(child), None),
+        Err((why, slot)) => (Err(why), slot),
+    };
+    let (lib2, device2) = (lib.clone(), device.clone());
+    spawn_abort_then(
+        lib,
+        device,
+        Some(parent_comm),
+        inflight,
+        rank,
+        move |returned| {
+            // (A slot dropped untaken leaks: see `ShrinkSlot`.)
+            if let Some(slot) = abandoned.filter(|_| returned)
+                && let Some(child) = slot.take()
+            {
+                spawn_abort(&lib2, &device2, Some(child), Vec::new(), rank);
+            }
+        },
+    );
     let child = match made {
         Ok(child) => child,
         Err(why) => {
@@ -275,6 +315,10 @@ fn shrink(
     }
 }
 
+/// The child, or why not, with the slot NCCL may still write when the
+/// shrink was given up on while in progress.
+type Shrunk = Result<RawComm, (String, Option<ShrinkSlot>)>;
+
 fn shrink_locally(
     twin: &Communicator,
     lib: &Arc<NcclLibrary>,
@@ -282,30 +326,27 @@ fn shrink_locally(
     parent: &RawComm,
     excluded: &[usize],
     options: &Options,
-) -> Result<RawComm, String> {
+) -> Shrunk {
     device
         .0
         .bind()
-        .map_err(|e| format!("cuCtxSetCurrent: {e}"))?;
+        .map_err(|e| (format!("cuCtxSetCurrent: {e}"), None))?;
     let (mut result, slot) = lib
         .shrink_non_blocking(parent, excluded, true)
-        .ok_or("the library has no ncclCommShrink")?;
+        .ok_or(("the library has no ncclCommShrink".to_string(), None))?;
     let deadline = Instant::now() + options.init_timeout;
     let mut polls = 0u32;
-    // `slot` is leaked on every early return: NCCL may still write it.
     while result == NcclResult::IN_PROGRESS {
         result = lib.async_error(parent);
         if result != NcclResult::IN_PROGRESS {
             break;
         }
         if let Some(reason) = twin.failure() {
-            return Err(format!("given up: {reason}"));
+            return Err((format!("given up: {reason}"), Some(slot)));
         }
         if Instant::now() > deadline {
-            return Err(format!(
-                "still in progress after {:?}",
-                options.init_timeout
-            ));
+            let why = format!("still in progress after {:?}", options.init_timeout);
+            return Err((why, Some(slot)));
         }
         polls += 1;
         nap(polls);
@@ -315,9 +356,12 @@ fn shrink_locally(
         if let Some(child) = slot.take() {
             spawn_abort(lib, device, Some(child), Vec::new(), twin.rank());
         }
-        return Err(format!("{result} ({}): {last}", lib.error_string(result)));
+        let why = format!("{result} ({}): {last}", lib.error_string(result));
+        return Err((why, None));
     }
-    let child = slot.take().ok_or("NCCL wrote no communicator")?;
+    let child = slot
+        .take()
+        .ok_or(("NCCL wrote no communicator".to_string(), None))?;
     // The child's own state: NCCL reports its setup's result there.
     let mut state = lib.async_error(&child);
     while state == NcclResult::IN_PROGRESS && Instant::now() < deadline {
@@ -328,7 +372,7 @@ fn shrink_locally(
     if state != NcclResult::SUCCESS {
         let last = lib.last_error(Some(&child));
         spawn_abort(lib, device, Some(child), Vec::new(), twin.rank());
-        return Err(format!("the new communicator: {state}: {last}"));
+        return Err((format!("the new communicator: {state}: {last}"), None));
     }
     Ok(child)
 }
@@ -507,6 +551,7 @@ fn finish(
         lineage,
         made_by,
         timeout: options.timeout,
+        init_timeout: options.init_timeout,
         compute: options.compute.unwrap_or_else(|| device.default_stream()),
         stream,
         scratch,

@@ -275,3 +275,29 @@ fn a_replacement_joins_the_members_gpu_communicator() {
         assert!(sum.iter().all(|&x| x == 6.0), "{}", sum[0]);
     }
 }
+
+/// `abort()` releases NCCL's communicator at once, also one a failure
+/// kept for a shrink: a shrink after it makes a new communicator.
+#[test]
+fn abort_releases_a_kept_communicator_at_once() {
+    let (_store, mut cpu) = cpu_group(3, TIMEOUT);
+    let mut gpus = on_all(&cpu, build);
+    lose_last(&mut cpu, &mut gpus);
+    let pairs: Vec<_> = cpu.iter().zip(gpus.iter()).collect();
+    let outcomes = on_all(&pairs, |(c, g)| {
+        let failed = c.all_reduce(vec![1f32; 8], ReduceOp::Sum).wait();
+        assert!(failed.is_err());
+        let shrunk = c.shrink().wait().expect("CPU shrink");
+        g.abort("the program gives this one up");
+        let smaller = g.shrink(&shrunk).expect("GPU shrink");
+        let sum = smaller
+            .all_reduce(HostBuffer::new(vec![1f32; 10]), ReduceOp::Sum)
+            .wait()
+            .expect("an all-reduce of the two")
+            .into_vec();
+        (sum[0], smaller.made_by_nccl_shrink())
+    });
+    for (sum, native) in outcomes {
+        assert_eq!((sum, native), (2.0, false));
+    }
+}

@@ -19,6 +19,9 @@ use std::net::Shutdown;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
+/// How long `NCCL_SHRINK_ABORT` waits for the revoked comm's ops.
+const DRAIN_LIMIT: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// Where the comm's setup stands.
 pub(crate) enum Setup {
     Running,
@@ -272,13 +275,26 @@ impl Comm {
     }
 
     /// `NCCL_SHRINK_ABORT`: revokes the comm and waits, as NCCL waits for
-    /// its device stream, until none of its ops is queued any more.
+    /// its device stream, until none of its ops is queued any more. NCCL's
+    /// abort flag ends even a kernel stuck on a full connection; an op of
+    /// this stand-in stuck in a socket write to a stopped peer does not
+    /// see the flag, so the wait gives up after [`DRAIN_LIMIT`].
     pub(crate) fn revoke_and_drain(&self) {
+        let deadline = std::time::Instant::now() + DRAIN_LIMIT;
         let mut state = self.shared.lock();
         state.revoked = true;
         self.shared.cv.notify_all();
         while state.pending > 0 && !state.aborted {
-            state = self.shared.wait(state);
+            let now = std::time::Instant::now();
+            if now >= deadline {
+                break;
+            }
+            state = self
+                .shared
+                .cv
+                .wait_timeout(state, deadline - now)
+                .map(|(guard, _)| guard)
+                .unwrap_or_else(|e| e.into_inner().0);
         }
     }
 
@@ -463,6 +479,13 @@ impl Comm {
         self.shared.cv.notify_all();
         if let Setup::Ready(mesh) = setup {
             mesh.close(how);
+        }
+        // As NCCL joins a child's job when its parent is aborted: when
+        // this returns, a shrink of this comm has ended and written its
+        // `*newcomm` (NULL), so the caller may free it.
+        let mut state = self.shared.lock();
+        while state.shrinking > 0 {
+            state = self.shared.wait(state);
         }
     }
 }
