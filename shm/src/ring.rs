@@ -136,9 +136,16 @@ impl<M: RingMemory> Consumer<M> {
 
     /// Bytes written and not yet freed, as the published counters say:
     /// for an observer other than the reader (any end of the ring may ask).
+    /// The tail is read first: both only grow, and the reader never passes
+    /// the head, so a head read after it is never behind it. (Read the
+    /// other way round, a reader freeing bytes written between the two
+    /// loads put the tail past the head read before: the subtraction
+    /// underflowed, a panic in debug builds that killed whichever thread
+    /// asked, such as an agreement's receiver.)
     pub fn unread(&self) -> usize {
+        let tail = self.mem.load(TAIL, Ordering::Acquire);
         let head = self.mem.load(HEAD, Ordering::Acquire);
-        (head - self.mem.load(TAIL, Ordering::Acquire)) as usize
+        head.saturating_sub(tail) as usize
     }
 
     /// Copies up to `dst.len()` waiting bytes out and frees their room;
@@ -262,6 +269,32 @@ mod tests {
             got.extend_from_slice(&buf[..n]);
         }
         assert_eq!(got, stream);
+    }
+
+    /// An observer's `unread` while the writer and the reader race: never
+    /// more than was ever written (before, the head was read first and the
+    /// reader could free past it: an underflow, a panic in debug builds
+    /// and a number near 2^64 in release ones).
+    #[test]
+    fn unread_seen_from_the_side_stays_within_the_ring() {
+        let (mut p, mut c) = ring(64);
+        let observer = Consumer::new(c.mem.clone());
+        let done = std::sync::atomic::AtomicBool::new(false);
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                let mut buf = [0u8; 7];
+                for _ in 0..400_000 {
+                    p.push(&[1; 13]);
+                    c.pop(&mut buf);
+                }
+                done.store(true, Ordering::Relaxed);
+            });
+            let mut looks = 0u64;
+            while !done.load(Ordering::Relaxed) || looks == 0 {
+                assert!(observer.unread() <= 13 * 400_000);
+                looks += 1;
+            }
+        });
     }
 
     #[test]

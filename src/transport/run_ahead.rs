@@ -42,9 +42,16 @@ pub(crate) struct RunAhead {
     counts: Counts,
     /// Most bytes held at once, over all peers.
     peak: usize,
-    /// Communicators gone here (their frames are dropped, not held).
-    forgotten: HashSet<u64>,
+    /// Communicators gone here (their frames are dropped, not held), in
+    /// two generations of at most [`FORGOTTEN_GENERATION`]: an id stays
+    /// known for at least that many later forgets, long past any frame of
+    /// it still on its way, and a program that agrees every step (an
+    /// agreement is a communicator) keeps a bounded set.
+    forgotten: [HashSet<u64>; 2],
 }
+
+/// How many forgotten communicators a generation holds.
+const FORGOTTEN_GENERATION: usize = 1024;
 
 /// What `held` adds up to, kept apart so it can change while `held` is
 /// walked.
@@ -126,7 +133,7 @@ impl RunAhead {
                 frames: 0,
             },
             peak: 0,
-            forgotten: HashSet::new(),
+            forgotten: [HashSet::new(), HashSet::new()],
         }
     }
 
@@ -202,7 +209,10 @@ impl RunAhead {
     /// ([`RunAhead::is_forgotten`]). `resumed` is called as by `begin`.
     /// Returns how many frames stopped counting.
     pub(crate) fn forget(&mut self, comm: u64, resumed: impl FnMut(usize)) -> usize {
-        self.forgotten.insert(comm);
+        if self.forgotten[0].len() >= FORGOTTEN_GENERATION {
+            self.forgotten[1] = std::mem::take(&mut self.forgotten[0]);
+        }
+        self.forgotten[0].insert(comm);
         self.release_where(|c, _| c == comm, resumed)
     }
 
@@ -235,7 +245,7 @@ impl RunAhead {
     }
 
     pub(crate) fn is_forgotten(&self, comm: u64) -> bool {
-        self.forgotten.contains(&comm)
+        self.forgotten.iter().any(|gone| gone.contains(&comm))
     }
 
     /// Bytes held now, over all peers.
@@ -376,6 +386,23 @@ mod tests {
         assert_eq!(r.held(), 120);
         assert_eq!(r.forget(1, |_| ()), 2);
         assert_eq!(r.held(), 0);
+    }
+
+    #[test]
+    fn what_is_forgotten_stays_bounded_and_the_latest_are_kept() {
+        let mut r = RunAhead::new(2, 0, 0);
+        let n = 3 * FORGOTTEN_GENERATION as u64 + 7;
+        for comm in 0..n {
+            r.forget(comm, |_| ());
+        }
+        let kept: usize = r.forgotten.iter().map(HashSet::len).sum();
+        assert!(kept <= 2 * FORGOTTEN_GENERATION, "{kept}");
+        let recent = n - FORGOTTEN_GENERATION as u64;
+        assert!(
+            (recent..n).all(|c| r.is_forgotten(c)),
+            "the latest generation's"
+        );
+        assert!(!r.is_forgotten(0), "the oldest went");
     }
 
     #[test]
