@@ -5,11 +5,10 @@ use crate::codes::{
     self, DataType, IN_PROGRESS, INVALID_ARGUMENT, NcclResult, RedOp, SUCCESS, SYSTEM_ERROR,
     UNHANDLED_CUDA_ERROR,
 };
-use crate::comm::Comm;
+use crate::comm::{COMMS, Comm};
 use crate::envcfg;
 use crate::fault::{self, RankFaults};
 use crate::group;
-use crate::handles::Table;
 use crate::hostmem::{HostIn, HostOut};
 use crate::lasterror;
 use crate::ops::{Op, OpKind};
@@ -19,9 +18,6 @@ use crate::shrink::{self, Publish};
 use crate::stream::Stream;
 use std::ffi::{CStr, c_int, c_void};
 use std::sync::Arc;
-
-/// Live communicators, by `ncclComm_t`.
-pub(crate) static COMMS: Table<Comm> = Table::new();
 
 /// Logs "stand-in NCCL: `what`: `text`" and returns `ncclInvalidArgument`.
 fn invalid(what: &str, text: &str) -> NcclResult {

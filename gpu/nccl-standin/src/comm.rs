@@ -10,6 +10,7 @@
 
 use crate::codes::{IN_PROGRESS, INVALID_USAGE, NcclResult, SUCCESS};
 use crate::fault::RankFaults;
+use crate::handles::Table;
 use crate::inbox::Inbox;
 use crate::lasterror;
 use crate::mesh::Mesh;
@@ -18,6 +19,10 @@ use std::ffi::CStr;
 use std::net::Shutdown;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+
+/// Live communicators, by `ncclComm_t` (the calls look them up; a shrink
+/// adds its child).
+pub(crate) static COMMS: Table<Comm> = Table::new();
 
 /// How long `NCCL_SHRINK_ABORT` waits for the revoked comm's ops.
 const DRAIN_LIMIT: std::time::Duration = std::time::Duration::from_secs(10);

@@ -11,11 +11,10 @@
 //! others do not build. The child's mesh is made from those ports with a
 //! nonce derived from the parent's, the same on every rank.
 
-use crate::calls::COMMS;
 use crate::codes::{
     INTERNAL_ERROR, INVALID_ARGUMENT, INVALID_USAGE, NcclResult, SUCCESS, SYSTEM_ERROR,
 };
-use crate::comm::Comm;
+use crate::comm::{COMMS, Comm};
 use crate::envcfg;
 use crate::fault::{Fault, RankFaults};
 use crate::mesh::{self, Mesh};
