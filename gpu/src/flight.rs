@@ -517,11 +517,7 @@ impl CommShared {
             }
         } else {
             tracing::warn!(rank = self.rank, code = %result, "ncclCommFinalize did not finish; aborting");
-            let (lib, device, rank) = (self.lib.clone(), self.device.clone(), self.rank);
-            let _ = std::thread::Builder::new()
-                .name("ringwire-gpu-abort".into())
-                .spawn(move || abort_and_drain(lib, device, Some(comm), Vec::new(), rank));
-            // (Whether it returned in time is logged there.)
+            spawn_abort(&self.lib, &self.device, Some(comm), Vec::new(), self.rank);
         }
     }
 }

@@ -73,6 +73,19 @@ fn non_blocking(id: NcclUniqueId, nranks: usize, rank: usize) -> Rank {
     Rank::from_comm(comm, nranks, rank)
 }
 
+/// Runs `f` on `nranks` threads, each with its rank's non-blocking comm
+/// (set up), and returns their results in rank order.
+fn on_ranks<R: Send>(nranks: usize, f: impl Fn(Rank) -> R + Sync) -> Vec<R> {
+    let id = unique_id();
+    std::thread::scope(|s| {
+        let f = &f;
+        let ranks: Vec<_> = (0..nranks)
+            .map(|rank| s.spawn(move || f(non_blocking(id, nranks, rank))))
+            .collect();
+        ranks.into_iter().map(|h| h.join().unwrap()).collect()
+    })
+}
+
 fn count_and_rank(comm: usize) -> (c_int, c_int) {
     let (mut count, mut rank) = (-1, -1);
     // SAFETY: writable ints.
@@ -94,42 +107,31 @@ fn sum_of(r: &Rank, value: f32) -> f32 {
 #[test]
 fn a_non_blocking_shrink_is_in_progress_then_hands_over_a_renumbered_comm() {
     const N: usize = 5;
-    let id = unique_id();
-    let outcomes = std::thread::scope(|s| {
-        let ranks: Vec<_> = (0..N)
-            .map(|rank| {
-                s.spawn(move || {
-                    let parent = non_blocking(id, N, rank);
-                    if rank == 1 || rank == 3 {
-                        // The excluded: they do not call it.
-                        assert_eq!(ncclCommAbort(parent.comm()), SUCCESS);
-                        return None;
-                    }
-                    let mut exclude = [3, 1];
-                    let mut slot = Slot::new();
-                    let code = shrink(
-                        parent.comm_addr(),
-                        &mut exclude,
-                        None,
-                        SHRINK_DEFAULT,
-                        &mut slot,
-                    );
-                    let sorted = exclude == [1, 3];
-                    let settled = poll_until_settled(parent.comm_addr(), SETTLE);
-                    let child = slot.get();
-                    let numbering = count_and_rank(child);
-                    let child = Rank::from_comm(child, 3, numbering.1 as usize);
-                    let sum = sum_of(&child, (rank + 1) as f32);
-                    child.destroy();
-                    assert_eq!(ncclCommAbort(parent.comm()), SUCCESS);
-                    Some((code, sorted, settled, numbering, sum))
-                })
-            })
-            .collect();
-        ranks
-            .into_iter()
-            .map(|h| h.join().unwrap())
-            .collect::<Vec<_>>()
+    let outcomes = on_ranks(N, |parent| {
+        let rank = parent.rank;
+        if rank == 1 || rank == 3 {
+            // The excluded: they do not call it.
+            assert_eq!(ncclCommAbort(parent.comm()), SUCCESS);
+            return None;
+        }
+        let mut exclude = [3, 1];
+        let mut slot = Slot::new();
+        let code = shrink(
+            parent.comm_addr(),
+            &mut exclude,
+            None,
+            SHRINK_DEFAULT,
+            &mut slot,
+        );
+        let sorted = exclude == [1, 3];
+        let settled = poll_until_settled(parent.comm_addr(), SETTLE);
+        let child = slot.get();
+        let numbering = count_and_rank(child);
+        let child = Rank::from_comm(child, 3, numbering.1 as usize);
+        let sum = sum_of(&child, (rank + 1) as f32);
+        child.destroy();
+        assert_eq!(ncclCommAbort(parent.comm()), SUCCESS);
+        Some((code, sorted, settled, numbering, sum))
     });
     let expected_rank = [Some(0), None, Some(1), None, Some(2)];
     for (rank, outcome) in outcomes.into_iter().enumerate() {
@@ -261,47 +263,41 @@ fn a_parent_with_an_async_error_cannot_shrink() {
 #[test]
 fn shrink_abort_ends_an_op_hung_on_the_lost_rank() {
     const N: usize = 3;
-    let id = unique_id();
-    let barrier = Barrier::new(N);
-    std::thread::scope(|s| {
-        for rank in 0..N {
-            let barrier = &barrier;
-            s.spawn(move || {
-                let r = non_blocking(id, N, rank);
-                if rank == 2 {
-                    // Lost: never takes part in the all-reduce.
-                    barrier.wait();
-                    assert_eq!(ncclCommAbort(r.comm()), SUCCESS);
-                    return;
-                }
-                let send = 1f32.to_ne_bytes().repeat(4);
-                let mut recv = vec![0xabu8; 16];
-                // SAFETY: the buffers outlive the shrink, whose abort flag
-                // drains the stream before it returns.
-                assert_eq!(unsafe { all_reduce_async(&r, &send, &mut recv) }, SUCCESS);
-                let hung = record(&r);
-                std::thread::sleep(Duration::from_millis(100));
-                assert!(!event_done(hung), "rank {rank}: the op waits for rank 2");
-                barrier.wait();
-                let mut slot = Slot::new();
-                let code = shrink(r.comm_addr(), &mut [2], None, SHRINK_ABORT, &mut slot);
-                assert_eq!(code, IN_PROGRESS);
-                wait_for(SETTLE, "the hung op's end", || event_done(hung));
-                assert!(recv.iter().all(|b| *b == 0xab), "and it wrote nothing");
-                assert_eq!(poll_until_settled(r.comm_addr(), SETTLE), SUCCESS);
-                let child = Rank::from_comm(slot.get(), 2, rank);
-                assert_eq!(sum_of(&child, 2.0), 4.0);
-                // The parent is revoked: a later op ends at once, unwritten.
-                let mut again = vec![0xcdu8; 16];
-                // SAFETY: the buffers outlive the event wait below.
-                assert_eq!(unsafe { all_reduce_async(&r, &send, &mut again) }, SUCCESS);
-                let later = record(&r);
-                wait_for(SETTLE, "the revoked parent's op", || event_done(later));
-                assert!(again.iter().all(|b| *b == 0xcd));
-                child.destroy();
-                assert_eq!(ncclCommAbort(r.comm()), SUCCESS);
-            });
+    let barrier = &Barrier::new(N);
+    on_ranks(N, |r| {
+        let rank = r.rank;
+        if rank == 2 {
+            // Lost: never takes part in the all-reduce.
+            barrier.wait();
+            assert_eq!(ncclCommAbort(r.comm()), SUCCESS);
+            return;
         }
+        let send = 1f32.to_ne_bytes().repeat(4);
+        let mut recv = vec![0xabu8; 16];
+        // SAFETY: the buffers outlive the shrink, whose abort flag
+        // drains the stream before it returns.
+        assert_eq!(unsafe { all_reduce_async(&r, &send, &mut recv) }, SUCCESS);
+        let hung = record(&r);
+        std::thread::sleep(Duration::from_millis(100));
+        assert!(!event_done(hung), "rank {rank}: the op waits for rank 2");
+        barrier.wait();
+        let mut slot = Slot::new();
+        let code = shrink(r.comm_addr(), &mut [2], None, SHRINK_ABORT, &mut slot);
+        assert_eq!(code, IN_PROGRESS);
+        wait_for(SETTLE, "the hung op's end", || event_done(hung));
+        assert!(recv.iter().all(|b| *b == 0xab), "and it wrote nothing");
+        assert_eq!(poll_until_settled(r.comm_addr(), SETTLE), SUCCESS);
+        let child = Rank::from_comm(slot.get(), 2, rank);
+        assert_eq!(sum_of(&child, 2.0), 4.0);
+        // The parent is revoked: a later op ends at once, unwritten.
+        let mut again = vec![0xcdu8; 16];
+        // SAFETY: the buffers outlive the event wait below.
+        assert_eq!(unsafe { all_reduce_async(&r, &send, &mut again) }, SUCCESS);
+        let later = record(&r);
+        wait_for(SETTLE, "the revoked parent's op", || event_done(later));
+        assert!(again.iter().all(|b| *b == 0xcd));
+        child.destroy();
+        assert_eq!(ncclCommAbort(r.comm()), SUCCESS);
     });
 }
 
@@ -309,34 +305,22 @@ fn shrink_abort_ends_an_op_hung_on_the_lost_rank() {
 fn lists_that_differ_fail_on_every_rank_instead_of_hanging() {
     let _errors = lock_process_errors();
     const N: usize = 3;
-    let id = unique_id();
-    let barrier = Barrier::new(N);
-    let results = std::thread::scope(|s| {
-        let ranks: Vec<_> = (0..N)
-            .map(|rank| {
-                let barrier = &barrier;
-                s.spawn(move || {
-                    let r = non_blocking(id, N, rank);
-                    // Rank 0 leaves out 1, rank 1 leaves out 2, rank 2 leaves out 0.
-                    let mut exclude = [((rank + 1) % N) as c_int];
-                    let mut slot = Slot::new();
-                    let code = shrink(r.comm_addr(), &mut exclude, None, 0, &mut slot);
-                    let settled = poll_until_settled(r.comm_addr(), SETTLE);
-                    let text = last_error(r.comm_addr());
-                    // Every rank's frames are read before any socket closes.
-                    barrier.wait();
-                    if slot.get() != 0 {
-                        assert_eq!(ncclCommAbort(handle(slot.get())), SUCCESS);
-                    }
-                    assert_eq!(ncclCommAbort(r.comm()), SUCCESS);
-                    (code, settled, text)
-                })
-            })
-            .collect();
-        ranks
-            .into_iter()
-            .map(|h| h.join().unwrap())
-            .collect::<Vec<_>>()
+    let barrier = &Barrier::new(N);
+    let results = on_ranks(N, |r| {
+        let rank = r.rank;
+        // Rank 0 leaves out 1, rank 1 leaves out 2, rank 2 leaves out 0.
+        let mut exclude = [((rank + 1) % N) as c_int];
+        let mut slot = Slot::new();
+        let code = shrink(r.comm_addr(), &mut exclude, None, 0, &mut slot);
+        let settled = poll_until_settled(r.comm_addr(), SETTLE);
+        let text = last_error(r.comm_addr());
+        // Every rank's frames are read before any socket closes.
+        barrier.wait();
+        if slot.get() != 0 {
+            assert_eq!(ncclCommAbort(handle(slot.get())), SUCCESS);
+        }
+        assert_eq!(ncclCommAbort(r.comm()), SUCCESS);
+        (code, settled, text)
     });
     for (rank, (code, settled, text)) in results.into_iter().enumerate() {
         assert_eq!(code, IN_PROGRESS);
@@ -349,33 +333,28 @@ fn lists_that_differ_fail_on_every_rank_instead_of_hanging() {
 fn a_failed_shrink_sets_the_parents_error_and_hands_over_a_failed_child() {
     let _errors = lock_process_errors();
     const N: usize = 2;
-    let id = unique_id();
-    std::thread::scope(|s| {
-        for rank in 0..N {
-            s.spawn(move || {
-                let r = non_blocking(id, N, rank);
-                if rank == 1 {
-                    assert_eq!(ncclCommAbort(r.comm()), SUCCESS);
-                    return;
-                }
-                set_faults("shrinkfail:0");
-                let mut slot = Slot::new();
-                assert_eq!(
-                    shrink(r.comm_addr(), &mut [1], None, 0, &mut slot),
-                    IN_PROGRESS
-                );
-                assert_eq!(poll_until_settled(r.comm_addr(), SETTLE), SYSTEM_ERROR);
-                assert!(last_error(r.comm_addr()).contains("injected shrink failure"));
-                let child = slot.get();
-                assert_ne!(
-                    child, 0,
-                    "a non-blocking shrink writes the child either way"
-                );
-                assert_eq!(poll_until_settled(child, SETTLE), SYSTEM_ERROR);
-                assert_eq!(ncclCommAbort(handle(child)), SUCCESS);
-                assert_eq!(ncclCommAbort(r.comm()), SUCCESS);
-            });
+    on_ranks(N, |r| {
+        let rank = r.rank;
+        if rank == 1 {
+            assert_eq!(ncclCommAbort(r.comm()), SUCCESS);
+            return;
         }
+        set_faults("shrinkfail:0");
+        let mut slot = Slot::new();
+        assert_eq!(
+            shrink(r.comm_addr(), &mut [1], None, 0, &mut slot),
+            IN_PROGRESS
+        );
+        assert_eq!(poll_until_settled(r.comm_addr(), SETTLE), SYSTEM_ERROR);
+        assert!(last_error(r.comm_addr()).contains("injected shrink failure"));
+        let child = slot.get();
+        assert_ne!(
+            child, 0,
+            "a non-blocking shrink writes the child either way"
+        );
+        assert_eq!(poll_until_settled(child, SETTLE), SYSTEM_ERROR);
+        assert_eq!(ncclCommAbort(handle(child)), SUCCESS);
+        assert_eq!(ncclCommAbort(r.comm()), SUCCESS);
     });
 }
 
@@ -383,31 +362,26 @@ fn a_failed_shrink_sets_the_parents_error_and_hands_over_a_failed_child() {
 fn aborting_the_parent_ends_a_stalled_shrink() {
     let _errors = lock_process_errors();
     const N: usize = 3;
-    let id = unique_id();
-    std::thread::scope(|s| {
-        for rank in 0..N {
-            s.spawn(move || {
-                let r = non_blocking(id, N, rank);
-                if rank == 2 {
-                    assert_eq!(ncclCommAbort(r.comm()), SUCCESS);
-                    return;
-                }
-                // Rank 0 stalls; rank 1 waits for rank 0's frame.
-                set_faults("shrinkstall:0");
-                let mut slot = Slot::new();
-                assert_eq!(
-                    shrink(r.comm_addr(), &mut [2], None, 0, &mut slot),
-                    IN_PROGRESS
-                );
-                std::thread::sleep(Duration::from_millis(150));
-                assert_eq!(r.async_error(), IN_PROGRESS, "rank {rank}");
-                let started = Instant::now();
-                assert_eq!(ncclCommAbort(r.comm()), SUCCESS);
-                assert!(started.elapsed() < Duration::from_secs(1));
-                // The job still writes the slot when it sees the abort, as
-                // NCCL's would: an abandoned slot is leaked, never freed.
-                std::mem::forget(slot);
-            });
+    on_ranks(N, |r| {
+        let rank = r.rank;
+        if rank == 2 {
+            assert_eq!(ncclCommAbort(r.comm()), SUCCESS);
+            return;
         }
+        // Rank 0 stalls; rank 1 waits for rank 0's frame.
+        set_faults("shrinkstall:0");
+        let mut slot = Slot::new();
+        assert_eq!(
+            shrink(r.comm_addr(), &mut [2], None, 0, &mut slot),
+            IN_PROGRESS
+        );
+        std::thread::sleep(Duration::from_millis(150));
+        assert_eq!(r.async_error(), IN_PROGRESS, "rank {rank}");
+        let started = Instant::now();
+        assert_eq!(ncclCommAbort(r.comm()), SUCCESS);
+        assert!(started.elapsed() < Duration::from_secs(1));
+        // The job still writes the slot when it sees the abort, as
+        // NCCL's would: an abandoned slot is leaked, never freed.
+        std::mem::forget(slot);
     });
 }
