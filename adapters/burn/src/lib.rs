@@ -23,10 +23,23 @@
 //! lengths and types. Only f32 parameters that require a gradient are
 //! averaged. burn hands gradients over once backward has finished, so
 //! buckets overlap the copying of the later gradients, not backward itself.
+//!
+//! Gradient accumulation ([`Ddp::accumulate`]), an uneven last batch
+//! ([`Ddp::set_sample_count`]), bf16 on the wire
+//! ([`ReducerConfig::hook`](ringwire::train::ReducerConfig)) and per-step
+//! times ([`GradReducer::step_stats`]) come from ringwire's reducer.
+//!
+//! **Devices.** Gradients are staged through host memory: each is read
+//! out of its tensor once (`into_data`, no copy on burn's CPU backend
+//! where the tensor is not shared), copied into bucket memory, and the
+//! average is copied out once and put back on the gradient's device. On a
+//! GPU backend `into_data` is a device-to-host copy and the way back a
+//! host-to-device copy; reducing GPU tensors in place through
+//! `ringwire-gpu` is not built (decision 0042).
 
-use burn::module::{Module, ModuleMapper, ModuleVisitor, Param, ParamId as BurnId};
+use burn::module::{Module, ModuleMapper, ModuleVisitor, Param};
 use burn::optim::GradientsParams;
-use burn::tensor::{DType as BurnDType, Gradients, Tensor, TensorData};
+use burn::tensor::{DType as BurnDType, Device, Gradients, Tensor, TensorData};
 use ringwire::train::{GradReducer, Layout, ParamId, ReducerConfig, TrainError};
 use ringwire::{Communicator, DType};
 
@@ -46,6 +59,15 @@ pub enum Error {
         /// Its type.
         dtype: BurnDType,
     },
+    /// The module's float parameters are not those [`Ddp::new`] was made
+    /// from (another module, or one whose layers changed since).
+    #[error("the module has {got} float parameters; the Ddp was made from one with {expected}")]
+    ModuleChanged {
+        /// How many `new` saw.
+        expected: usize,
+        /// How many this module has.
+        got: usize,
+    },
     /// burn's tensor data could not be read as f32.
     #[error("parameter {name:?}: {detail}")]
     Data {
@@ -56,11 +78,9 @@ pub enum Error {
     },
 }
 
-/// One trained parameter: its path, its id in this process's module, and
-/// its id in the reducer.
+/// One trained parameter: its path and its id in the reducer.
 struct Entry {
     name: String,
-    burn: BurnId,
     id: ParamId,
 }
 
@@ -68,16 +88,20 @@ struct Entry {
 /// communicator.
 pub struct Ddp {
     reducer: GradReducer,
-    /// In visit order.
+    /// The trained parameters, in visit order.
     params: Vec<Entry>,
+    /// For each float parameter in visit order, its index in `params` (the
+    /// trained ones). burn's ids are random per process and change when a
+    /// module is made anew; the position in the visit does not.
+    slots: Vec<Option<usize>>,
 }
 
 /// Walks a module's float parameters in visit order, with their paths.
 #[derive(Default)]
 struct Walk {
     path: Vec<String>,
-    /// (path, id, elements, dtype, requires a gradient)
-    found: Vec<(String, BurnId, usize, BurnDType, bool)>,
+    /// (path, elements, dtype, requires a gradient)
+    found: Vec<(String, usize, BurnDType, bool)>,
 }
 
 impl ModuleVisitor for Walk {
@@ -93,7 +117,6 @@ impl ModuleVisitor for Walk {
         let value = param.val();
         self.found.push((
             self.path.join("."),
-            param.id,
             value.shape().num_elements(),
             value.dtype(),
             value.is_require_grad(),
@@ -104,7 +127,8 @@ impl ModuleVisitor for Walk {
 impl Ddp {
     /// A reducer of `model`'s trained f32 parameters (those that require a
     /// gradient), in visit order, on `comm`. Collective; every rank must
-    /// have the same parameters.
+    /// have the same parameters, and a layout that differs fails on every
+    /// rank naming the first parameter that differs.
     pub fn new<M: Module>(
         comm: &Communicator,
         model: &M,
@@ -114,41 +138,50 @@ impl Ddp {
         model.visit(&mut walk);
         let mut layout = Layout::new();
         let mut params = Vec::new();
-        for (name, burn, len, dtype, trained) in walk.found {
+        let mut slots = Vec::with_capacity(walk.found.len());
+        for (name, len, dtype, trained) in walk.found {
             if !trained {
+                slots.push(None);
                 continue;
             }
             if dtype != BurnDType::F32 {
                 return Err(Error::Unsupported { name, dtype });
             }
             let id = layout.push(name.clone(), len, DType::F32);
-            params.push(Entry { name, burn, id });
+            slots.push(Some(params.len()));
+            params.push(Entry { name, id });
         }
         let reducer = GradReducer::new(comm, layout, config)?;
-        Ok(Ddp { reducer, params })
+        Ok(Ddp {
+            reducer,
+            params,
+            slots,
+        })
     }
 
     /// `model` with every rank's trained parameters set to rank 0's.
     /// Collective.
     pub fn broadcast<M: Module>(&mut self, model: M) -> Result<M, Error> {
         let mut values = Collect {
-            want: &self.params,
-            values: Vec::new(),
+            ddp: self,
+            at: 0,
+            values: Vec::with_capacity(self.params.len()),
             error: None,
         };
         model.visit(&mut values);
         if let Some(e) = values.error {
             return Err(e);
         }
+        self.check_visited(values.at)?;
         let mut values = values.values;
         {
             let mut views: Vec<&mut [f32]> = values.iter_mut().map(Vec::as_mut_slice).collect();
             self.reducer.broadcast_params(&mut views)?;
         }
         let mut put = Put {
-            want: &self.params,
+            slots: &self.slots,
+            at: 0,
             values,
-            next: 0,
         };
         Ok(model.map(&mut put))
     }
@@ -157,9 +190,11 @@ impl Ddp {
     /// parameter's gradient is copied into bucket memory (last in visit
     /// order first: a bucket is all-reduced as soon as it is full, while
     /// the rest are copied), then the averages come back as the
-    /// [`GradientsParams`] a burn optimizer steps with. A parameter without
-    /// a gradient counts as zero if [`ReducerConfig::unused`] says so, and
-    /// fails the step naming it otherwise.
+    /// [`GradientsParams`] a burn optimizer steps with, each on its
+    /// gradient's device. Steps taken with [`Ddp::accumulate`] since the
+    /// last sync are added in. A parameter without a gradient counts as
+    /// zero if [`ReducerConfig::unused`] says so, and fails the step naming
+    /// it otherwise.
     pub fn sync<M: Module>(
         &mut self,
         model: &M,
@@ -174,29 +209,13 @@ impl Ddp {
         model: &M,
         mut grads: GradientsParams,
     ) -> Result<GradientsParams, Error> {
-        let mut take = Take {
-            grads: &mut grads,
-            found: Vec::new(),
-        };
-        model.visit(&mut take);
-        let mut found = take.found;
-        // (burn id, data, device) by visit order; fed last first.
-        for entry in self.params.iter().rev() {
-            let Some(at) = found.iter().position(|(id, _, _)| *id == entry.burn) else {
-                continue;
-            };
-            let data = &found[at].1;
-            let values = data.as_slice::<f32>().map_err(|e| Error::Data {
-                name: entry.name.clone(),
-                detail: format!("{e:?}"),
-            })?;
-            self.reducer.accumulate(entry.id, values)?;
-        }
+        let found = self.take(model, &mut grads)?;
+        feed(&mut self.reducer, &self.params, &found)?;
         self.reducer.finish()?;
         let mut back = Back {
-            reducer: &self.reducer,
-            params: &self.params,
-            found: &mut found,
+            ddp: self,
+            at: 0,
+            found: &found,
             grads: &mut grads,
             error: None,
         };
@@ -208,7 +227,42 @@ impl Ddp {
         Ok(grads)
     }
 
-    /// The reducer underneath (buckets, step statistics, `no_sync`).
+    /// Adds the gradients of `loss.backward()` into bucket memory without
+    /// communicating (PyTorch's `no_sync`): the next [`Ddp::sync`] averages
+    /// across the ranks the sum of every step accumulated since and its
+    /// own. Every rank must accumulate the same steps. As with one process
+    /// accumulating gradients, the sum is not divided by the number of
+    /// steps: scale the loss or the learning rate for that.
+    pub fn accumulate<M: Module>(&mut self, model: &M, grads: Gradients) -> Result<(), Error> {
+        self.accumulate_params(model, GradientsParams::from_grads(grads, model))
+    }
+
+    /// As [`Ddp::accumulate`], for gradients already taken as
+    /// [`GradientsParams`].
+    pub fn accumulate_params<M: Module>(
+        &mut self,
+        model: &M,
+        mut grads: GradientsParams,
+    ) -> Result<(), Error> {
+        let found = self.take(model, &mut grads)?;
+        let params = &self.params;
+        self.reducer.no_sync(|reducer| {
+            feed(reducer, params, &found)?;
+            Ok(reducer.finish()?)
+        })
+    }
+
+    /// Makes the next [`Ddp::sync`] a weighted average: this rank's
+    /// gradients are the mean over `samples` samples (an uneven last
+    /// batch), and each rank counts in proportion, so the result is the
+    /// mean over every rank's samples. Call it before that `sync`, on every
+    /// rank (it adds one small all-reduce).
+    pub fn set_sample_count(&mut self, samples: usize) -> Result<(), Error> {
+        Ok(self.reducer.set_sample_count(samples)?)
+    }
+
+    /// The reducer underneath (buckets, per-step statistics with
+    /// [`GradReducer::step_stats`]).
     pub fn reducer(&mut self) -> &mut GradReducer {
         &mut self.reducer
     }
@@ -217,26 +271,78 @@ impl Ddp {
     pub fn names(&self) -> Vec<&str> {
         self.params.iter().map(|e| e.name.as_str()).collect()
     }
+
+    /// Takes each trained parameter's gradient out of `grads` as host data
+    /// (no copy where burn's tensor is contiguous and not shared), with its
+    /// device, by index in `params`.
+    fn take<M: Module>(&self, model: &M, grads: &mut GradientsParams) -> Result<Vec<Taken>, Error> {
+        let mut take = Take {
+            slots: &self.slots,
+            at: 0,
+            grads,
+            found: (0..self.params.len()).map(|_| None).collect(),
+        };
+        model.visit(&mut take);
+        self.check_visited(take.at)?;
+        Ok(take.found)
+    }
+
+    /// Fails when the module's float parameters are not those `new` saw.
+    fn check_visited(&self, visited: usize) -> Result<(), Error> {
+        if visited == self.slots.len() {
+            Ok(())
+        } else {
+            Err(Error::ModuleChanged {
+                expected: self.slots.len(),
+                got: visited,
+            })
+        }
+    }
+}
+
+/// A gradient taken out of burn: its values on the host and the device it
+/// was on (`None`: the parameter had none this step).
+type Taken = Option<(TensorData, Device)>;
+
+/// Copies the taken gradients into bucket memory, last in visit order
+/// first, so the last parameters' buckets are on the wire while the first
+/// ones are still copied.
+fn feed(reducer: &mut GradReducer, params: &[Entry], found: &[Taken]) -> Result<(), Error> {
+    for (entry, slot) in params.iter().zip(found).rev() {
+        let Some((data, _)) = slot else {
+            continue;
+        };
+        let values = data.as_slice::<f32>().map_err(|e| Error::Data {
+            name: entry.name.clone(),
+            detail: format!("{e:?}"),
+        })?;
+        reducer.accumulate(entry.id, values)?;
+    }
+    Ok(())
 }
 
 /// Collects the trained parameters' values, in visit order.
 struct Collect<'a> {
-    want: &'a [Entry],
+    ddp: &'a Ddp,
+    /// Float parameters visited so far.
+    at: usize,
     values: Vec<Vec<f32>>,
     error: Option<Error>,
 }
 
 impl ModuleVisitor for Collect<'_> {
     fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
-        let Some(entry) = self.want.iter().find(|e| e.burn == param.id) else {
+        let slot = self.ddp.slots.get(self.at).copied().flatten();
+        self.at += 1;
+        let Some(e) = slot else {
             return;
         };
         match param.val().into_data().try_to_vec::<f32>() {
             Ok(v) => self.values.push(v),
-            Err(e) => {
+            Err(err) => {
                 self.error.get_or_insert(Error::Data {
-                    name: entry.name.clone(),
-                    detail: format!("{e:?}"),
+                    name: self.ddp.params[e].name.clone(),
+                    detail: format!("{err:?}"),
                 });
                 self.values.push(Vec::new());
             }
@@ -246,18 +352,19 @@ impl ModuleVisitor for Collect<'_> {
 
 /// Writes the broadcast values back, in visit order.
 struct Put<'a> {
-    want: &'a [Entry],
+    slots: &'a [Option<usize>],
+    at: usize,
     values: Vec<Vec<f32>>,
-    next: usize,
 }
 
 impl ModuleMapper for Put<'_> {
     fn map_float<const D: usize>(&mut self, param: Param<Tensor<D>>) -> Param<Tensor<D>> {
-        if !self.want.iter().any(|e| e.burn == param.id) {
+        let slot = self.slots.get(self.at).copied().flatten();
+        self.at += 1;
+        let Some(e) = slot else {
             return param;
-        }
-        let values = std::mem::take(&mut self.values[self.next]);
-        self.next += 1;
+        };
+        let values = std::mem::take(&mut self.values[e]);
         param.map(|t| {
             let (device, shape) = (t.device(), t.shape());
             let fresh = Tensor::<D>::from_data(TensorData::new(values, shape), &device);
@@ -272,47 +379,56 @@ impl ModuleMapper for Put<'_> {
 
 /// Takes each gradient out of burn's tensors, in visit order.
 struct Take<'a> {
+    slots: &'a [Option<usize>],
+    at: usize,
     grads: &'a mut GradientsParams,
-    /// (id, data, device) of each parameter that had a gradient.
-    found: Vec<(BurnId, TensorData, burn::tensor::Device)>,
+    found: Vec<Taken>,
 }
 
 impl ModuleVisitor for Take<'_> {
     fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
-        if let Some(g) = self.grads.remove::<D>(param.id) {
+        let slot = self.slots.get(self.at).copied().flatten();
+        self.at += 1;
+        if let Some(e) = slot
+            && let Some(g) = self.grads.remove::<D>(param.id)
+        {
             let device = g.device();
-            self.found.push((param.id, g.into_data(), device));
+            self.found[e] = Some((g.into_data(), device));
         }
     }
 }
 
-/// Puts the averages back as burn tensors on each gradient's device.
+/// Puts the averages back as burn tensors on each gradient's device (the
+/// parameter's, for one that had no gradient and counts as zero).
 struct Back<'a> {
-    reducer: &'a GradReducer,
-    params: &'a [Entry],
-    found: &'a mut Vec<(BurnId, TensorData, burn::tensor::Device)>,
+    ddp: &'a Ddp,
+    at: usize,
+    found: &'a [Taken],
     grads: &'a mut GradientsParams,
     error: Option<Error>,
 }
 
 impl ModuleVisitor for Back<'_> {
     fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
-        let Some(entry) = self.params.iter().find(|e| e.burn == param.id) else {
+        let slot = self.ddp.slots.get(self.at).copied().flatten();
+        self.at += 1;
+        let Some(e) = slot else {
             return;
         };
-        let shape = param.val().shape();
-        let device = self
-            .found
-            .iter()
-            .find(|(id, _, _)| *id == param.id)
-            .map_or_else(|| param.val().device(), |(_, _, d)| d.clone());
-        match self.reducer.grad::<f32>(entry.id) {
+        let (shape, device) = match &self.found[e] {
+            Some((data, device)) => (data.shape().clone(), device.clone()),
+            None => {
+                let value = param.val();
+                (value.shape(), value.device())
+            }
+        };
+        match self.ddp.reducer.grad::<f32>(self.ddp.params[e].id) {
             Ok(avg) => {
                 let t = Tensor::<D>::from_data(TensorData::new(avg.to_vec(), shape), &device);
                 self.grads.register::<D>(param.id, t);
             }
-            Err(e) => {
-                self.error.get_or_insert(e.into());
+            Err(err) => {
+                self.error.get_or_insert(err.into());
             }
         }
     }

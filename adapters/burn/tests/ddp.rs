@@ -88,6 +88,31 @@ fn two_ranks_start_equal_and_average_their_gradients() {
     }
 }
 
+/// A module other than the one the `Ddp` was made from is refused, before
+/// any communication.
+#[test]
+fn another_module_is_refused() {
+    let (_store, comms) = group(1);
+    let device = Device::default().autodiff();
+    let small = LinearConfig::new(4, 3).init(&device);
+    let mut ddp = ringwire_burn::Ddp::new(&comms[0], &small, Default::default()).expect("ddp");
+    let other = Two::new(&device);
+    let loss = other.l2.forward(other.l1.forward(input(0, &device))).sum();
+    let e = ddp
+        .sync(&other, loss.backward())
+        .expect_err("another module");
+    assert!(
+        matches!(
+            e,
+            ringwire_burn::Error::ModuleChanged {
+                expected: 2,
+                got: 4
+            }
+        ),
+        "{e}"
+    );
+}
+
 /// A model that differs across ranks fails on every rank, naming it.
 #[test]
 fn a_layout_that_differs_fails_on_every_rank() {
@@ -100,5 +125,201 @@ fn a_layout_that_differs_fails_on_every_rank() {
     for o in out {
         let e = o.expect_err("layouts differ");
         assert!(e.to_string().contains("weight"), "{e}");
+    }
+}
+
+/// The weight gradient of `model` for `rank`'s input, in one process.
+fn own_weight_grad(model: &Linear, rank: usize, rows: usize, device: &Device) -> Vec<f32> {
+    let loss = model.forward(input_rows(rank, rows, device)).mean();
+    weight_grad(model, &GradientsParams::from_grads(loss.backward(), model))
+}
+
+/// `rows` rows of 4 inputs, different for each rank.
+fn input_rows(rank: usize, rows: usize, device: &Device) -> Tensor<2> {
+    let v: Vec<f32> = (0..rows * 4)
+        .map(|i| ((i * 7 + rank * 13) % 11) as f32 / 5.0 - 1.0)
+        .collect();
+    Tensor::<1>::from_floats(v.as_slice(), device).reshape([rows, 4])
+}
+
+/// Two accumulated steps and a synchronised one give each rank the mean
+/// across ranks of its three gradients' sum, exactly (summed in f32 into
+/// bucket memory, averaged once).
+#[test]
+fn accumulated_steps_are_summed_then_averaged() {
+    let (_store, comms) = group(2);
+    let out = on_all(&comms, |c| {
+        let device = Device::default().autodiff();
+        let model = LinearConfig::new(4, 3).init(&device);
+        let mut ddp = ringwire_burn::Ddp::new(c, &model, Default::default()).expect("ddp");
+        let model = ddp.broadcast(model).expect("broadcast");
+        let mut own = vec![0.0f32; 12];
+        for step in 0..3 {
+            let rows = 2 + step;
+            let g = own_weight_grad(&model, c.rank() * 3 + step, rows, &device);
+            own.iter_mut().zip(&g).for_each(|(s, g)| *s += g);
+            let loss = model
+                .forward(input_rows(c.rank() * 3 + step, rows, &device))
+                .mean();
+            if step < 2 {
+                ddp.accumulate(&model, loss.backward()).expect("accumulate");
+            } else {
+                let avg = ddp.sync(&model, loss.backward()).expect("sync");
+                return (own, weight_grad(&model, &avg));
+            }
+        }
+        unreachable!("the third step syncs")
+    });
+    let want: Vec<f32> = out[0]
+        .0
+        .iter()
+        .zip(&out[1].0)
+        .map(|(&a, &b)| ((a + b) as f64 / 2.0) as f32)
+        .collect();
+    for (rank, o) in out.iter().enumerate() {
+        assert_eq!(o.1, want, "rank {rank}");
+    }
+}
+
+/// An uneven last batch: rank 0 has three samples, rank 1 one. With the
+/// sample counts set, each rank gets the mean over all four samples (the
+/// gradient one process computes on the whole batch, within rounding),
+/// not the mean of the two ranks' means.
+#[test]
+fn an_uneven_last_batch_is_weighted_by_its_samples() {
+    let (_store, comms) = group(2);
+    let rows = [3, 1];
+    let out = on_all(&comms, |c| {
+        let device = Device::default().autodiff();
+        let model = LinearConfig::new(4, 3).init(&device);
+        let mut ddp = ringwire_burn::Ddp::new(c, &model, Default::default()).expect("ddp");
+        let model = ddp.broadcast(model).expect("broadcast");
+        // The whole batch in one process: both ranks' rows, one mean.
+        let whole = Tensor::cat(
+            vec![
+                input_rows(0, rows[0], &device),
+                input_rows(1, rows[1], &device),
+            ],
+            0,
+        );
+        let loss = model.forward(whole).mean();
+        let global = weight_grad(
+            &model,
+            &GradientsParams::from_grads(loss.backward(), &model),
+        );
+        let own = own_weight_grad(&model, c.rank(), rows[c.rank()], &device);
+        ddp.set_sample_count(rows[c.rank()]).expect("weight");
+        let loss = model
+            .forward(input_rows(c.rank(), rows[c.rank()], &device))
+            .mean();
+        let avg = ddp.sync(&model, loss.backward()).expect("sync");
+        (global, own, weight_grad(&model, &avg))
+    });
+    // The reducer's arithmetic: each rank scales by its count, the sum is
+    // scaled by one over the total.
+    let want: Vec<f32> = out[0]
+        .1
+        .iter()
+        .zip(&out[1].1)
+        .map(|(&a, &b)| (a * 3.0 + b) * (1.0f64 / 4.0) as f32)
+        .collect();
+    let unweighted: Vec<f32> = out[0]
+        .1
+        .iter()
+        .zip(&out[1].1)
+        .map(|(&a, &b)| (a + b) / 2.0)
+        .collect();
+    assert_ne!(want, unweighted, "the weights matter for this batch");
+    for (rank, o) in out.iter().enumerate() {
+        assert_eq!(o.2, want, "rank {rank}");
+        for (got, global) in o.2.iter().zip(&o.0) {
+            assert!(
+                (got - global).abs() <= 1e-5,
+                "rank {rank}: {got} vs {global}"
+            );
+        }
+    }
+}
+
+/// Two layers, for the frozen and unused cases.
+#[derive(burn::module::Module, Debug)]
+struct Two {
+    l1: Linear,
+    l2: Linear,
+}
+
+impl Two {
+    fn new(device: &Device) -> Two {
+        Two {
+            l1: LinearConfig::new(4, 4).init(device),
+            l2: LinearConfig::new(4, 2).init(device),
+        }
+    }
+}
+
+/// A frozen layer is left out of the reducer, and its gradient-free
+/// parameters are no error.
+#[test]
+fn a_frozen_layer_is_left_out() {
+    use burn::module::Module;
+    let (_store, comms) = group(2);
+    let out = on_all(&comms, |c| {
+        let device = Device::default().autodiff();
+        let mut model = Two::new(&device);
+        model.l1 = model.l1.no_grad();
+        let mut ddp = ringwire_burn::Ddp::new(c, &model, Default::default()).expect("ddp");
+        let names: Vec<String> = ddp.names().iter().map(|s| s.to_string()).collect();
+        let model = ddp.broadcast(model).expect("broadcast");
+        let x = input_rows(c.rank(), 2, &device);
+        let loss = model.l2.forward(model.l1.forward(x)).sum();
+        let avg = ddp.sync(&model, loss.backward()).expect("sync");
+        (
+            names,
+            avg.get::<2>(model.l1.weight.id).is_some(),
+            avg.get::<2>(model.l2.weight.id).is_some(),
+        )
+    });
+    for o in out {
+        assert_eq!(o.0, ["l2.weight", "l2.bias"]);
+        assert!(!o.1, "no gradient for the frozen layer");
+        assert!(o.2, "the trained layer's average");
+    }
+}
+
+/// A layer the loss does not use has no gradient: by default the step
+/// fails on every rank naming it; with `Unused::Zero` it counts as zero.
+#[test]
+fn an_unused_layer_is_named_or_counts_as_zero() {
+    use ringwire::train::{ReducerConfig, Unused};
+    for unused in [Unused::Error, Unused::Zero] {
+        // A failed step aborts the communicator: each case a fresh group.
+        let (_store, comms) = group(2);
+        let out = on_all(&comms, |c| {
+            let device = Device::default().autodiff();
+            let model = Two::new(&device);
+            let config = ReducerConfig {
+                unused,
+                ..Default::default()
+            };
+            let mut ddp = ringwire_burn::Ddp::new(c, &model, config).expect("ddp");
+            let model = ddp.broadcast(model).expect("broadcast");
+            let loss = model.l1.forward(input_rows(c.rank(), 2, &device)).sum();
+            ddp.sync(&model, loss.backward()).map(|avg| {
+                avg.get::<2>(model.l2.weight.id)
+                    .expect("a zero gradient")
+                    .into_data()
+                    .try_to_vec::<f32>()
+                    .unwrap()
+            })
+        });
+        for o in out {
+            match unused {
+                Unused::Error => {
+                    let e = o.expect_err("l2 had no gradient");
+                    assert!(e.to_string().contains("l2.weight"), "{e}");
+                }
+                _ => assert_eq!(o.expect("zero"), vec![0.0; 8]),
+            }
+        }
     }
 }
