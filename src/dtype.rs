@@ -268,6 +268,10 @@ macro_rules! native_element {
             }
 
             fn finish_avg(values: &mut [Self], ranks: usize) {
+                // One rank: the average is the value (x / 1 is exact).
+                if ranks == 1 {
+                    return;
+                }
                 let div = $div;
                 for v in values {
                     *v = div(*v, ranks);
@@ -347,6 +351,9 @@ macro_rules! half_element {
             }
 
             fn finish_avg(values: &mut [Self], ranks: usize) {
+                if ranks == 1 {
+                    return;
+                }
                 let ranks = ranks as f32;
                 for v in values {
                     *v = <$t>::from_f32(v.to_f32() / ranks);

@@ -94,6 +94,9 @@ pub struct Ddp {
     /// trained ones). burn's ids are random per process and change when a
     /// module is made anew; the position in the visit does not.
     slots: Vec<Option<usize>>,
+    /// By index in `params`: whether bucket memory holds gradients of the
+    /// steps since the last sync (accumulated), to be added to.
+    held: Vec<bool>,
 }
 
 /// Walks a module's float parameters in visit order, with their paths.
@@ -154,6 +157,7 @@ impl Ddp {
         let reducer = GradReducer::new(comm, layout, config)?;
         Ok(Ddp {
             reducer,
+            held: vec![false; params.len()],
             params,
             slots,
         })
@@ -209,13 +213,17 @@ impl Ddp {
         model: &M,
         mut grads: GradientsParams,
     ) -> Result<GradientsParams, Error> {
-        let found = self.take(model, &mut grads)?;
-        feed(&mut self.reducer, &self.params, &found)?;
+        let mut found = self.take(model, &mut grads)?;
+        let fed = feed(&mut self.reducer, &self.params, &found, &mut self.held);
+        // The window's sums are spent (averaged, or lost with a failed
+        // step): the next gradients are copied in, not added.
+        self.held.fill(false);
+        fed?;
         self.reducer.finish()?;
         let mut back = Back {
             ddp: self,
             at: 0,
-            found: &found,
+            found: &mut found,
             grads: &mut grads,
             error: None,
         };
@@ -223,7 +231,6 @@ impl Ddp {
         if let Some(e) = back.error {
             return Err(e);
         }
-        self.reducer.zero_grads();
         Ok(grads)
     }
 
@@ -245,11 +252,15 @@ impl Ddp {
         mut grads: GradientsParams,
     ) -> Result<(), Error> {
         let found = self.take(model, &mut grads)?;
-        let params = &self.params;
-        self.reducer.no_sync(|reducer| {
-            feed(reducer, params, &found)?;
+        let (params, held) = (&self.params, &mut self.held);
+        let result = self.reducer.no_sync(|reducer| {
+            feed(reducer, params, &found, held)?;
             Ok(reducer.finish()?)
-        })
+        });
+        if result.is_err() {
+            self.held.fill(false);
+        }
+        result
     }
 
     /// Makes the next [`Ddp::sync`] a weighted average: this rank's
@@ -304,19 +315,38 @@ impl Ddp {
 /// was on (`None`: the parameter had none this step).
 type Taken = Option<(TensorData, Device)>;
 
-/// Copies the taken gradients into bucket memory, last in visit order
-/// first, so the last parameters' buckets are on the wire while the first
-/// ones are still copied.
-fn feed(reducer: &mut GradReducer, params: &[Entry], found: &[Taken]) -> Result<(), Error> {
-    for (entry, slot) in params.iter().zip(found).rev() {
+/// Puts the taken gradients into bucket memory, last in visit order first,
+/// so the last parameters' buckets are on the wire while the first ones are
+/// still copied. A parameter whose bucket memory holds nothing of this
+/// window is copied in (no zeroing of the buckets after each step, no
+/// reading of zeros); one that holds accumulated steps is added to. A
+/// parameter with no gradient now but accumulated ones counts as ready.
+fn feed(
+    reducer: &mut GradReducer,
+    params: &[Entry],
+    found: &[Taken],
+    held: &mut [bool],
+) -> Result<(), Error> {
+    for ((entry, slot), held) in params.iter().zip(found).zip(held).rev() {
         let Some((data, _)) = slot else {
+            if *held {
+                reducer.mark_ready(entry.id)?;
+            }
             continue;
         };
         let values = data.as_slice::<f32>().map_err(|e| Error::Data {
             name: entry.name.clone(),
             detail: format!("{e:?}"),
         })?;
-        reducer.accumulate(entry.id, values)?;
+        let memory = reducer.grad_mut::<f32>(entry.id)?;
+        if *held || memory.len() != values.len() {
+            // Adds; and a length that differs fails naming the parameter.
+            reducer.accumulate(entry.id, values)?;
+        } else {
+            memory.copy_from_slice(values);
+            reducer.mark_ready(entry.id)?;
+        }
+        *held = true;
     }
     Ok(())
 }
@@ -399,11 +429,14 @@ impl ModuleVisitor for Take<'_> {
 }
 
 /// Puts the averages back as burn tensors on each gradient's device (the
-/// parameter's, for one that had no gradient and counts as zero).
+/// parameter's, for one that had no gradient and counts as zero). Each
+/// average is written into the host memory its gradient came out in, when
+/// burn gave that up unshared: no allocation, and no page faults on fresh
+/// memory every step.
 struct Back<'a> {
     ddp: &'a Ddp,
     at: usize,
-    found: &'a [Taken],
+    found: &'a mut [Taken],
     grads: &'a mut GradientsParams,
     error: Option<Error>,
 }
@@ -415,21 +448,27 @@ impl ModuleVisitor for Back<'_> {
         let Some(e) = slot else {
             return;
         };
-        let (shape, device) = match &self.found[e] {
-            Some((data, device)) => (data.shape().clone(), device.clone()),
-            None => {
-                let value = param.val();
-                (value.shape(), value.device())
-            }
-        };
-        match self.ddp.reducer.grad::<f32>(self.ddp.params[e].id) {
-            Ok(avg) => {
-                let t = Tensor::<D>::from_data(TensorData::new(avg.to_vec(), shape), &device);
-                self.grads.register::<D>(param.id, t);
-            }
+        let avg = match self.ddp.reducer.grad::<f32>(self.ddp.params[e].id) {
+            Ok(avg) => avg,
             Err(err) => {
                 self.error.get_or_insert(err.into());
+                return;
             }
-        }
+        };
+        let (data, device) = match self.found[e].take() {
+            Some((mut data, device)) => match data.as_mut_slice::<f32>() {
+                Ok(out) if out.len() == avg.len() => {
+                    out.copy_from_slice(avg);
+                    (data, device)
+                }
+                _ => (TensorData::new(avg.to_vec(), data.shape().clone()), device),
+            },
+            None => {
+                let value = param.val();
+                (TensorData::new(avg.to_vec(), value.shape()), value.device())
+            }
+        };
+        self.grads
+            .register::<D>(param.id, Tensor::<D>::from_data(data, &device));
     }
 }

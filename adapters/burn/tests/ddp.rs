@@ -323,3 +323,111 @@ fn an_unused_layer_is_named_or_counts_as_zero() {
         }
     }
 }
+
+/// bf16 on the wire: each rank gets the mean within bf16's rounding (8
+/// bits of mantissa, twice: each rank's value and the sum), and every rank
+/// the same values.
+#[test]
+fn bf16_on_the_wire_averages_within_its_rounding() {
+    use ringwire::train::{CommHook, ReducerConfig};
+    let (_store, comms) = group(2);
+    let out = on_all(&comms, |c| {
+        let device = Device::default().autodiff();
+        let model = LinearConfig::new(4, 3).init(&device);
+        let config = ReducerConfig {
+            hook: CommHook::Bf16Wire,
+            ..Default::default()
+        };
+        let mut ddp = ringwire_burn::Ddp::new(c, &model, config).expect("ddp");
+        let model = ddp.broadcast(model).expect("broadcast");
+        let own = own_weight_grad(&model, c.rank(), 3, &device);
+        let loss = model.forward(input_rows(c.rank(), 3, &device)).mean();
+        let avg = ddp.sync(&model, loss.backward()).expect("sync");
+        (own, weight_grad(&model, &avg))
+    });
+    assert_eq!(out[0].1, out[1].1, "every rank the same values");
+    let mut exact_everywhere = true;
+    for ((a, b), got) in out[0].0.iter().zip(&out[1].0).zip(&out[0].1) {
+        let want = (a + b) / 2.0;
+        let bound = (a.abs() + b.abs()) / 2.0 * (2.0 / 256.0) + 1e-7;
+        assert!((got - want).abs() <= bound, "{got} vs {want}");
+        exact_everywhere &= got.to_bits() == want.to_bits();
+    }
+    assert!(!exact_everywhere, "bf16 rounded something");
+}
+
+/// A layer with gradients in an accumulated step but none in the synced
+/// one keeps what it accumulated (it is not "unused"): its average is the
+/// mean of the accumulated gradients.
+#[test]
+fn a_layer_seen_only_in_accumulated_steps_keeps_its_sum() {
+    let (_store, comms) = group(2);
+    let out = on_all(&comms, |c| {
+        let device = Device::default().autodiff();
+        let model = Two::new(&device);
+        let mut ddp = ringwire_burn::Ddp::new(c, &model, Default::default()).expect("ddp");
+        let model = ddp.broadcast(model).expect("broadcast");
+        let x = input_rows(c.rank(), 2, &device);
+        let both = model.l2.forward(model.l1.forward(x.clone())).sum();
+        let own = GradientsParams::from_grads(both.backward(), &model);
+        let own_l2 = own
+            .get::<2>(model.l2.weight.id)
+            .unwrap()
+            .into_data()
+            .try_to_vec::<f32>()
+            .unwrap();
+        let both = model.l2.forward(model.l1.forward(x.clone())).sum();
+        ddp.accumulate(&model, both.backward()).expect("accumulate");
+        let only_l1 = model.l1.forward(x).sum();
+        let avg = ddp.sync(&model, only_l1.backward()).expect("sync");
+        let l2 = avg
+            .get::<2>(model.l2.weight.id)
+            .expect("l2's accumulated average")
+            .into_data()
+            .try_to_vec::<f32>()
+            .unwrap();
+        (own_l2, l2)
+    });
+    let want: Vec<f32> = out[0]
+        .0
+        .iter()
+        .zip(&out[1].0)
+        .map(|(&a, &b)| ((a + b) as f64 / 2.0) as f32)
+        .collect();
+    for (rank, o) in out.iter().enumerate() {
+        assert_eq!(o.1, want, "rank {rank}");
+    }
+}
+
+/// Steps after a sync start from nothing: bucket memory is overwritten, not
+/// added to (no zeroing between steps), so the second of two synced steps
+/// gives exactly its own average.
+#[test]
+fn each_synced_step_averages_only_its_own_gradients() {
+    let (_store, comms) = group(2);
+    let out = on_all(&comms, |c| {
+        let device = Device::default().autodiff();
+        let model = LinearConfig::new(4, 3).init(&device);
+        let mut ddp = ringwire_burn::Ddp::new(c, &model, Default::default()).expect("ddp");
+        let model = ddp.broadcast(model).expect("broadcast");
+        let mut last = (Vec::new(), Vec::new());
+        for step in 0..2 {
+            let own = own_weight_grad(&model, c.rank() + 2 * step, 2, &device);
+            let loss = model
+                .forward(input_rows(c.rank() + 2 * step, 2, &device))
+                .mean();
+            let avg = ddp.sync(&model, loss.backward()).expect("sync");
+            last = (own, weight_grad(&model, &avg));
+        }
+        last
+    });
+    let want: Vec<f32> = out[0]
+        .0
+        .iter()
+        .zip(&out[1].0)
+        .map(|(&a, &b)| ((a + b) as f64 / 2.0) as f32)
+        .collect();
+    for (rank, o) in out.iter().enumerate() {
+        assert_eq!(o.1, want, "rank {rank}");
+    }
+}
