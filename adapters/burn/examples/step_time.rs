@@ -8,6 +8,9 @@
 //! target/release/examples/step_time --ranks 2 --model wide --steps 10
 //! ```
 //!
+//! `--bucket-mb N` sets the reducer's bucket cap (25 MiB by default, as
+//! PyTorch's).
+//!
 //! `digits` is the ddp example's MLP (64-128-10, 9.6 k parameters), `wide`
 //! an MLP of 25 M parameters (1024-4096-4096-1024). Both train on random
 //! data with a global batch of 64 split across the ranks (so more ranks
@@ -26,6 +29,7 @@ use burn::nn::loss::CrossEntropyLossConfig;
 use burn::nn::{Linear, LinearConfig, Relu};
 use burn::optim::SgdConfig;
 use burn::tensor::{Device, Int, Tensor, TensorData};
+use ringwire::train::ReducerConfig;
 use ringwire::{Communicator, ReduceOp};
 use ringwire_burn::Ddp;
 use std::process::ExitCode;
@@ -40,9 +44,10 @@ fn main() -> ExitCode {
             launch::arg("--ranks", 0usize)?,
             launch::arg("--model", "digits".to_string())?,
             launch::arg("--steps", 50usize)?,
+            launch::arg("--bucket-mb", 25usize)?,
         ))
     })();
-    let (ranks, model, steps) = match parsed {
+    let (ranks, model, steps, bucket_mb) = match parsed {
         Ok(p) => p,
         Err(e) => {
             eprintln!("step_time: {e}");
@@ -60,7 +65,7 @@ fn main() -> ExitCode {
     if ranks > 0 {
         return launch::local_ranks(ranks, "step_time");
     }
-    match run_rank(&model, dims, steps) {
+    match run_rank(&model, dims, steps, bucket_mb) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("step_time: {e}");
@@ -98,7 +103,12 @@ impl Mlp {
     }
 }
 
-fn run_rank(name: &str, dims: &[usize], steps: usize) -> Result<(), Box<dyn std::error::Error>> {
+fn run_rank(
+    name: &str,
+    dims: &[usize],
+    steps: usize,
+    bucket_mb: usize,
+) -> Result<(), Box<dyn std::error::Error>> {
     let comm = Communicator::from_env().wait()?;
     let (rank, world) = (comm.rank(), comm.world_size());
     let per_rank = GLOBAL_BATCH / world;
@@ -116,7 +126,11 @@ fn run_rank(name: &str, dims: &[usize], steps: usize) -> Result<(), Box<dyn std:
     let x = Tensor::<2>::from_data(TensorData::new(x, [per_rank, features]), &device);
     let y = Tensor::<1, Int>::from_data(TensorData::new(y, [per_rank]), &device);
     let model = Mlp::new(dims, &device);
-    let mut ddp = Ddp::new(&comm, &model, Default::default())?;
+    let config = ReducerConfig {
+        bucket_cap_bytes: bucket_mb << 20,
+        ..Default::default()
+    };
+    let mut ddp = Ddp::new(&comm, &model, config)?;
     let params: usize = ddp.reducer().layout().iter().map(|(_, p)| p.len).sum();
     let mut model = ddp.broadcast(model)?;
     let mut optim = SgdConfig::new().init();
