@@ -26,9 +26,9 @@ use burn::nn::loss::CrossEntropyLossConfig;
 use burn::nn::{Linear, LinearConfig, Relu};
 use burn::optim::{GradientsParams, SgdConfig};
 use burn::tensor::{Device, Int, Tensor, TensorData};
-use ringwire::Communicator;
-use ringwire::train::{ReducerConfig, Unused};
 use ringwire_burn::Ddp;
+use ringwire_burn::ringwire::train::{ReducerConfig, Unused};
+use ringwire_burn::ringwire::{self, Communicator};
 use std::process::ExitCode;
 
 const FEATURES: usize = 64;

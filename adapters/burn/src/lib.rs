@@ -37,6 +37,10 @@
 //! host-to-device copy; reducing GPU tensors in place through
 //! `ringwire-gpu` is not built (decision 0042).
 
+/// The ringwire this crate is built on, so that `ringwire-burn` is the one
+/// dependency a trainer adds: `use ringwire_burn::ringwire;`.
+pub use ringwire;
+
 use burn::module::{Module, ModuleMapper, ModuleVisitor, Param};
 use burn::optim::GradientsParams;
 use burn::tensor::{DType as BurnDType, Device, Gradients, Tensor, TensorData};
