@@ -364,6 +364,13 @@ impl GradReducer {
         }
     }
 
+    /// The communicator the gradients are averaged on (the one given to
+    /// `new`, or the last `recover`/`rejoin`): for the collectives a
+    /// trainer runs beside the reducer, on the same members.
+    pub fn communicator(&self) -> &Communicator {
+        &self.comm
+    }
+
     /// The layout this reducer was made with.
     pub fn layout(&self) -> &Layout {
         &self.layout

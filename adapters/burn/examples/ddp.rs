@@ -146,7 +146,7 @@ fn run_rank() -> Result<(), Box<dyn std::error::Error>> {
             let at = slice_of(b, rank, world, data.len());
             let uneven = !data.len().is_multiple_of(GLOBAL_BATCH) && b + 1 == batches;
             if uneven {
-                ddp.set_sample_count(at.len())?;
+                ddp.set_sample_count(at.len());
             }
             let grads = if at.is_empty() {
                 ddp.sync_params(&model, GradientsParams::new())?

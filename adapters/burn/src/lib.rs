@@ -72,6 +72,15 @@ pub enum Error {
         /// How many this module has.
         got: usize,
     },
+    /// A parameter that is not as rank 0's (a frozen one: the reducer
+    /// checks the trained ones when it is made).
+    #[error("parameter {name:?}: {detail}")]
+    NotAsOnRank0 {
+        /// Its path in the module.
+        name: String,
+        /// How it differs.
+        detail: String,
+    },
     /// burn's tensor data could not be read as f32.
     #[error("parameter {name:?}: {detail}")]
     Data {
@@ -101,6 +110,11 @@ pub struct Ddp {
     /// By index in `params`: whether bucket memory holds gradients of the
     /// steps since the last sync (accumulated), to be added to.
     held: Vec<bool>,
+    /// Every float parameter in visit order: its path, and its elements
+    /// when it is f32 (what `broadcast` sends).
+    floats: Vec<(String, Option<usize>)>,
+    /// The sample count `set_sample_count` gave for the next sync.
+    samples: Option<usize>,
 }
 
 /// Walks a module's float parameters in visit order, with their paths.
@@ -146,7 +160,9 @@ impl Ddp {
         let mut layout = Layout::new();
         let mut params = Vec::new();
         let mut slots = Vec::with_capacity(walk.found.len());
+        let mut floats = Vec::with_capacity(walk.found.len());
         for (name, len, dtype, trained) in walk.found {
+            floats.push((name.clone(), (dtype == BurnDType::F32).then_some(len)));
             if !trained {
                 slots.push(None);
                 continue;
@@ -164,32 +180,73 @@ impl Ddp {
             held: vec![false; params.len()],
             params,
             slots,
+            floats,
+            samples: None,
         })
     }
 
-    /// `model` with every rank's trained parameters set to rank 0's.
-    /// Collective.
+    /// `model` with every rank's f32 parameters set to rank 0's: the
+    /// trained ones, and the frozen ones and buffers (a `no_grad` layer,
+    /// batch norm's running statistics) too, as PyTorch's DDP broadcasts
+    /// its buffers. Collective. A frozen parameter whose shape differs
+    /// from rank 0's fails on every rank, naming it.
     pub fn broadcast<M: Module>(&mut self, model: M) -> Result<M, Error> {
         let mut values = Collect {
-            ddp: self,
             at: 0,
-            values: Vec::with_capacity(self.params.len()),
+            values: Vec::with_capacity(self.floats.len()),
             error: None,
+            floats: &self.floats,
         };
         model.visit(&mut values);
         if let Some(e) = values.error {
             return Err(e);
         }
         self.check_visited(values.at)?;
-        let mut values = values.values;
+        let values = values.values;
+        let comm = self.reducer.communicator();
+        // Every rank's f32 parameters must be rank 0's shapes: their
+        // lengths first (a flat broadcast of another length would fail
+        // without naming one).
+        let lens: Vec<i64> = self
+            .floats
+            .iter()
+            .map(|(_, n)| n.map_or(-1, |n| n as i64))
+            .collect();
+        let rank0 = comm
+            .broadcast(lens.clone(), 0)
+            .wait()
+            .map_err(TrainError::from)?;
+        if let Some(at) = (0..lens.len())
+            .find(|&i| rank0.get(i) != lens.get(i))
+            .or((rank0.len() != lens.len()).then_some(lens.len().min(rank0.len())))
         {
-            let mut views: Vec<&mut [f32]> = values.iter_mut().map(Vec::as_mut_slice).collect();
-            self.reducer.broadcast_params(&mut views)?;
+            let name = self
+                .floats
+                .get(at)
+                .map_or_else(|| "(none)".into(), |f| f.0.clone());
+            let say = |n: Option<&i64>| match n {
+                None => "absent".to_string(),
+                Some(-1) => "not f32".to_string(),
+                Some(n) => format!("{n} elements"),
+            };
+            let e = Error::NotAsOnRank0 {
+                name,
+                detail: format!(
+                    "{} here, {} on rank 0",
+                    say(lens.get(at)),
+                    say(rank0.get(at))
+                ),
+            };
+            comm.abort(&e.to_string());
+            return Err(e);
         }
+        let flat: Vec<f32> = values.iter().flatten().flatten().copied().collect();
+        let flat = comm.broadcast(flat, 0).wait().map_err(TrainError::from)?;
         let mut put = Put {
-            slots: &self.slots,
             at: 0,
-            values,
+            floats: &self.floats,
+            flat: &flat,
+            from: 0,
         };
         Ok(model.map(&mut put))
     }
@@ -218,11 +275,19 @@ impl Ddp {
         mut grads: GradientsParams,
     ) -> Result<GradientsParams, Error> {
         let mut found = self.take(model, &mut grads)?;
+        if let Some(samples) = self.samples.take() {
+            self.reducer.set_sample_count(samples)?;
+        }
         let fed = feed(&mut self.reducer, &self.params, &found, &mut self.held);
         // The window's sums are spent (averaged, or lost with a failed
         // step): the next gradients are copied in, not added.
         self.held.fill(false);
-        fed?;
+        if let Err(e) = fed {
+            // Ends the step (its buckets waited for or the communicator
+            // aborted), so the reducer is ready for the next one.
+            let _ = self.reducer.finish();
+            return Err(e);
+        }
         self.reducer.finish()?;
         let mut back = Back {
             ddp: self,
@@ -258,8 +323,11 @@ impl Ddp {
         let found = self.take(model, &mut grads)?;
         let (params, held) = (&self.params, &mut self.held);
         let result = self.reducer.no_sync(|reducer| {
-            feed(reducer, params, &found, held)?;
-            Ok(reducer.finish()?)
+            let fed = feed(reducer, params, &found, held);
+            // Ends the step whatever happened, so none stays marked.
+            let finished = reducer.finish();
+            fed?;
+            Ok(finished?)
         });
         if result.is_err() {
             self.held.fill(false);
@@ -271,9 +339,11 @@ impl Ddp {
     /// gradients are the mean over `samples` samples (an uneven last
     /// batch), and each rank counts in proportion, so the result is the
     /// mean over every rank's samples. Call it before that `sync`, on every
-    /// rank (it adds one small all-reduce).
-    pub fn set_sample_count(&mut self, samples: usize) -> Result<(), Error> {
-        Ok(self.reducer.set_sample_count(samples)?)
+    /// rank (the sync adds one small all-reduce). With steps accumulated
+    /// since the last sync, the weight applies to their sum with the
+    /// sync's own gradients: count the window's samples.
+    pub fn set_sample_count(&mut self, samples: usize) {
+        self.samples = Some(samples);
     }
 
     /// The reducer underneath (buckets, per-step statistics with
@@ -289,7 +359,10 @@ impl Ddp {
 
     /// Takes each trained parameter's gradient out of `grads` as host data
     /// (no copy where burn's tensor is contiguous and not shared), with its
-    /// device, by index in `params`.
+    /// device, by index in `params`; and checks them all before any goes
+    /// into bucket memory, so a step fails whole, not half fed. A failure
+    /// here aborts the communicator: the other ranks' buckets would wait
+    /// for this rank's until their timeout.
     fn take<M: Module>(&self, model: &M, grads: &mut GradientsParams) -> Result<Vec<Taken>, Error> {
         let mut take = Take {
             slots: &self.slots,
@@ -298,8 +371,33 @@ impl Ddp {
             found: (0..self.params.len()).map(|_| None).collect(),
         };
         model.visit(&mut take);
-        self.check_visited(take.at)?;
-        Ok(take.found)
+        let (visited, found) = (take.at, take.found);
+        let checked = self.check_visited(visited).and_then(|()| {
+            for (entry, slot) in self.params.iter().zip(&found) {
+                let Some((data, _)) = slot else { continue };
+                let expected = self.reducer.layout().param(entry.id).len;
+                let detail = match data.as_slice::<f32>() {
+                    Ok(v) if v.len() == expected => continue,
+                    Ok(v) => format!(
+                        "its gradient has {} elements, the parameter {expected}",
+                        v.len()
+                    ),
+                    Err(e) => format!("its gradient is not f32: {e:?}"),
+                };
+                return Err(Error::Data {
+                    name: entry.name.clone(),
+                    detail,
+                });
+            }
+            Ok(())
+        });
+        match checked {
+            Ok(()) => Ok(found),
+            Err(e) => {
+                self.reducer.communicator().abort(&e.to_string());
+                Err(e)
+            }
+        }
     }
 
     /// Fails when the module's float parameters are not those `new` saw.
@@ -355,50 +453,55 @@ fn feed(
     Ok(())
 }
 
-/// Collects the trained parameters' values, in visit order.
+/// Collects every f32 parameter's values, in visit order (`None` for
+/// the others).
 struct Collect<'a> {
-    ddp: &'a Ddp,
+    floats: &'a [(String, Option<usize>)],
     /// Float parameters visited so far.
     at: usize,
-    values: Vec<Vec<f32>>,
+    values: Vec<Option<Vec<f32>>>,
     error: Option<Error>,
 }
 
 impl ModuleVisitor for Collect<'_> {
     fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
-        let slot = self.ddp.slots.get(self.at).copied().flatten();
+        let float = self.floats.get(self.at);
         self.at += 1;
-        let Some(e) = slot else {
+        let Some((name, Some(_))) = float else {
+            self.values.push(None);
             return;
         };
         match param.val().into_data().try_to_vec::<f32>() {
-            Ok(v) => self.values.push(v),
+            Ok(v) => self.values.push(Some(v)),
             Err(err) => {
                 self.error.get_or_insert(Error::Data {
-                    name: self.ddp.params[e].name.clone(),
+                    name: name.clone(),
                     detail: format!("{err:?}"),
                 });
-                self.values.push(Vec::new());
+                self.values.push(None);
             }
         }
     }
 }
 
-/// Writes the broadcast values back, in visit order.
+/// Writes rank 0's values back, in visit order, from one flat vector.
 struct Put<'a> {
-    slots: &'a [Option<usize>],
+    floats: &'a [(String, Option<usize>)],
     at: usize,
-    values: Vec<Vec<f32>>,
+    flat: &'a [f32],
+    /// Where the next parameter's values start in `flat`.
+    from: usize,
 }
 
 impl ModuleMapper for Put<'_> {
     fn map_float<const D: usize>(&mut self, param: Param<Tensor<D>>) -> Param<Tensor<D>> {
-        let slot = self.slots.get(self.at).copied().flatten();
+        let float = self.floats.get(self.at);
         self.at += 1;
-        let Some(e) = slot else {
+        let Some((_, Some(len))) = float else {
             return param;
         };
-        let values = std::mem::take(&mut self.values[e]);
+        let values = self.flat[self.from..self.from + len].to_vec();
+        self.from += len;
         param.map(|t| {
             let (device, shape) = (t.device(), t.shape());
             let fresh = Tensor::<D>::from_data(TensorData::new(values, shape), &device);
@@ -468,8 +571,13 @@ impl ModuleVisitor for Back<'_> {
                 _ => (TensorData::new(avg.to_vec(), data.shape().clone()), device),
             },
             None => {
+                // burn keeps gradients on the inner device, not the
+                // autodiff one the parameter is on.
                 let value = param.val();
-                (TensorData::new(avg.to_vec(), value.shape()), value.device())
+                (
+                    TensorData::new(avg.to_vec(), value.shape()),
+                    value.device().inner(),
+                )
             }
         };
         self.grads

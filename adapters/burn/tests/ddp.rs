@@ -6,6 +6,7 @@ use burn::optim::GradientsParams;
 use burn::tensor::{Device, Tensor};
 use ringwire::Communicator;
 use ringwire::store::StoreServer;
+use ringwire::train::ReducerConfig;
 use std::time::Duration;
 
 fn group(world: usize) -> (StoreServer, Vec<Communicator>) {
@@ -51,6 +52,41 @@ fn weight_grad(model: &Linear, grads: &GradientsParams) -> Vec<f32> {
         .into_data()
         .try_to_vec::<f32>()
         .unwrap()
+}
+
+/// A 4-3 linear layer, its `Ddp` with `config`, and rank 0's weights.
+fn linear(c: &Communicator, config: ReducerConfig) -> (Device, Linear, ringwire_burn::Ddp) {
+    let device = Device::default().autodiff();
+    let model = LinearConfig::new(4, 3).init(&device);
+    let mut ddp = ringwire_burn::Ddp::new(c, &model, config).expect("ddp");
+    let model = ddp.broadcast(model).expect("broadcast");
+    (device, model, ddp)
+}
+
+/// Every rank's result (the second of its pair) is `want`, exactly.
+fn each_rank_got<T>(out: &[(T, Vec<f32>)], want: &[f32]) {
+    for (rank, o) in out.iter().enumerate() {
+        assert_eq!(o.1, want, "rank {rank}");
+    }
+}
+
+/// The reducer's average of two ranks' values: summed in f32, divided
+/// once in f64.
+fn avg2(a: &[f32], b: &[f32]) -> Vec<f32> {
+    a.iter()
+        .zip(b)
+        .map(|(&a, &b)| ((a + b) as f64 / 2.0) as f32)
+        .collect()
+}
+
+/// The reducer's weighted average of two ranks' values: each scaled by its
+/// count, summed, scaled by one over the total.
+fn weighted2(a: &[f32], wa: f32, b: &[f32], wb: f32) -> Vec<f32> {
+    let scale = (1.0 / (wa + wb) as f64) as f32;
+    a.iter()
+        .zip(b)
+        .map(|(&a, &b)| (a * wa + b * wb) * scale)
+        .collect()
 }
 
 /// Two ranks with different random weights and inputs: after `broadcast`
@@ -149,10 +185,7 @@ fn input_rows(rank: usize, rows: usize, device: &Device) -> Tensor<2> {
 fn accumulated_steps_are_summed_then_averaged() {
     let (_store, comms) = group(2);
     let out = on_all(&comms, |c| {
-        let device = Device::default().autodiff();
-        let model = LinearConfig::new(4, 3).init(&device);
-        let mut ddp = ringwire_burn::Ddp::new(c, &model, Default::default()).expect("ddp");
-        let model = ddp.broadcast(model).expect("broadcast");
+        let (device, model, mut ddp) = linear(c, Default::default());
         let mut own = vec![0.0f32; 12];
         for step in 0..3 {
             let rows = 2 + step;
@@ -170,15 +203,8 @@ fn accumulated_steps_are_summed_then_averaged() {
         }
         unreachable!("the third step syncs")
     });
-    let want: Vec<f32> = out[0]
-        .0
-        .iter()
-        .zip(&out[1].0)
-        .map(|(&a, &b)| ((a + b) as f64 / 2.0) as f32)
-        .collect();
-    for (rank, o) in out.iter().enumerate() {
-        assert_eq!(o.1, want, "rank {rank}");
-    }
+    let want: Vec<f32> = avg2(&out[0].0, &out[1].0);
+    each_rank_got(&out, &want);
 }
 
 /// An uneven last batch: rank 0 has three samples, rank 1 one. With the
@@ -190,10 +216,7 @@ fn an_uneven_last_batch_is_weighted_by_its_samples() {
     let (_store, comms) = group(2);
     let rows = [3, 1];
     let out = on_all(&comms, |c| {
-        let device = Device::default().autodiff();
-        let model = LinearConfig::new(4, 3).init(&device);
-        let mut ddp = ringwire_burn::Ddp::new(c, &model, Default::default()).expect("ddp");
-        let model = ddp.broadcast(model).expect("broadcast");
+        let (device, model, mut ddp) = linear(c, Default::default());
         // The whole batch in one process: both ranks' rows, one mean.
         let whole = Tensor::cat(
             vec![
@@ -208,7 +231,7 @@ fn an_uneven_last_batch_is_weighted_by_its_samples() {
             &GradientsParams::from_grads(loss.backward(), &model),
         );
         let own = own_weight_grad(&model, c.rank(), rows[c.rank()], &device);
-        ddp.set_sample_count(rows[c.rank()]).expect("weight");
+        ddp.set_sample_count(rows[c.rank()]);
         let loss = model
             .forward(input_rows(c.rank(), rows[c.rank()], &device))
             .mean();
@@ -217,12 +240,7 @@ fn an_uneven_last_batch_is_weighted_by_its_samples() {
     });
     // The reducer's arithmetic: each rank scales by its count, the sum is
     // scaled by one over the total.
-    let want: Vec<f32> = out[0]
-        .1
-        .iter()
-        .zip(&out[1].1)
-        .map(|(&a, &b)| (a * 3.0 + b) * (1.0f64 / 4.0) as f32)
-        .collect();
+    let want: Vec<f32> = weighted2(&out[0].1, 3.0, &out[1].1, 1.0);
     let unweighted: Vec<f32> = out[0]
         .1
         .iter()
@@ -257,8 +275,9 @@ impl Two {
     }
 }
 
-/// A frozen layer is left out of the reducer, and its gradient-free
-/// parameters are no error.
+/// A frozen layer is left out of the reducer (its gradient-free
+/// parameters are no error), and `broadcast` still gives it rank 0's
+/// values, as PyTorch's DDP does its buffers.
 #[test]
 fn a_frozen_layer_is_left_out() {
     use burn::module::Module;
@@ -270,18 +289,21 @@ fn a_frozen_layer_is_left_out() {
         let mut ddp = ringwire_burn::Ddp::new(c, &model, Default::default()).expect("ddp");
         let names: Vec<String> = ddp.names().iter().map(|s| s.to_string()).collect();
         let model = ddp.broadcast(model).expect("broadcast");
+        let frozen = model
+            .l1
+            .weight
+            .val()
+            .into_data()
+            .try_to_vec::<f32>()
+            .unwrap();
         let x = input_rows(c.rank(), 2, &device);
         let loss = model.l2.forward(model.l1.forward(x)).sum();
         let avg = ddp.sync(&model, loss.backward()).expect("sync");
-        (
-            names,
-            avg.get::<2>(model.l1.weight.id).is_some(),
-            avg.get::<2>(model.l2.weight.id).is_some(),
-        )
+        (names, frozen, avg.get::<2>(model.l2.weight.id).is_some())
     });
+    assert_eq!(out[0].1, out[1].1, "the frozen layer is rank 0's too");
     for o in out {
         assert_eq!(o.0, ["l2.weight", "l2.bias"]);
-        assert!(!o.1, "no gradient for the frozen layer");
         assert!(o.2, "the trained layer's average");
     }
 }
@@ -290,7 +312,7 @@ fn a_frozen_layer_is_left_out() {
 /// fails on every rank naming it; with `Unused::Zero` it counts as zero.
 #[test]
 fn an_unused_layer_is_named_or_counts_as_zero() {
-    use ringwire::train::{ReducerConfig, Unused};
+    use ringwire::train::Unused;
     for unused in [Unused::Error, Unused::Zero] {
         // A failed step aborts the communicator: each case a fresh group.
         let (_store, comms) = group(2);
@@ -303,6 +325,14 @@ fn an_unused_layer_is_named_or_counts_as_zero() {
             };
             let mut ddp = ringwire_burn::Ddp::new(c, &model, config).expect("ddp");
             let model = ddp.broadcast(model).expect("broadcast");
+            // A step that uses l2 first, so its bucket memory holds a
+            // non-zero average the next step must not keep.
+            let both = model
+                .l2
+                .forward(model.l1.forward(input_rows(c.rank(), 2, &device)))
+                .sum();
+            ddp.sync(&model, both.backward())
+                .expect("a step using both");
             let loss = model.l1.forward(input_rows(c.rank(), 2, &device)).sum();
             ddp.sync(&model, loss.backward()).map(|avg| {
                 avg.get::<2>(model.l2.weight.id)
@@ -329,17 +359,14 @@ fn an_unused_layer_is_named_or_counts_as_zero() {
 /// the same values.
 #[test]
 fn bf16_on_the_wire_averages_within_its_rounding() {
-    use ringwire::train::{CommHook, ReducerConfig};
+    use ringwire::train::CommHook;
     let (_store, comms) = group(2);
     let out = on_all(&comms, |c| {
-        let device = Device::default().autodiff();
-        let model = LinearConfig::new(4, 3).init(&device);
         let config = ReducerConfig {
             hook: CommHook::Bf16Wire,
             ..Default::default()
         };
-        let mut ddp = ringwire_burn::Ddp::new(c, &model, config).expect("ddp");
-        let model = ddp.broadcast(model).expect("broadcast");
+        let (device, model, mut ddp) = linear(c, config);
         let own = own_weight_grad(&model, c.rank(), 3, &device);
         let loss = model.forward(input_rows(c.rank(), 3, &device)).mean();
         let avg = ddp.sync(&model, loss.backward()).expect("sync");
@@ -388,15 +415,8 @@ fn a_layer_seen_only_in_accumulated_steps_keeps_its_sum() {
             .unwrap();
         (own_l2, l2)
     });
-    let want: Vec<f32> = out[0]
-        .0
-        .iter()
-        .zip(&out[1].0)
-        .map(|(&a, &b)| ((a + b) as f64 / 2.0) as f32)
-        .collect();
-    for (rank, o) in out.iter().enumerate() {
-        assert_eq!(o.1, want, "rank {rank}");
-    }
+    let want: Vec<f32> = avg2(&out[0].0, &out[1].0);
+    each_rank_got(&out, &want);
 }
 
 /// Steps after a sync start from nothing: bucket memory is overwritten, not
@@ -406,10 +426,7 @@ fn a_layer_seen_only_in_accumulated_steps_keeps_its_sum() {
 fn each_synced_step_averages_only_its_own_gradients() {
     let (_store, comms) = group(2);
     let out = on_all(&comms, |c| {
-        let device = Device::default().autodiff();
-        let model = LinearConfig::new(4, 3).init(&device);
-        let mut ddp = ringwire_burn::Ddp::new(c, &model, Default::default()).expect("ddp");
-        let model = ddp.broadcast(model).expect("broadcast");
+        let (device, model, mut ddp) = linear(c, Default::default());
         let mut last = (Vec::new(), Vec::new());
         for step in 0..2 {
             let own = own_weight_grad(&model, c.rank() + 2 * step, 2, &device);
@@ -421,13 +438,92 @@ fn each_synced_step_averages_only_its_own_gradients() {
         }
         last
     });
-    let want: Vec<f32> = out[0]
-        .0
-        .iter()
-        .zip(&out[1].0)
-        .map(|(&a, &b)| ((a + b) as f64 / 2.0) as f32)
-        .collect();
-    for (rank, o) in out.iter().enumerate() {
-        assert_eq!(o.1, want, "rank {rank}");
-    }
+    let want: Vec<f32> = avg2(&out[0].0, &out[1].0);
+    each_rank_got(&out, &want);
+}
+
+/// A sample count set before accumulated steps weighs the whole window at
+/// the sync (it is not dropped by the accumulated steps).
+#[test]
+fn a_sample_count_weighs_the_accumulated_window() {
+    let (_store, comms) = group(2);
+    let weights = [3usize, 1];
+    let out = on_all(&comms, |c| {
+        let (device, model, mut ddp) = linear(c, Default::default());
+        ddp.set_sample_count(weights[c.rank()]);
+        let mut window = vec![0.0f32; 12];
+        let mut avg = None;
+        for step in 0..2 {
+            let at = c.rank() * 2 + step;
+            let g = own_weight_grad(&model, at, 2, &device);
+            window.iter_mut().zip(&g).for_each(|(s, g)| *s += g);
+            let loss = model.forward(input_rows(at, 2, &device)).mean();
+            match step {
+                0 => ddp.accumulate(&model, loss.backward()).expect("accumulate"),
+                _ => {
+                    avg = Some(weight_grad(
+                        &model,
+                        &ddp.sync(&model, loss.backward()).expect("sync"),
+                    ))
+                }
+            }
+        }
+        (window, avg.expect("synced"))
+    });
+    let want: Vec<f32> = weighted2(&out[0].0, 3.0, &out[1].0, 1.0);
+    let unweighted: Vec<f32> = avg2(&out[0].0, &out[1].0);
+    assert_ne!(want, unweighted, "the weights matter here");
+    each_rank_got(&out, &want);
+}
+
+/// A gradient of the wrong shape on one rank fails that rank before any
+/// bucket is fed, and the others through an abort that names it, not
+/// through their timeout.
+#[test]
+fn a_malformed_gradient_fails_every_rank_through_an_abort() {
+    let (_store, comms) = group(2);
+    let out = on_all(&comms, |c| {
+        let (device, model, mut ddp) = linear(c, Default::default());
+        let loss = model.forward(input_rows(c.rank(), 2, &device)).sum();
+        let mut grads = GradientsParams::from_grads(loss.backward(), &model);
+        if c.rank() == 1 {
+            grads.remove::<2>(model.weight.id);
+            grads.register::<2>(
+                model.weight.id,
+                Tensor::<2>::zeros([2, 2], &device.clone().inner()),
+            );
+        }
+        ddp.sync_params(&model, grads).map(|_| ())
+    });
+    let e1 = out[1].as_ref().expect_err("rank 1's gradient is malformed");
+    assert!(e1.to_string().contains("weight"), "{e1}");
+    // Rank 0 hears of the abort (naming rank 1's reason), not of its
+    // timeout.
+    let e0 = out[0].as_ref().expect_err("rank 0 hears of it");
+    assert!(e0.to_string().contains("called abort()"), "{e0}");
+    assert!(e0.to_string().contains("weight"), "{e0}");
+}
+
+/// A frozen layer whose shape differs from rank 0's fails `broadcast` on
+/// the differing rank, naming it, and aborts the communicator, so rank 0
+/// (whose broadcast, as a root's, may already have ended) fails next.
+#[test]
+fn a_frozen_layer_unlike_rank_0s_fails_broadcast_everywhere() {
+    use burn::module::Module;
+    let (_store, comms) = group(2);
+    let out = on_all(&comms, |c| {
+        let device = Device::default().autodiff();
+        let model = Two {
+            l1: LinearConfig::new(4, 4 + c.rank()).init(&device).no_grad(),
+            l2: LinearConfig::new(4, 2).init(&device),
+        };
+        let mut ddp = ringwire_burn::Ddp::new(c, &model, Default::default()).expect("ddp");
+        let broadcast = ddp.broadcast(model).map(|_| ());
+        // The root's broadcast may end before it hears; its next op does.
+        let next = c.all_reduce(vec![1.0f32], ringwire::ReduceOp::Sum).wait();
+        (broadcast, next.is_err())
+    });
+    let e1 = out[1].0.as_ref().expect_err("rank 1's l1 differs");
+    assert!(e1.to_string().contains("l1.weight"), "{e1}");
+    assert!(out[0].1, "rank 0 hears of it by its next op");
 }
