@@ -181,3 +181,52 @@ pub fn broadcast_state_in_pieces<T: Element>(
 ) -> Result<(), crate::train::TrainError> {
     crate::train::broadcast_state_in_pieces(comm, root, parts, piece_bytes)
 }
+
+/// `world` communicators of this process on loopback, one per rank, each
+/// built on its own thread against the store this returns (keep it alive
+/// while they run): for tests of code above the communicator (the trainer
+/// layer, the adapters, the GPU path). Every builder starts with a 30 s op
+/// timeout and a 20 s connect timeout; `configure` sees it with its rank.
+pub fn local_group(
+    world: usize,
+    configure: impl Fn(usize, crate::Builder) -> crate::Builder + Sync,
+) -> (crate::store::StoreServer, Vec<crate::Communicator>) {
+    use std::time::Duration;
+    let store = crate::store::StoreServer::bind("127.0.0.1:0".parse().expect("a literal address"))
+        .expect("bind store");
+    let addr = store.local_addr();
+    let comms = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..world)
+            .map(|rank| {
+                let b = configure(
+                    rank,
+                    crate::Communicator::builder()
+                        .rank(rank)
+                        .world_size(world)
+                        .store_addr(addr)
+                        .host_store(false)
+                        .timeout(Duration::from_secs(30))
+                        .connect_timeout(Duration::from_secs(20)),
+                );
+                s.spawn(move || b.build().wait())
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("rank thread").expect("build communicator"))
+            .collect()
+    });
+    (store, comms)
+}
+
+/// Runs `f` on every item (a rank's communicator, usually) at once, one
+/// thread each, and returns the results in order.
+pub fn on_all<T: Sync, R: Send>(items: &[T], f: impl Fn(&T) -> R + Sync) -> Vec<R> {
+    std::thread::scope(|s| {
+        let handles: Vec<_> = items.iter().map(|c| s.spawn(|| f(c))).collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("rank thread panicked"))
+            .collect()
+    })
+}

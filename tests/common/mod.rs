@@ -8,7 +8,6 @@ pub(crate) mod sweep;
 
 use ringwire::store::StoreServer;
 use ringwire::{Builder, Communicator};
-use std::time::Duration;
 
 /// Builds `world` communicators over loopback with a standalone store, with
 /// `configure` applied to every builder.
@@ -25,30 +24,7 @@ pub(crate) fn local_group_per_rank(
     world: usize,
     configure: impl Fn(usize, Builder) -> Builder + Sync,
 ) -> (StoreServer, Vec<Communicator>) {
-    let store = StoreServer::bind("127.0.0.1:0".parse().unwrap()).expect("bind store");
-    let addr = store.local_addr();
-    let comms = std::thread::scope(|s| {
-        let handles: Vec<_> = (0..world)
-            .map(|rank| {
-                let b = configure(
-                    rank,
-                    Communicator::builder()
-                        .rank(rank)
-                        .world_size(world)
-                        .store_addr(addr)
-                        .host_store(false)
-                        .timeout(Duration::from_secs(30))
-                        .connect_timeout(Duration::from_secs(20)),
-                );
-                s.spawn(move || b.build().wait())
-            })
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| h.join().expect("rank thread").expect("build communicator"))
-            .collect()
-    });
-    (store, comms)
+    ringwire::testing::local_group(world, configure)
 }
 
 /// Runs `f` on every communicator concurrently and returns the results in
@@ -57,13 +33,7 @@ pub(crate) fn on_all<R: Send>(
     comms: &[Communicator],
     f: impl Fn(&Communicator) -> R + Sync,
 ) -> Vec<R> {
-    std::thread::scope(|s| {
-        let handles: Vec<_> = comms.iter().map(|c| s.spawn(|| f(c))).collect();
-        handles
-            .into_iter()
-            .map(|h| h.join().expect("rank thread panicked"))
-            .collect()
-    })
+    ringwire::testing::on_all(comms, f)
 }
 
 /// The seed for this run: RINGWIRE_TEST_SEED if set, else fresh (printed).

@@ -7,35 +7,9 @@ use burn::tensor::{Device, Tensor};
 use ringwire::Communicator;
 use ringwire::store::StoreServer;
 use ringwire::train::ReducerConfig;
-use std::time::Duration;
 
 fn group(world: usize) -> (StoreServer, Vec<Communicator>) {
-    let store = StoreServer::bind("127.0.0.1:0".parse().unwrap()).unwrap();
-    let addr = store.local_addr();
-    let comms = std::thread::scope(|s| {
-        let hs: Vec<_> = (0..world)
-            .map(|rank| {
-                let b = Communicator::builder()
-                    .rank(rank)
-                    .world_size(world)
-                    .store_addr(addr)
-                    .host_store(false)
-                    .timeout(Duration::from_secs(30));
-                s.spawn(move || b.build().wait().expect("communicator"))
-            })
-            .collect();
-        hs.into_iter().map(|h| h.join().unwrap()).collect()
-    });
-    (store, comms)
-}
-
-fn on_all<T: Sync, R: Send>(items: &[T], f: impl Fn(&T) -> R + Sync) -> Vec<R> {
-    std::thread::scope(|s| {
-        let hs: Vec<_> = items.iter().map(|c| s.spawn(|| f(c))).collect();
-        hs.into_iter()
-            .map(|h| h.join().expect("rank thread"))
-            .collect()
-    })
+    ringwire::testing::local_group(world, |_, b| b)
 }
 
 fn input(rank: usize, device: &Device) -> Tensor<2> {
@@ -95,7 +69,7 @@ fn weighted2(a: &[f32], wa: f32, b: &[f32], wb: f32) -> Vec<f32> {
 #[test]
 fn two_ranks_start_equal_and_average_their_gradients() {
     let (_store, comms) = group(2);
-    let out = on_all(&comms, |c| {
+    let out = ringwire::testing::on_all(&comms, |c| {
         let device = Device::default().autodiff();
         let model = LinearConfig::new(4, 3).init(&device);
         let mut ddp = ringwire_burn::Ddp::new(c, &model, Default::default()).expect("ddp");
@@ -153,7 +127,7 @@ fn another_module_is_refused() {
 #[test]
 fn a_layout_that_differs_fails_on_every_rank() {
     let (_store, comms) = group(2);
-    let out = on_all(&comms, |c| {
+    let out = ringwire::testing::on_all(&comms, |c| {
         let device = Device::default().autodiff();
         let model = LinearConfig::new(4, 3 + c.rank()).init(&device);
         ringwire_burn::Ddp::new(c, &model, Default::default()).map(|_| ())
@@ -184,7 +158,7 @@ fn input_rows(rank: usize, rows: usize, device: &Device) -> Tensor<2> {
 #[test]
 fn accumulated_steps_are_summed_then_averaged() {
     let (_store, comms) = group(2);
-    let out = on_all(&comms, |c| {
+    let out = ringwire::testing::on_all(&comms, |c| {
         let (device, model, mut ddp) = linear(c, Default::default());
         let mut own = vec![0.0f32; 12];
         for step in 0..3 {
@@ -215,7 +189,7 @@ fn accumulated_steps_are_summed_then_averaged() {
 fn an_uneven_last_batch_is_weighted_by_its_samples() {
     let (_store, comms) = group(2);
     let rows = [3, 1];
-    let out = on_all(&comms, |c| {
+    let out = ringwire::testing::on_all(&comms, |c| {
         let (device, model, mut ddp) = linear(c, Default::default());
         // The whole batch in one process: both ranks' rows, one mean.
         let whole = Tensor::cat(
@@ -282,7 +256,7 @@ impl Two {
 fn a_frozen_layer_is_left_out() {
     use burn::module::Module;
     let (_store, comms) = group(2);
-    let out = on_all(&comms, |c| {
+    let out = ringwire::testing::on_all(&comms, |c| {
         let device = Device::default().autodiff();
         let mut model = Two::new(&device);
         model.l1 = model.l1.no_grad();
@@ -316,7 +290,7 @@ fn an_unused_layer_is_named_or_counts_as_zero() {
     for unused in [Unused::Error, Unused::Zero] {
         // A failed step aborts the communicator: each case a fresh group.
         let (_store, comms) = group(2);
-        let out = on_all(&comms, |c| {
+        let out = ringwire::testing::on_all(&comms, |c| {
             let device = Device::default().autodiff();
             let model = Two::new(&device);
             let config = ReducerConfig {
@@ -361,7 +335,7 @@ fn an_unused_layer_is_named_or_counts_as_zero() {
 fn bf16_on_the_wire_averages_within_its_rounding() {
     use ringwire::train::CommHook;
     let (_store, comms) = group(2);
-    let out = on_all(&comms, |c| {
+    let out = ringwire::testing::on_all(&comms, |c| {
         let config = ReducerConfig {
             hook: CommHook::Bf16Wire,
             ..Default::default()
@@ -389,7 +363,7 @@ fn bf16_on_the_wire_averages_within_its_rounding() {
 #[test]
 fn a_layer_seen_only_in_accumulated_steps_keeps_its_sum() {
     let (_store, comms) = group(2);
-    let out = on_all(&comms, |c| {
+    let out = ringwire::testing::on_all(&comms, |c| {
         let device = Device::default().autodiff();
         let model = Two::new(&device);
         let mut ddp = ringwire_burn::Ddp::new(c, &model, Default::default()).expect("ddp");
@@ -425,7 +399,7 @@ fn a_layer_seen_only_in_accumulated_steps_keeps_its_sum() {
 #[test]
 fn each_synced_step_averages_only_its_own_gradients() {
     let (_store, comms) = group(2);
-    let out = on_all(&comms, |c| {
+    let out = ringwire::testing::on_all(&comms, |c| {
         let (device, model, mut ddp) = linear(c, Default::default());
         let mut last = (Vec::new(), Vec::new());
         for step in 0..2 {
@@ -448,7 +422,7 @@ fn each_synced_step_averages_only_its_own_gradients() {
 fn a_sample_count_weighs_the_accumulated_window() {
     let (_store, comms) = group(2);
     let weights = [3usize, 1];
-    let out = on_all(&comms, |c| {
+    let out = ringwire::testing::on_all(&comms, |c| {
         let (device, model, mut ddp) = linear(c, Default::default());
         ddp.set_sample_count(weights[c.rank()]);
         let mut window = vec![0.0f32; 12];
@@ -482,7 +456,7 @@ fn a_sample_count_weighs_the_accumulated_window() {
 #[test]
 fn a_malformed_gradient_fails_every_rank_through_an_abort() {
     let (_store, comms) = group(2);
-    let out = on_all(&comms, |c| {
+    let out = ringwire::testing::on_all(&comms, |c| {
         let (device, model, mut ddp) = linear(c, Default::default());
         let loss = model.forward(input_rows(c.rank(), 2, &device)).sum();
         let mut grads = GradientsParams::from_grads(loss.backward(), &model);
@@ -511,7 +485,7 @@ fn a_malformed_gradient_fails_every_rank_through_an_abort() {
 fn a_frozen_layer_unlike_rank_0s_fails_broadcast_everywhere() {
     use burn::module::Module;
     let (_store, comms) = group(2);
-    let out = on_all(&comms, |c| {
+    let out = ringwire::testing::on_all(&comms, |c| {
         let device = Device::default().autodiff();
         let model = Two {
             l1: LinearConfig::new(4, 4 + c.rank()).init(&device).no_grad(),

@@ -65,30 +65,7 @@ pub(crate) fn cpu_group_with(
     timeout: Duration,
     configure: impl Fn(Builder) -> Builder + Sync,
 ) -> (StoreServer, Vec<Communicator>) {
-    let store = StoreServer::bind("127.0.0.1:0".parse().unwrap()).expect("bind store");
-    let addr = store.local_addr();
-    let comms = std::thread::scope(|s| {
-        let handles: Vec<_> = (0..world)
-            .map(|rank| {
-                let configure = &configure;
-                let b: Builder = configure(
-                    Communicator::builder()
-                        .rank(rank)
-                        .world_size(world)
-                        .store_addr(addr)
-                        .host_store(false)
-                        .timeout(timeout)
-                        .connect_timeout(Duration::from_secs(20)),
-                );
-                s.spawn(move || b.build().wait())
-            })
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| h.join().expect("rank thread").expect("build communicator"))
-            .collect()
-    });
-    (store, comms)
+    ringwire::testing::local_group(world, |_, b| configure(b.timeout(timeout)))
 }
 
 /// GPU communicators over `cpu` on the stand-in's host device.
@@ -106,13 +83,7 @@ pub(crate) fn gpu_group(cpu: &[Communicator], timeout: Duration) -> Vec<GpuCommu
 
 /// Runs `f` on every item concurrently (one thread each), results in order.
 pub(crate) fn on_all<T: Sync, R: Send>(items: &[T], f: impl Fn(&T) -> R + Sync) -> Vec<R> {
-    std::thread::scope(|s| {
-        let handles: Vec<_> = items.iter().map(|c| s.spawn(|| f(c))).collect();
-        handles
-            .into_iter()
-            .map(|h| h.join().expect("rank thread panicked"))
-            .collect()
-    })
+    ringwire::testing::on_all(items, f)
 }
 
 /// The seed: RINGWIRE_TEST_SEED, else fresh (printed, to rerun a failure).
