@@ -198,12 +198,18 @@ impl Ddp {
             floats: &self.floats,
         };
         model.visit(&mut values);
-        if let Some(e) = values.error {
+        let comm = self.reducer.communicator();
+        // A failure here is this rank's alone: the others would wait in the
+        // broadcast until their timeout, so the communicator is aborted.
+        let local = match values.error {
+            Some(e) => Err(e),
+            None => self.check_visited(values.at),
+        };
+        if let Err(e) = local {
+            comm.abort(&e.to_string());
             return Err(e);
         }
-        self.check_visited(values.at)?;
         let values = values.values;
-        let comm = self.reducer.communicator();
         // Every rank's f32 parameters must be rank 0's shapes: their
         // lengths first (a flat broadcast of another length would fail
         // without naming one).
@@ -216,10 +222,7 @@ impl Ddp {
             .broadcast(lens.clone(), 0)
             .wait()
             .map_err(TrainError::from)?;
-        if let Some(at) = (0..lens.len())
-            .find(|&i| rank0.get(i) != lens.get(i))
-            .or((rank0.len() != lens.len()).then_some(lens.len().min(rank0.len())))
-        {
+        if let Some(at) = (0..lens.len().max(rank0.len())).find(|&i| rank0.get(i) != lens.get(i)) {
             let name = self
                 .floats
                 .get(at)
@@ -442,7 +445,8 @@ fn feed(
         })?;
         let memory = reducer.grad_mut::<f32>(entry.id)?;
         if *held || memory.len() != values.len() {
-            // Adds; and a length that differs fails naming the parameter.
+            // Adds. (`take` checked the lengths; one that differed anyway
+            // fails here naming the parameter instead of panicking.)
             reducer.accumulate(entry.id, values)?;
         } else {
             memory.copy_from_slice(values);
